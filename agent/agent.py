@@ -1,0 +1,314 @@
+"""AgentService: the control plane's hands on one host.
+
+- registers with discovery and heartbeats (Paranoid Pirate: a reply of
+  `unknown` means register again, `lost` means the host was declared lost, so
+  its workers are stopped first); an unreachable control plane leaves the
+  workers running while the agent keeps trying;
+- follows the notifier's events: `round` spawns the workers of this host's
+  slots that have no live process; `hosts_updated` and `abort` are relayed to
+  the workers; `kill_worker` and `job_finished` stop them;
+- serves its workers on an owner-only ipc socket: their rendezvous and store
+  requests are forwarded with this host's name stamped on them, and each
+  worker's event channel (`subscribe`) receives the relayed events;
+- reports every worker exit at once (SIGCHLD) to the registry;
+- on SIGTERM drains its own host: workers leave at their next commit, then
+  the agent unregisters and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from bus.client import AsyncClient, incarnation_id
+from bus.config import Endpoints, Timing
+from bus.envelope import Message
+from bus.pubsub import Subscription
+from bus.service import DEFERRED, Request, Service, field, handles
+from bus.sockets import Security
+from agent.workers import Worker, reap, spawn
+
+FORWARDED = ("rank_and_size", "kv_set", "kv_get")
+PARKED = ("rank_and_size", "kv_get")
+RELAYED_EVENTS = ("hosts_updated", "abort")
+STOP_GRACE = 5.0
+
+
+def agent_endpoint(run_dir: Path, host: str) -> str:
+    return f"ipc://{run_dir}/agent-{host}.sock"
+
+
+class AgentService(Service):
+    name = "agent"
+
+    def __init__(
+        self,
+        host: str,
+        slots: int,
+        control: Endpoints,
+        timing: Timing,
+        *,
+        run_dir: Path,
+        security: Security = Security(),
+        drain_timeout: float = 60.0,
+        advertise_address: str = "127.0.0.1",
+        **kw: Any,
+    ) -> None:
+        super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
+        self.host, self.slots, self.timing, self.control = host, slots, timing, control
+        self.drain_timeout = drain_timeout
+        self.advertise_address = advertise_address
+        self.incarnation = incarnation_id("agent", host)
+        self.sender_id = self.incarnation
+        self.log = self.log.bind(host=host)
+        self.discovery = AsyncClient(self, control.discovery, self.incarnation, security)
+        self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
+        self.registry = AsyncClient(self, control.registry, self.incarnation, security)
+        self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
+        self.events.start()
+        self.watch(self.events.sock, self._on_events)
+        self.workers: dict[int, Worker] = {}
+        self.event_routes: dict[int, bytes] = {}
+        self.job: int | None = None
+        self.registered = False
+        self._heartbeat_in_flight = False
+        self.draining_since: float | None = None
+        for msg_type in FORWARDED:
+            self._handlers[msg_type] = self._forward
+        self._install_signals()
+        self.every(timing.heartbeat, self._heartbeat)
+        self.every(timing.heartbeat, self._ping_workers)
+        self.every(0.2, self._check_drain)
+        self._register()
+
+    # -- signals -------------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._signal_pipe = (read_fd, write_fd)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.watch(read_fd, self._on_signal)
+
+    def serve_forever(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.begin_drain())
+        signal.signal(signal.SIGINT, lambda *_: self.begin_drain())
+        self.log.info("serving", endpoint=self.endpoint, slots=self.slots)
+        try:
+            self.run()
+        finally:
+            self._stop_all_workers(signal.SIGKILL)
+            self.close()
+            self.log.info("stopped")
+
+    def _on_signal(self) -> None:
+        try:
+            while os.read(self._signal_pipe[0], 512):
+                pass
+        except BlockingIOError:
+            pass
+        self._reap()
+
+    # -- registration and heartbeats -----------------------------------------------------------
+    def _register(self) -> None:
+        self._heartbeat_in_flight = True
+        self.discovery.send(
+            "register",
+            {"host": self.host, "slots": self.slots, "incarnation": self.incarnation},
+            on_reply=self._on_registered,
+            on_timeout=self._heartbeat_lost,
+            timeout=self.timing.heartbeat,
+            deadline=self.timing.heartbeat,
+        )
+
+    def _on_registered(self, reply: Message) -> None:
+        self._heartbeat_in_flight = False
+        if reply.error:
+            self.log.warning("register_refused", reason=reply.body.get("message"))
+            return
+        if not self.registered:
+            self.log.info("registered")
+        self.registered = True
+
+    def _heartbeat_lost(self) -> None:
+        self._heartbeat_in_flight = False
+
+    def _heartbeat(self) -> None:
+        if self._heartbeat_in_flight or self.draining_since is not None and not self.workers:
+            return
+        if not self.registered:
+            self._register()
+            return
+        self._heartbeat_in_flight = True
+        self.discovery.send(
+            "heartbeat",
+            {"host": self.host, "incarnation": self.incarnation},
+            on_reply=self._on_heartbeat_reply,
+            on_timeout=self._heartbeat_lost,
+            timeout=self.timing.heartbeat,
+            deadline=self.timing.heartbeat,
+        )
+
+    def _on_heartbeat_reply(self, reply: Message) -> None:
+        self._heartbeat_in_flight = False
+        status = reply.body.get("status")
+        if status == "lost":
+            self.log.warning("host_declared_lost", workers=len(self.workers))
+            self._stop_all_workers(signal.SIGKILL)
+        if status in ("lost", "unknown"):
+            self.registered = False
+            self._register()
+
+    # -- events from the control plane ---------------------------------------------------------
+    def _on_events(self) -> None:
+        for event in self.events.receive():
+            handler = getattr(self, f"_event_{event.type}", None)
+            if handler is not None:
+                handler(event.body)
+            if event.type in RELAYED_EVENTS:
+                self._relay(event)
+
+    def _event_round(self, body: dict[str, Any]) -> None:
+        self.job = body.get("job")
+        if self.draining_since is not None:
+            return
+        for slot in body.get("slots", []):
+            if slot["hostname"] != self.host or slot["local_rank"] in self.workers:
+                continue
+            self._spawn(slot, body)
+
+    def _event_kill_worker(self, body: dict[str, Any]) -> None:
+        worker = self.workers.get(body.get("local_rank", -1))
+        if body.get("host") == self.host and worker is not None and body.get("pid") in (None, worker.pid):
+            self.log.warning("killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason="registry declared it hung")
+            worker.signal(signal.SIGKILL)
+
+    def _event_job_finished(self, body: dict[str, Any]) -> None:
+        self.job = None
+        if self.workers:
+            self.log.info("job_finished_stopping_workers", workers=len(self.workers), state=body.get("state"))
+            self._stop_all_workers(signal.SIGTERM)
+
+    def _relay(self, event: Message) -> None:
+        for pid, route in list(self.event_routes.items()):
+            self.push(route, Message(type=event.type, body=event.body, sender=self.sender_id))
+
+    def _ping_workers(self) -> None:
+        for route in self.event_routes.values():
+            self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
+
+    # -- workers -------------------------------------------------------------------------------
+    def _spawn(self, slot: dict[str, Any], round_event: dict[str, Any]) -> None:
+        local_rank = slot["local_rank"]
+        env = {
+            **os.environ,
+            **round_event.get("env", {}),
+            **self.timing.as_env(),
+            "ELASTIC_AGENT": self.endpoint,
+            "ELASTIC_HOST": self.host,
+            "ELASTIC_ADVERTISE_ADDR": self.advertise_address,
+            "ELASTIC_LOCAL_RANK": str(local_rank),
+            "ELASTIC_JOB": str(round_event.get("job")),
+            "RANK": str(slot["rank"]),
+            "WORLD_SIZE": str(slot["size"]),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(slot["local_size"]),
+            "GROUP_RANK": str(slot["cross_rank"]),
+        }
+        try:
+            worker = spawn(local_rank, round_event["round"], list(round_event["command"]), env, round_event.get("cwd"))
+        except OSError as exc:
+            self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
+            self._report_exit(local_rank, -1, 127)
+            return
+        self.workers[local_rank] = worker
+        self.log.info("worker_started", local_rank=local_rank, rank=slot["rank"], pid=worker.pid, round=round_event["round"])
+
+    def _reap(self) -> None:
+        for worker, code in reap(self.workers):
+            self.event_routes.pop(worker.pid, None)
+            self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code)
+            self._report_exit(worker.local_rank, worker.pid, code)
+
+    def _report_exit(self, local_rank: int, pid: int, code: int) -> None:
+        slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
+        self.registry.send("worker_exited", {**slot, "exit_code": code}, timeout=self.timing.request_timeout, deadline=300.0)
+        self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
+
+    def _stop_all_workers(self, sig: int) -> None:
+        for worker in self.workers.values():
+            worker.stop_requested = True
+            worker.signal(sig)
+        if sig != signal.SIGKILL and self.workers:
+            deadline = time.monotonic() + STOP_GRACE
+            while self.workers and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.02)
+            for worker in self.workers.values():
+                worker.signal(signal.SIGKILL)
+        for worker in self.workers.values():
+            worker.process.wait()
+        self._reap()
+
+    # -- draining ------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        if self.draining_since is not None:
+            self.log.info("stop_now", workers=len(self.workers))
+            self._stop_all_workers(signal.SIGKILL)
+            self._leave()
+            return
+        self.draining_since = time.monotonic()
+        self.log.info("draining", workers=len(self.workers))
+        if self.workers:
+            self.discovery.send("drain", {"host": self.host}, timeout=self.timing.request_timeout, deadline=self.drain_timeout)
+        else:
+            self._leave()
+
+    def _check_drain(self) -> None:
+        if self.draining_since is None:
+            return
+        if self.workers and time.monotonic() - self.draining_since < self.drain_timeout:
+            return
+        if self.workers:
+            self.log.warning("drain_timeout", workers=len(self.workers))
+            self._stop_all_workers(signal.SIGTERM)
+        self._leave()
+
+    def _leave(self) -> None:
+        if self.registered:
+            self.discovery.send("unregister", {"host": self.host, "incarnation": self.incarnation}, on_reply=lambda _: self.stop(), on_timeout=self.stop, timeout=1.0, deadline=2.0)
+            self.registered = False
+        elif not self.discovery.in_flight:
+            self.stop()
+
+    # -- worker requests -----------------------------------------------------------------------
+    @handles("subscribe")
+    def on_subscribe(self, request: Request) -> dict[str, Any]:
+        pid = field(request.body, "pid", int)
+        self.event_routes[pid] = request.route
+        return {"host": self.host, "heartbeat": self.timing.heartbeat}
+
+    def _forward(self, request: Request) -> Any:
+        body = {**request.body, "host": self.host}
+        parked = request.msg.type in PARKED
+        self.rendezvous.send(
+            request.msg.type,
+            body,
+            round=request.msg.round,
+            raw=request.msg.raw,
+            on_reply=lambda reply: request.reply(reply.body, reply.raw),
+            timeout=5.0 if parked else self.timing.request_timeout,
+            deadline=None if parked else 30.0,
+        )
+        return DEFERRED
+
+    def close(self) -> None:
+        self.events.close()
+        signal.set_wakeup_fd(-1)
+        for fd in self._signal_pipe:
+            os.close(fd)
+        super().close()

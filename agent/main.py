@@ -1,0 +1,55 @@
+"""`elastic-agent --host NAME --slots N --control HOST`: run the agent of one host."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from agent.agent import AgentService
+from bus.config import Endpoints, Timing
+from bus.logs import setup_logging
+from bus.sockets import Security, SecurityError, stop_authenticators
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("ELASTIC_RUN_DIR") or f"/tmp/elastic-{os.getuid()}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", envvar="ELASTIC_HOST", required=True, help="This host's name, as the job knows it.")
+@click.option("--slots", envvar="ELASTIC_SLOTS", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes this host can run.")
+@click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1; ELASTIC_*_ENDPOINT override each service).")
+@click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
+@click.option("--advertise-addr", envvar="ELASTIC_ADVERTISE_ADDR", default=None, help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this host's name).")
+@click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="On SIGTERM, seconds to wait for workers to leave at a commit.")
+def main(host: str, slots: int, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float) -> None:
+    """Run the elastic agent of one host."""
+    log = setup_logging("agent", host=host)
+    if not host or "/" in host or host.startswith("."):
+        click.echo(f"elastic-agent: invalid host name {host!r}", err=True)
+        sys.exit(2)
+    if advertise_addr is None:
+        advertise_addr = "127.0.0.1" if control in (None, "127.0.0.1", "localhost") else socket.getfqdn()
+    try:
+        agent = AgentService(
+            host, slots, Endpoints.from_env(control), Timing.from_env(),
+            run_dir=default_run_dir(), security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, log=log,
+        )
+    except (SecurityError, ValueError) as exc:
+        click.echo(f"elastic-agent: {exc}", err=True)
+        sys.exit(2)
+    except Exception as exc:
+        click.echo(f"elastic-agent: cannot start: {exc}", err=True)
+        sys.exit(2)
+    try:
+        agent.serve_forever()
+    finally:
+        stop_authenticators()
+
+
+if __name__ == "__main__":
+    main()

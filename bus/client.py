@@ -1,0 +1,208 @@
+"""Clients of services: a blocking Lazy-Pirate client and a non-blocking one that lives in a Service loop.
+
+`Client.request` sends, waits up to `timeout`, and on silence closes the
+socket, opens a new one and resends the same request id (services answer a
+retry from their reply cache), until `deadline` passes: then `Unreachable`.
+An error reply raises `ServiceError`.
+
+`AsyncClient` does the same without blocking: replies arrive through the owning
+Service's poll loop and are handed to callbacks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from bus.envelope import Message, WireError, decode, encode
+from bus.sockets import Security, client_socket
+
+
+class Unreachable(ConnectionError):
+    """No reply from an endpoint within the deadline."""
+
+    def __init__(self, endpoint: str, waited: float) -> None:
+        super().__init__(f"no reply from {endpoint} within {waited:.1f}s")
+        self.endpoint = endpoint
+
+
+class ServiceError(RuntimeError):
+    """A service answered with an error reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def incarnation_id(role: str, name: str = "") -> str:
+    """A sender id unique to this process's life: peers tell a restart from a slow peer."""
+    return f"{role}:{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _check(reply: Message) -> Message:
+    if reply.error is not None:
+        raise ServiceError(str(reply.error), str(reply.body.get("message", "")))
+    return reply
+
+
+class Client:
+    """Blocking request/reply over a DEALER. Thread-safe (one request at a time)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        sender: str,
+        *,
+        security: Security = Security(),
+        timeout: float = 2.0,
+        deadline: float | None = None,
+        ctx: zmq.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.sender = sender
+        self.security = security
+        self.timeout = timeout
+        self.deadline = deadline if deadline is not None else timeout * 2
+        self._ctx = ctx or zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sock: zmq.Socket | None = None
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            self._sock = client_socket(self._ctx, zmq.DEALER, self.endpoint, self.security)
+        return self._sock
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def request(
+        self,
+        msg_type: str,
+        body: dict[str, Any] | None = None,
+        *,
+        round: int | None = None,
+        raw: tuple[bytes, ...] = (),
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> Message:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = self.deadline if deadline is None else deadline
+        with self._lock:
+            msg = Message(type=msg_type, body=body or {}, id=str(next(self._ids)), round=round, sender=self.sender, raw=raw)
+            frames = encode(msg)
+            started = time.monotonic()
+            while True:
+                sock = self._socket()
+                sock.send_multipart(frames)
+                attempt_end = min(time.monotonic() + timeout, started + deadline)
+                while (left := attempt_end - time.monotonic()) > 0:
+                    if not sock.poll(int(left * 1000) + 1):
+                        continue
+                    try:
+                        reply = decode(sock.recv_multipart())
+                    except WireError:
+                        continue
+                    if reply.reply and reply.id == msg.id:
+                        return _check(reply)
+                    if reply.type == "error" and reply.id == "":
+                        return _check(reply)
+                self._reset()
+                if time.monotonic() - started >= deadline:
+                    raise Unreachable(self.endpoint, time.monotonic() - started)
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+
+@dataclass
+class _Pending:
+    frames: list[bytes]
+    on_reply: Callable[[Message], None] | None
+    on_timeout: Callable[[], None] | None
+    timeout: float
+    resend_at: float
+    give_up_at: float | None
+
+
+class AsyncClient:
+    """Non-blocking requests from inside a Service loop; resends until a reply or the deadline."""
+
+    def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
+        self.endpoint = endpoint
+        self.sender = sender
+        self._service = service
+        self._sock = client_socket(service.ctx, zmq.DEALER, endpoint, security)
+        self._ids = itertools.count(1)
+        self._pending: dict[str, _Pending] = {}
+        self.last_reply_at = 0.0
+        service.watch(self._sock, self._on_readable)
+        service.every(0.05, self._resend_due)
+
+    def send(
+        self,
+        msg_type: str,
+        body: dict[str, Any] | None = None,
+        *,
+        round: int | None = None,
+        raw: tuple[bytes, ...] = (),
+        on_reply: Callable[[Message], None] | None = None,
+        on_timeout: Callable[[], None] | None = None,
+        timeout: float = 2.0,
+        deadline: float | None = None,
+    ) -> str:
+        msg_id = str(next(self._ids))
+        msg = Message(type=msg_type, body=body or {}, id=msg_id, round=round, sender=self.sender, raw=raw)
+        frames = encode(msg)
+        now = time.monotonic()
+        self._pending[msg_id] = _Pending(frames, on_reply, on_timeout, timeout, now + timeout, None if deadline is None else now + deadline)
+        self._sock.send_multipart(frames, zmq.NOBLOCK)
+        return msg_id
+
+    def cancel(self, msg_id: str) -> None:
+        self._pending.pop(msg_id, None)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                reply = decode(frames)
+            except WireError:
+                continue
+            self.last_reply_at = time.monotonic()
+            pending = self._pending.pop(reply.id, None)
+            if pending is not None and pending.on_reply is not None:
+                pending.on_reply(reply)
+
+    def _resend_due(self) -> None:
+        now = time.monotonic()
+        for msg_id, pending in list(self._pending.items()):
+            if pending.give_up_at is not None and now >= pending.give_up_at:
+                del self._pending[msg_id]
+                if pending.on_timeout is not None:
+                    pending.on_timeout()
+            elif now >= pending.resend_at:
+                pending.resend_at = now + pending.timeout
+                try:
+                    self._sock.send_multipart(pending.frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass

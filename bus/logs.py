@@ -1,0 +1,30 @@
+"""structlog setup: JSON lines on stderr when not on a terminal, readable lines on a terminal."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def setup_logging(process: str, **bound: object) -> structlog.stdlib.BoundLogger:
+    level = getattr(logging, os.environ.get("ELASTIC_LOG_LEVEL", "INFO").upper(), logging.INFO)
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=False)
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger().bind(process=process, **bound)

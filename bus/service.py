@@ -1,0 +1,238 @@
+"""The Service base: one ROUTER loop, a handler per message type, deferred replies, timers.
+
+A subclass marks methods with `@handles("type")`. A handler receives a `Request`
+and returns the reply body (a dict), or `DEFERRED` to park the request and
+answer it later with `request.reply(...)`. `RequestError` becomes an error
+reply; any other exception is logged and becomes an `internal` error reply, so
+nothing a peer sends stops the loop.
+
+Retried requests are idempotent: a request with the same (sender, id) as one
+already answered gets the cached answer again, and one that is parked has its
+return route updated (a client that reconnected still gets the answer).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import zmq
+
+from bus.envelope import Message, WireError, decode, encode, error_body, reply_to
+from bus.sockets import Security, server_socket
+
+DEFERRED = object()
+REPLY_CACHE_SIZE = 4096
+
+
+class RequestError(Exception):
+    """Raised by a handler to answer with `{"error": code, "message": message}`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def field(body: dict[str, Any], name: str, kind: type) -> Any:
+    """A required field of a request body, of the given type, or a `bad_request` error."""
+    value = body.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise RequestError("bad_request", f"field {name!r} must be a {kind.__name__}")
+    return value
+
+
+def handles(msg_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn._handles = msg_type  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class Request:
+    """A decoded request and the way back to its sender."""
+
+    def __init__(self, service: Service, msg: Message, route: bytes, key: tuple[str, str] | None) -> None:
+        self.msg = msg
+        self.route = route
+        self.key = key
+        self._service = service
+        self.answered = False
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.msg.body
+
+    def reply(self, body: dict[str, Any] | None = None, raw: tuple[bytes, ...] = ()) -> None:
+        self._service._answer(self, body or {}, raw)
+
+    def fail(self, code: str, message: str) -> None:
+        self._service._answer(self, error_body(code, message), ())
+
+
+class Service:
+    """Base of the four services and the agent: owns the context, the ROUTER and the poll loop."""
+
+    name = "service"
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        security: Security = Security(),
+        clock: Callable[[], float] = time.monotonic,
+        log: structlog.stdlib.BoundLogger | None = None,
+    ) -> None:
+        self.ctx = zmq.Context()
+        self.security = security
+        self.clock = clock
+        self.endpoint = endpoint
+        self.log = log or structlog.get_logger().bind(process=self.name)
+        self.router = server_socket(self.ctx, zmq.ROUTER, endpoint, security)
+        self.sender_id = f"{self.name}"
+        self._handlers: dict[str, Callable[[Request], Any]] = {}
+        for attr in dir(type(self)):
+            fn = getattr(type(self), attr, None)
+            msg_type = getattr(fn, "_handles", None)
+            if msg_type:
+                self._handlers[msg_type] = getattr(self, attr)
+        self._sockets: dict[zmq.Socket, Callable[[], None]] = {self.router: self._on_router}
+        self._timers: list[list[Any]] = []
+        self._replied: OrderedDict[tuple[str, str], list[bytes]] = OrderedDict()
+        self._parked: dict[tuple[str, str], Request] = {}
+        self._stopping = threading.Event()
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+
+    # -- loop plumbing -------------------------------------------------------------------------
+    def every(self, interval: float, fn: Callable[[], None]) -> None:
+        self._timers.append([time.monotonic() + interval, interval, fn])
+
+    def watch(self, sock: Any, on_readable: Callable[[], None]) -> None:
+        self._sockets[sock] = on_readable
+        self.poller.register(sock, zmq.POLLIN)
+
+    def unwatch(self, sock: Any) -> None:
+        self._sockets.pop(sock, None)
+        self.poller.unregister(sock)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def serve_forever(self) -> None:
+        """Run until SIGTERM/SIGINT, then close cleanly."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self.log.info("serving", endpoint=self.endpoint)
+        try:
+            self.run()
+        finally:
+            self.close()
+            self.log.info("stopped")
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            due = min((t[0] for t in self._timers), default=now + 0.5)
+            timeout_ms = max(0, min(500, int((due - now) * 1000)))
+            ready = dict(self.poller.poll(timeout_ms))
+            for sock, callback in list(self._sockets.items()):
+                if sock in ready:
+                    self._guarded(callback)
+            now = time.monotonic()
+            for timer in self._timers:
+                if timer[0] <= now:
+                    timer[0] = now + timer[1]
+                    self._guarded(timer[2])
+
+    def _guarded(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            self.log.exception("loop_callback_failed", callback=getattr(fn, "__name__", repr(fn)))
+
+    def close(self) -> None:
+        for sock in list(self._sockets):
+            if isinstance(sock, zmq.Socket):
+                sock.close(linger=0)
+        self.ctx.term()
+
+    # -- requests ------------------------------------------------------------------------------
+    @handles("ping")
+    def on_ping(self, request: Request) -> dict[str, Any]:
+        return {"service": self.name}
+
+    def _on_router(self) -> None:
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._dispatch(frames[0], frames[1:])
+
+    def _dispatch(self, route: bytes, payload: list[bytes]) -> None:
+        try:
+            msg = decode(payload)
+        except WireError as exc:
+            self.log.warning("bad_message", code=exc.code, reason=exc.message, frames=len(payload))
+            self._send(route, encode(Message(type="error", body=error_body(exc.code, exc.message), reply=True, sender=self.sender_id)))
+            return
+        if msg.reply:
+            self.log.warning("unexpected_reply", type=msg.type, sender=msg.sender)
+            return
+        key = (msg.sender, msg.id) if msg.sender and msg.id else None
+        if key is not None and key in self._replied:
+            self._send(route, self._replied[key])
+            return
+        if key is not None and key in self._parked:
+            self._parked[key].route = route
+            return
+        handler = self._handlers.get(msg.type)
+        request = Request(self, msg, route, key)
+        if handler is None:
+            self.log.warning("unknown_type", type=msg.type, sender=msg.sender)
+            request.fail("unknown_type", f"{self.name} does not handle message type {msg.type!r}")
+            return
+        try:
+            result = handler(request)
+        except RequestError as exc:
+            self.log.info("request_refused", type=msg.type, code=exc.code, reason=exc.message, sender=msg.sender)
+            request.fail(exc.code, exc.message)
+            return
+        except Exception as exc:
+            self.log.exception("handler_failed", type=msg.type, sender=msg.sender)
+            request.fail("internal", f"{self.name} failed on {msg.type}: {type(exc).__name__}: {exc}")
+            return
+        if result is DEFERRED:
+            if not request.answered:
+                self._parked[key or ("", str(id(request)))] = request
+        elif not request.answered:
+            request.reply(result)
+
+    def _answer(self, request: Request, body: dict[str, Any], raw: tuple[bytes, ...]) -> None:
+        if request.answered:
+            return
+        request.answered = True
+        self._parked.pop(request.key or ("", str(id(request))), None)
+        frames = encode(reply_to(request.msg, body, self.sender_id, raw))
+        if request.key is not None:
+            self._replied[request.key] = frames
+            while len(self._replied) > REPLY_CACHE_SIZE:
+                self._replied.popitem(last=False)
+        self._send(request.route, frames)
+
+    def _send(self, route: bytes, frames: list[bytes]) -> None:
+        try:
+            self.router.send_multipart([route, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self.log.info("reply_undeliverable", reason=str(exc))
+
+    def push(self, route: bytes, msg: Message) -> None:
+        """Send an unsolicited message to a connected peer (used by the agent to reach its workers)."""
+        self._send(route, encode(msg))

@@ -1,0 +1,150 @@
+"""Every zmq socket of the project is made here: limits, timeouts and security are set once.
+
+A socket gets LINGER 0 (closing never blocks), bounded high-water marks, a hard
+maximum inbound message size (a peer sending more is disconnected by libzmq;
+smaller oversized messages are refused politely by `envelope.decode`), and, when
+keys are configured, CURVE: servers require an authorised client key (checked by
+a ZAP authenticator, Ironhouse pattern), clients present theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from bus.envelope import MAX_MESSAGE_BYTES
+
+HIGH_WATER_MARK = 10_000
+HARD_MAX_MESSAGE_BYTES = 4 * MAX_MESSAGE_BYTES
+SERVER_KEY = "server"
+CLIENT_KEY = "client"
+AUTHORIZED_DIR = "authorized"
+
+
+class SecurityError(RuntimeError):
+    """Keys are missing or unusable, or an insecure bind was not allowed."""
+
+
+@dataclass(frozen=True)
+class Security:
+    """Where the CURVE keys live (None: no encryption) and whether a non-loopback bind without keys is allowed."""
+
+    keys_dir: Path | None = None
+    insecure: bool = False
+
+    def check_bind(self, endpoint: str) -> None:
+        if self.keys_dir is not None or self.insecure or not endpoint.startswith("tcp://"):
+            return
+        host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
+        if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
+            raise SecurityError(
+                f"refusing to bind {endpoint} without CURVE keys: pass --keys DIR (elasticctl keys generate DIR) or --insecure"
+            )
+
+    def keypair(self, name: str) -> tuple[bytes, bytes]:
+        assert self.keys_dir is not None
+        secret_file = self.keys_dir / f"{name}.key_secret"
+        try:
+            return zmq.auth.load_certificate(secret_file)  # type: ignore[return-value]
+        except (OSError, ValueError) as exc:
+            raise SecurityError(f"cannot load key {secret_file}: {exc}") from None
+
+    def server_public_key(self) -> bytes:
+        assert self.keys_dir is not None
+        public, _ = zmq.auth.load_certificate(self.keys_dir / f"{SERVER_KEY}.key")
+        return public
+
+
+def generate_keys(keys_dir: Path) -> None:
+    """Write a server and a client keypair (secret files 0600 from creation) and authorise the client."""
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    authorized = keys_dir / AUTHORIZED_DIR
+    authorized.mkdir(exist_ok=True)
+    old_umask = os.umask(0o077)
+    try:
+        for name in (SERVER_KEY, CLIENT_KEY):
+            for suffix in (".key", ".key_secret"):
+                (keys_dir / f"{name}{suffix}").unlink(missing_ok=True)
+            zmq.auth.create_certificates(str(keys_dir), name)
+    finally:
+        os.umask(old_umask)
+    for name in (SERVER_KEY, CLIENT_KEY):
+        os.chmod(keys_dir / f"{name}.key_secret", stat.S_IRUSR | stat.S_IWUSR)
+    (authorized / f"{CLIENT_KEY}.key").write_bytes((keys_dir / f"{CLIENT_KEY}.key").read_bytes())
+
+
+_authenticators: dict[int, ThreadAuthenticator] = {}
+
+
+def _start_authenticator(ctx: zmq.Context, security: Security) -> None:
+    if id(ctx) in _authenticators:
+        return
+    assert security.keys_dir is not None
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(security.keys_dir / AUTHORIZED_DIR))
+    _authenticators[id(ctx)] = auth
+
+
+def stop_authenticators() -> None:
+    for auth in _authenticators.values():
+        auth.stop()
+    _authenticators.clear()
+
+
+def _limits(sock: zmq.Socket) -> None:
+    sock.linger = 0
+    sock.sndhwm = HIGH_WATER_MARK
+    sock.rcvhwm = HIGH_WATER_MARK
+    sock.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE_BYTES)
+
+
+def server_socket(ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security()) -> zmq.Socket:
+    """A bound socket (ROUTER, XPUB); CURVE server if keys are configured and the endpoint is TCP."""
+    security.check_bind(endpoint)
+    sock = ctx.socket(kind)
+    _limits(sock)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if security.keys_dir is not None and endpoint.startswith("tcp://"):
+        _start_authenticator(ctx, security)
+        public, secret = security.keypair(SERVER_KEY)
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+    if endpoint.startswith("ipc://"):
+        _bind_ipc_owner_only(sock, endpoint)
+    else:
+        sock.bind(endpoint)
+    return sock
+
+
+def _bind_ipc_owner_only(sock: zmq.Socket, endpoint: str) -> None:
+    path = Path(endpoint[len("ipc://") :])
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    old_umask = os.umask(0o077)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old_umask)
+
+
+def client_socket(ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security()) -> zmq.Socket:
+    """A connected socket (DEALER, SUB); CURVE client if keys are configured and the endpoint is TCP."""
+    sock = ctx.socket(kind)
+    _limits(sock)
+    if security.keys_dir is not None and endpoint.startswith("tcp://"):
+        public, secret = security.keypair(CLIENT_KEY)
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.curve_serverkey = security.server_public_key()
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    return sock

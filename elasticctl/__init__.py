@@ -1,0 +1,1 @@
+"""elasticctl: the operator's command line (run, status, drain, undrain, local, keys)."""

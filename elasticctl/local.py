@@ -1,0 +1,127 @@
+"""`elasticctl local`: the whole system on this machine: four services and N agents on loopback, then the job.
+
+Services log to files in a run directory; agents show warnings and the
+workers' output on this terminal. Everything started here is stopped on the
+way out, whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from bus.config import Endpoints
+from elasticctl.control import CommandError, ControlPlane
+from elasticctl.follow import submit_and_follow
+
+SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+START_TIMEOUT = 30.0
+
+
+@dataclass
+class LocalCluster:
+    hosts: int
+    slots: int
+    endpoints: Endpoints
+    log_dir: Path
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    def _start(self, name: str, args: list[str], env: dict[str, str], log_to_file: bool) -> None:
+        out: Any = None
+        if log_to_file:
+            handle = open(self.log_dir / f"{name}.log", "ab")
+            self._logs.append(handle)
+            out = handle
+        process = subprocess.Popen([sys.executable, *args], env=env, stderr=out, stdout=out, start_new_session=True)
+        self.processes.append((name, process))
+
+    def start(self) -> None:
+        env = {**os.environ, **self.endpoints.as_env()}
+        for service in SERVICES:
+            self._start(service, ["-m", f"services.{service}"], env, log_to_file=True)
+        plane = ControlPlane(self.endpoints, timeout=0.5)
+        try:
+            for service in SERVICES:
+                self._wait(lambda s=service: plane.call(s, "ping"), f"the {service} service to answer")
+            agent_env = {**env, "ELASTIC_LOG_LEVEL": os.environ.get("ELASTIC_LOG_LEVEL", "WARNING")}
+            for i in range(1, self.hosts + 1):
+                self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots)], agent_env, log_to_file=False)
+                self._wait(lambda: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
+        finally:
+            plane.close()
+
+    def _wait(self, probe: Any, what: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for name, process in self.processes:
+                if process.poll() is not None:
+                    raise CommandError(f"{name} exited with code {process.returncode} while starting (logs: {self.log_dir})")
+            try:
+                if probe():
+                    return
+            except CommandError:
+                pass
+            time.sleep(0.05)
+        raise CommandError(f"timed out after {START_TIMEOUT:g}s waiting for {what} (logs: {self.log_dir})")
+
+    def stop(self) -> None:
+        """Agents first (they stop their workers), then services; SIGKILL whatever lingers."""
+        for group in (lambda n: n.startswith("agent"), lambda n: not n.startswith("agent")):
+            members = [p for n, p in self.processes if group(n)]
+            for process in members:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10.0
+            for process in members:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        for handle in self._logs:
+            handle.close()
+
+
+def already_running(endpoints: Endpoints) -> bool:
+    plane = ControlPlane(endpoints, timeout=0.3)
+    try:
+        plane.call("registry", "ping")
+        return True
+    except CommandError:
+        return False
+    finally:
+        plane.close()
+
+
+def _interrupted(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_local(hosts: int, slots: int, spec: dict[str, Any]) -> int:
+    endpoints = Endpoints.from_env()
+    if already_running(endpoints):
+        raise CommandError(f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker compose?); stop it first")
+    log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
+    cluster = LocalCluster(hosts, slots, endpoints, log_dir)
+    click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s); service logs in {log_dir}", err=True)
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        cluster.start()
+        plane = ControlPlane(endpoints)
+        try:
+            return submit_and_follow(plane, spec)
+        finally:
+            plane.close()
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,172 @@
+"""The `elasticctl` command: click commands, each ending in an exit code; every error is one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bus.config import Endpoints
+from bus.sockets import SecurityError, generate_keys
+from elasticctl.control import CommandError, ControlPlane
+from elasticctl.follow import submit_and_follow
+from elasticctl.local import run_local
+from elasticctl.status import as_json, gather, render
+
+keys_option = click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
+control_option = click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1).")
+
+
+def job_options(fn: Any) -> Any:
+    for option in reversed(
+        [
+            click.option("--min-np", type=int, default=None, help="Fewest workers to train with (default 1, or --max-np if lower)."),
+            click.option("--max-np", type=int, default=None, help="Most workers to use (default: every slot)."),
+            click.option("--reset-limit", type=int, default=None, help="Stop after this many resets."),
+            click.option("--elastic-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for --min-np slots."),
+            click.option("--discovery-script", type=click.Path(exists=True, dir_okay=False, resolve_path=True), default=None, help="Prints 'host' or 'host:slots' lines."),
+            click.option("--blacklist-cooldown", type=(float, float), default=(60.0, 600.0), show_default=True, metavar="MIN MAX", help="Blacklisted hosts return after a cooldown in this range (exponential backoff)."),
+            click.option("--hung-timeout", type=float, default=120.0, show_default=True, help="Seconds after a round's first report before silent workers count as hung."),
+            click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
+            click.argument("command", nargs=-1, required=True),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def build_spec(options: dict[str, Any]) -> dict[str, Any]:
+    command = list(options["command"])
+    if not command:
+        raise CommandError("missing command: elasticctl run [OPTIONS] -- CMD ...", 2)
+    min_np, max_np = options["min_np"], options["max_np"]
+    if min_np is None:
+        min_np = min(1, max_np) if max_np is not None else 1
+    if min_np < 1:
+        raise CommandError(f"--min-np must be at least 1 (got {min_np})", 2)
+    if max_np is not None and max_np < min_np:
+        raise CommandError(f"--min-np ({min_np}) must not exceed --max-np ({max_np})", 2)
+    low, high = options["blacklist_cooldown"]
+    if low < 0 or high < low:
+        raise CommandError(f"--blacklist-cooldown MIN MAX needs 0 <= MIN <= MAX (got {low:g} {high:g})", 2)
+    env = {}
+    for pair in options["env_pairs"]:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--env wants KEY=VALUE, got {pair!r}", 2)
+        env[key] = value
+    return {
+        "command": command,
+        "min_np": min_np,
+        "max_np": max_np,
+        "reset_limit": options["reset_limit"],
+        "elastic_timeout": options["elastic_timeout"],
+        "discovery_script": options["discovery_script"],
+        "cooldown": [low, high],
+        "hung_timeout": options["hung_timeout"],
+        "env": env,
+    }
+
+
+def _plane(control: str | None, keys: Path | None) -> ControlPlane:
+    return ControlPlane(Endpoints.from_env(control), keys)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Operate elastic training jobs."""
+
+
+@cli.command()
+@control_option
+@keys_option
+@job_options
+def run(control: str | None, keys: Path | None, **options: Any) -> None:
+    """Submit a job and follow it; exit with the job's exit code."""
+    spec = build_spec(options)
+    plane = _plane(control, keys)
+    try:
+        sys.exit(submit_and_follow(plane, spec))
+    finally:
+        plane.close()
+
+
+@cli.command()
+@control_option
+@keys_option
+@click.option("--json", "as_json_flag", is_flag=True, help="Stable JSON for scripts.")
+def status(control: str | None, keys: Path | None, as_json_flag: bool) -> None:
+    """Show the job, its hosts and its workers."""
+    plane = _plane(control, keys)
+    try:
+        view = gather(plane)
+    finally:
+        plane.close()
+    click.echo(as_json(view) if as_json_flag else render(view))
+
+
+def _host_command(name: str, verb: str, past: str) -> None:
+    @cli.command(name=name, help=f"{verb} a host.")
+    @control_option
+    @keys_option
+    @click.argument("host")
+    def command(control: str | None, keys: Path | None, host: str) -> None:
+        plane = _plane(control, keys)
+        try:
+            reply = plane.call("discovery", name, {"host": host})
+        finally:
+            plane.close()
+        click.echo(f"{host}: {past} ({reply['state']})")
+
+
+_host_command("drain", "Take out gracefully at the next commit (no rollback):", "draining")
+_host_command("undrain", "Put back, from the next round:", "undrained")
+
+
+@cli.command()
+@click.option("--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N.")
+@click.option("--slots", type=click.IntRange(min=1), default=2, show_default=True, help="Slots per agent.")
+@job_options
+def local(hosts: int, slots: int, **options: Any) -> None:
+    """Run the whole system on this machine (services + agents on loopback) for one job."""
+    spec = build_spec(options)
+    sys.exit(run_local(hosts, slots, spec))
+
+
+@cli.group()
+def keys() -> None:
+    """CURVE keys for the control plane."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+def keys_generate(directory: Path) -> None:
+    """Write server and client keypairs to DIRECTORY (secrets 0600) and authorise the client key."""
+    generate_keys(directory)
+    click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except CommandError as exc:
+        click.echo(f"elasticctl: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        click.echo(f"elasticctl: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"elasticctl: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("elasticctl: interrupted", err=True)
+        sys.exit(130)
+    except (SecurityError, OSError) as exc:
+        click.echo(f"elasticctl: {exc}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from elasticctl.control import ControlPlane
+
+
+def gather(plane: ControlPlane) -> dict[str, Any]:
+    job = plane.call("registry", "status")
+    hosts = plane.call("discovery", "hosts")
+    busy = {w["host"] for w in job.get("workers", []) if w["state"] in ("PENDING", "RUNNING", "READY")}
+    rows = []
+    for host in hosts["all"]:
+        state = host["state"]
+        if state == "draining" and host["host"] not in busy:
+            state = "drained"
+        rows.append({**host, "state": state})
+    workers = job.pop("workers", [])
+    job.pop("history", None)
+    return {"job": job, "hosts": rows, "workers": workers}
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+
+
+def render(view: dict[str, Any]) -> str:
+    job = view["job"]
+    lines = [
+        f"job {job['job']}: {job['state']}, round {job['round']}, world size {job['size']}, resets {job['resets']}"
+        + (f", exit code {job['exit_code']}" if job["exit_code"] is not None else "")
+    ]
+    if job.get("reason"):
+        lines.append(f"  reason: {job['reason']}")
+    lines.append("")
+    host_rows = []
+    for h in view["hosts"]:
+        note = ""
+        if h["state"] == "blacklisted":
+            left = "forever" if h["cooldown_left"] is None else f"{h['cooldown_left']:.0f}s left"
+            note = f"{h['blacklist_reason']} (cooldown {left})"
+        elif h["state"] == "lost":
+            note = f"no heartbeat for {h['lost_for']:.1f}s"
+        host_rows.append([h["host"], h["slots"], h["state"], note])
+    lines += _table(["HOST", "SLOTS", "STATE", "NOTE"], host_rows) if host_rows else ["no hosts"]
+    lines.append("")
+    worker_rows = [[w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]] for w in view["workers"]]
+    lines += _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]
+    return "\n".join(lines)
+
+
+def as_json(view: dict[str, Any]) -> str:
+    return json.dumps(view, indent=2, sort_keys=True)

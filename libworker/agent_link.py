@@ -1,0 +1,63 @@
+"""The worker's two channels to its agent over ipc: requests (any thread, one at a time) and events (a daemon thread).
+
+The event thread subscribes once, then hands each event to the listener
+callbacks. It also watches the agent's heartbeat so `agent_silent_for()` can
+tell a worker that its agent stopped answering.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from bus.client import Client, incarnation_id
+from bus.envelope import Message, WireError, decode, encode
+from bus.sockets import client_socket
+
+Listener = Callable[[Message], None]
+
+
+class AgentLink:
+    def __init__(self, endpoint: str, host: str, local_rank: int) -> None:
+        self.endpoint = endpoint
+        self.sender = incarnation_id("worker", f"{host}/{local_rank}")
+        self.local_rank = local_rank
+        self.ctx = zmq.Context()
+        self.requests = Client(endpoint, self.sender, ctx=self.ctx, timeout=5.0, deadline=60.0)
+        self.listeners: list[Listener] = []
+        self.last_heard = time.monotonic()
+        self._subscribed = threading.Event()
+        self._thread = threading.Thread(target=self._events_loop, name="libworker-events", daemon=True)
+        self._thread.start()
+
+    def wait_subscribed(self, timeout: float) -> bool:
+        return self._subscribed.wait(timeout)
+
+    def agent_silent_for(self) -> float:
+        return time.monotonic() - self.last_heard
+
+    def _events_loop(self) -> None:
+        sock = client_socket(self.ctx, zmq.DEALER, self.endpoint)
+        subscribe = encode(Message(type="subscribe", body={"pid": os.getpid(), "local_rank": self.local_rank}, id="subscribe", sender=self.sender + ":events"))
+        sock.send_multipart(subscribe)
+        resend_at = time.monotonic() + 1.0
+        while True:
+            if not self._subscribed.is_set() and time.monotonic() > resend_at:
+                sock.send_multipart(subscribe)
+                resend_at = time.monotonic() + 1.0
+            if not sock.poll(200):
+                continue
+            try:
+                msg = decode(sock.recv_multipart())
+            except (WireError, zmq.ZMQError):
+                continue
+            self.last_heard = time.monotonic()
+            if msg.reply:
+                self._subscribed.set()
+                continue
+            for listener in list(self.listeners):
+                listener(msg)

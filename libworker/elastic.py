@@ -1,0 +1,63 @@
+"""`@run`: the elastic training loop around a user's `train(state)` (Horovod's `hvd.elastic.run`).
+
+On entry the state is synced. On WorkerInternalError the state is restored to
+the last commit; on HostsUpdatedInterrupt it is kept. Either way the worker
+re-joins the next round, `state.on_reset()` runs (reset callbacks), and the
+ranks agree collectively whether to sync and from which rank: a sync happens
+unless every rank skips it (only hosts removed, nobody new), and the source is
+the lowest rank that survived from an earlier round, so a respawned worker
+never overwrites the job's state with its fresh one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from libworker.collectives import allreduce_
+from libworker.errors import HostsUpdatedInterrupt, WorkerInternalError
+from libworker.state import State
+from libworker.world import join, world
+
+T = TypeVar("T")
+
+
+def _agreed_sync(state: State, skip_sync: bool) -> None:
+    size = dist.get_world_size()
+    wants_sync = 0.0 if skip_sync and world.survivor else 1.0
+    candidate = float(dist.get_rank() if world.survivor else size)
+    agreed = allreduce_(torch.tensor([wants_sync, -candidate], dtype=torch.float64), "max")
+    if agreed[0].item() > 0:
+        root = int(-agreed[1].item())
+        state.sync(root_rank=0 if root == size else root)
+
+
+def run(func: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
+        if not world.slot:
+            join()
+        world.listeners.append(state)
+        skip_sync, rejoin = False, False
+        try:
+            while True:
+                try:
+                    if rejoin:
+                        join()
+                        state.on_reset()
+                    _agreed_sync(state, skip_sync)
+                    return func(state, *args, **kwargs)
+                except WorkerInternalError:
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as interrupt:
+                    skip_sync = interrupt.skip_sync
+                rejoin = True
+        finally:
+            world.listeners.remove(state)
+
+    return wrapper

@@ -1,0 +1,22 @@
+"""The two exceptions elastic training code sees (Horovod's names in comments)."""
+
+from __future__ import annotations
+
+
+class WorkerInternalError(RuntimeError):
+    """A collective failed (a peer died or hung, or the control plane aborted the round). HorovodInternalError.
+
+    `@run` restores the last commit, re-joins and syncs.
+    """
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The host set changed; every rank raises it at the same commit. No rollback.
+
+    `skip_sync` is True when hosts were only removed: every survivor already
+    holds the live state (a new worker, if any, still receives it).
+    """
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(f"hosts updated (skip_sync={skip_sync})")
+        self.skip_sync = skip_sync

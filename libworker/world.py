@@ -1,0 +1,165 @@
+"""The worker's place in the job: which round it is in, its slot, and the process group of that round.
+
+`join()` asks the rendezvous (through the agent) for a round newer than the
+one this process was last in, and initialises `torch.distributed` on that
+round's store: rank 0 of the round serves a TCPStore and publishes its address
+under the round's prefix in the rendezvous key-value store; the others read it
+there (parked until it is set) and connect. A worker whose slot is not in the new round leaves:
+the process exits 0 at once.
+
+A process group whose collective was abandoned (abort, failure) is put aside
+without `shutdown()`, which would block until gloo's own timeout: the stuck
+thread finishes on its own later, and the new round gets a fresh group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bus.client import ServiceError, Unreachable
+from bus.config import Timing
+from bus.envelope import Message
+from libworker.agent_link import AgentLink
+from libworker.errors import WorkerInternalError
+
+JOIN_DEADLINE = 7 * 24 * 3600.0
+HOST_ADDED, HOST_REMOVED = 1, 2
+
+
+@dataclass
+class World:
+    link: AgentLink | None = None
+    timing: Timing = field(default_factory=Timing)
+    round: int = 0
+    rounds_joined: int = 0
+    slot: dict[str, Any] = field(default_factory=dict)
+    poisoned: bool = False
+    aborted_round: int = 0
+    waiters: set[threading.Event] = field(default_factory=set)
+    listeners: list[Any] = field(default_factory=list)
+    graveyard: list[Any] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def survivor(self) -> bool:
+        """True when this process was in an earlier round, so it holds the job's state."""
+        return self.rounds_joined > 1
+
+    def on_event(self, msg: Message) -> None:
+        if msg.type == "abort" and msg.body.get("round") == self.round:
+            self.abort()
+        elif msg.type == "hosts_updated":
+            update = (HOST_ADDED if msg.body.get("added") else 0) | (HOST_REMOVED if msg.body.get("removed") else 0)
+            for state in list(self.listeners):
+                state.on_hosts_updated(float(msg.body.get("timestamp", 0.0)), update)
+
+    def abort(self) -> None:
+        """Release every collective waiting in this round: they raise WorkerInternalError."""
+        with self.lock:
+            self.aborted_round = self.round
+            for waiter in self.waiters:
+                waiter.set()
+
+
+world = World()
+
+
+def _connect() -> AgentLink:
+    endpoint = os.environ.get("ELASTIC_AGENT")
+    if not endpoint:
+        raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
+    world.timing = Timing.from_env()
+    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "0")))
+    link.listeners.append(world.on_event)
+    link.wait_subscribed(5.0)
+    return link
+
+
+def _put_aside_process_group() -> None:
+    if not dist.is_initialized():
+        return
+    if not world.poisoned:
+        dist.destroy_process_group()
+        return
+    world.graveyard.append(dist.group.WORLD)
+    process_group = torch._C._distributed_c10d.ProcessGroup
+    shutdown = process_group.shutdown
+    process_group.shutdown = lambda self: None  # type: ignore[method-assign]
+    try:
+        dist.destroy_process_group()
+    finally:
+        process_group.shutdown = shutdown  # type: ignore[method-assign]
+
+
+def _leave() -> None:
+    """This slot is not in the new round: the worker's job is done, it exits cleanly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
+    """The round's TCPStore: rank 0 serves it and publishes its address in the rendezvous key-value store."""
+    key = f"{world.slot['prefix']}store"
+    if world.slot["rank"] == 0:
+        store = dist.TCPStore(advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False)
+        link.requests.request("kv_set", {"key": key}, raw=(f"{advertise_address()}:{store.port}".encode(),))
+        return store
+    address = link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=timeout.total_seconds()).raw[0].decode()
+    host, port = address.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), world.slot["size"], is_master=False, timeout=timeout)
+
+
+def advertise_address() -> str:
+    return os.environ.get("ELASTIC_ADVERTISE_ADDR", "127.0.0.1")
+
+
+def join() -> None:
+    """Join the next round: park at the rendezvous until it is complete, then set up torch.distributed."""
+    if world.link is None:
+        world.link = _connect()
+    _put_aside_process_group()
+    local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
+    try:
+        reply = world.link.requests.request(
+            "rank_and_size",
+            {"local_rank": local_rank, "after_round": world.round, "pid": os.getpid()},
+            timeout=5.0,
+            deadline=JOIN_DEADLINE,
+        )
+    except (Unreachable, ServiceError) as exc:
+        raise WorkerInternalError(f"cannot join a round: {exc}") from None
+    if reply.body.get("removed"):
+        _leave()
+    with world.lock:
+        world.slot = reply.body
+        world.round = int(reply.body["round"])
+        world.rounds_joined += 1
+        world.poisoned = False
+    os.environ.update(RANK=str(world.slot["rank"]), WORLD_SIZE=str(world.slot["size"]), LOCAL_RANK=str(world.slot["local_rank"]), LOCAL_WORLD_SIZE=str(world.slot["local_size"]))
+    timeout = timedelta(seconds=world.timing.collective_timeout)
+    try:
+        store = dist.PrefixStore(world.slot["prefix"], _round_store(world.link, timeout))
+    except (RuntimeError, dist.DistError, Unreachable, ServiceError) as exc:
+        world.poisoned = True
+        raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    try:
+        dist.init_process_group(backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
+    except (RuntimeError, dist.DistError) as exc:
+        world.poisoned = True
+        raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
+
+
+def require_joined() -> dict[str, Any]:
+    if not world.slot:
+        raise RuntimeError("call libworker.init() first")
+    return world.slot

@@ -1,0 +1,1 @@
+"""The four control-plane services. Each runs as `python -m services.<name>`; they share `bus/` only."""

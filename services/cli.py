@@ -1,0 +1,53 @@
+"""The command line shared by the four services: endpoints, intervals, keys, logging."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bus.config import Endpoints, Timing
+from bus.logs import setup_logging
+from bus.service import Service
+from bus.sockets import Security, SecurityError, stop_authenticators
+
+Factory = Callable[[Endpoints, Endpoints, Timing, Security, Any], Service]
+
+
+def bind_endpoints(connect: Endpoints, bind_host: str | None) -> Endpoints:
+    """The endpoints to bind: the connect endpoints, or the same ports on `bind_host`."""
+    if not bind_host:
+        return connect
+    return Endpoints(
+        **{name: f"tcp://{bind_host}:{addr.rsplit(':', 1)[1]}" for name, addr in vars(connect).items()}
+    )
+
+
+def service_command(name: str, factory: Factory) -> click.Command:
+    def run(bind: str | None, keys: Path | None, insecure: bool) -> None:
+        log = setup_logging(name)
+        try:
+            timing = Timing.from_env()
+            connect = Endpoints.from_env()
+            security = Security(keys_dir=keys, insecure=insecure)
+            service = factory(bind_endpoints(connect, bind), connect, timing, security, log)
+        except (SecurityError, ValueError, OSError) as exc:
+            click.echo(f"{name}: {exc}", err=True)
+            sys.exit(2)
+        except Exception as exc:  # zmq.ZMQError on bind, mostly
+            click.echo(f"{name}: cannot start: {exc}", err=True)
+            sys.exit(2)
+        try:
+            service.serve_forever()
+        finally:
+            stop_authenticators()
+
+    params: list[click.Parameter] = [
+        click.Option(["--bind"], envvar="ELASTIC_BIND", default=None, help="Interface to bind (default: the host of the endpoint)."),
+        click.Option(["--keys"], envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory (elasticctl keys generate DIR)."),
+        click.Option(["--insecure"], is_flag=True, envvar="ELASTIC_INSECURE", help="Allow binding beyond loopback without keys."),
+    ]
+    return click.Command(name, callback=run, params=params, help=f"Run the {name} service.")

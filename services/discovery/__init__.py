@@ -1,0 +1,1 @@
+"""Discovery: which hosts exist, their slots, their order, drain and blacklist."""

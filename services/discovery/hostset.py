@@ -1,0 +1,188 @@
+"""HostSet: the pure bookkeeping of discovery, driven by an injected clock.
+
+A host is *available* when its agent is live (registered, heartbeating), it is
+not draining, not blacklisted, and, if a discovery script is configured, the
+script lists it (slots: the smaller of the script's and the agent's). The
+assignment order is the order in which hosts became available: surviving hosts
+keep their place, a host that returns goes last, so rank 0 stays on the oldest.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVE, LOST, DRAINING, DRAINED, BLACKLISTED, UNLISTED = "active", "lost", "draining", "drained", "blacklisted", "unlisted"
+
+
+@dataclass
+class HostRecord:
+    name: str
+    slots: int
+    incarnation: str
+    last_seen: float
+    lost_at: float | None = None
+    draining: bool = False
+    blacklist_count: int = 0
+    blacklisted_until: float | None = None
+    blacklist_reason: str = ""
+
+
+@dataclass(frozen=True)
+class HostsChange:
+    added: bool
+    removed: bool
+
+
+def cooldown(count: int, low: float, high: float, rng: random.Random) -> float:
+    """Exponential backoff with jitter, like Horovod's blacklist cooldown: low * 2^(count-1), capped at high."""
+    base = min(high, low * (2 ** max(0, count - 1)))
+    return min(high, base * (1.0 + 0.25 * rng.random()))
+
+
+class HostSet:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.hosts: dict[str, HostRecord] = {}
+        self.order: list[str] = []
+        self.script_hosts: dict[str, int | None] | None = None
+        self.cooldown_range: tuple[float, float] | None = (60.0, 600.0)
+        self._rng = rng or random.Random()
+
+    # -- agents --------------------------------------------------------------------------------
+    def register(self, name: str, slots: int, incarnation: str, now: float) -> None:
+        record = self.hosts.get(name)
+        if record is None:
+            self.hosts[name] = HostRecord(name, slots, incarnation, now)
+            return
+        record.slots, record.incarnation, record.last_seen, record.lost_at = slots, incarnation, now, None
+
+    def heartbeat(self, name: str, incarnation: str, now: float) -> str:
+        """'ok', or 'unknown' (register again), or 'lost' (stop your workers, then register again)."""
+        record = self.hosts.get(name)
+        if record is None or record.incarnation != incarnation:
+            return "unknown"
+        if record.lost_at is not None:
+            return "lost"
+        record.last_seen = now
+        return "ok"
+
+    def unregister(self, name: str, incarnation: str) -> bool:
+        record = self.hosts.get(name)
+        if record is None or record.incarnation != incarnation:
+            return False
+        del self.hosts[name]
+        return True
+
+    def expire(self, now: float, lost_after: float) -> list[str]:
+        """Mark hosts whose agent has been silent for `lost_after` as lost; return them."""
+        newly_lost = []
+        for record in self.hosts.values():
+            if record.lost_at is None and now - record.last_seen > lost_after:
+                record.lost_at = now
+                newly_lost.append(record.name)
+        return newly_lost
+
+    # -- operator and registry decisions -------------------------------------------------------
+    def set_draining(self, name: str, draining: bool) -> None:
+        self.hosts[name].draining = draining
+
+    def blacklist(self, name: str, now: float, reason: str) -> float | None:
+        """Blacklist a host; return when it may come back (None: never)."""
+        record = self.hosts.get(name)
+        if record is None:
+            return None
+        record.blacklist_count += 1
+        record.blacklist_reason = reason
+        if self.cooldown_range is None:
+            record.blacklisted_until = float("inf")
+        else:
+            record.blacklisted_until = now + cooldown(record.blacklist_count, *self.cooldown_range, self._rng)
+        return None if record.blacklisted_until == float("inf") else record.blacklisted_until
+
+    def lift_cooldowns(self, now: float) -> list[str]:
+        lifted = []
+        for record in self.hosts.values():
+            if record.blacklisted_until is not None and now >= record.blacklisted_until:
+                record.blacklisted_until = None
+                lifted.append(record.name)
+        return lifted
+
+    # -- what the job sees ---------------------------------------------------------------------
+    def state(self, record: HostRecord) -> str:
+        if record.lost_at is not None:
+            return LOST
+        if record.blacklisted_until is not None:
+            return BLACKLISTED
+        if record.draining:
+            return DRAINING
+        if self.script_hosts is not None and record.name not in self.script_hosts:
+            return UNLISTED
+        return ACTIVE
+
+    def _slots(self, record: HostRecord) -> int:
+        listed = self.script_hosts.get(record.name) if self.script_hosts is not None else None
+        return record.slots if listed is None else min(listed, record.slots)
+
+    def available(self) -> list[tuple[str, int]]:
+        """Available hosts with their slots, in assignment order; updates the order."""
+        ready = {r.name: self._slots(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._slots(r) > 0}
+        self.order = [name for name in self.order if name in ready] + [name for name in ready if name not in self.order]
+        return [(name, ready[name]) for name in self.order]
+
+    def describe(self, now: float) -> list[dict[str, Any]]:
+        position = {name: i for i, name in enumerate(self.order)}
+        rows = []
+        for record in sorted(self.hosts.values(), key=lambda r: (position.get(r.name, len(position)), r.name)):
+            rows.append(
+                {
+                    "host": record.name,
+                    "slots": self._slots(record),
+                    "state": self.state(record),
+                    "draining": record.draining,
+                    "lost_for": None if record.lost_at is None else round(now - record.lost_at, 3),
+                    "cooldown_left": None
+                    if record.blacklisted_until in (None, float("inf"))
+                    else round(record.blacklisted_until - now, 3),
+                    "blacklisted": record.blacklisted_until is not None,
+                    "blacklist_reason": record.blacklist_reason,
+                    "blacklist_count": record.blacklist_count,
+                }
+            )
+        return rows
+
+
+def effective(hosts: list[tuple[str, int]], max_np: int | None) -> list[tuple[str, int]]:
+    """The slots an assignment would use: hosts filled in order up to max_np; hosts that get nothing are left out."""
+    used, left = [], max_np if max_np is not None else float("inf")
+    for name, slots in hosts:
+        take = int(min(slots, left))
+        if take <= 0:
+            break
+        used.append((name, take))
+        left -= take
+    return used
+
+
+def compare(before: list[tuple[str, int]], after: list[tuple[str, int]]) -> HostsChange | None:
+    """Horovod's check_update: a host gone or with fewer slots is a removal, a new one or more slots an addition."""
+    old, new = dict(before), dict(after)
+    added = any(name not in old or new[name] > old[name] for name in new)
+    removed = any(name not in new or new[name] < old[name] for name in old)
+    if not added and not removed and before == after:
+        return None
+    return HostsChange(added=added, removed=removed or (not added and before != after))
+
+
+def parse_script_output(text: str) -> dict[str, int | None]:
+    """Lines `host` or `host:slots`; blank lines and '#' comments ignored."""
+    hosts: dict[str, int | None] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, slots = line.partition(":")
+        if not name or (sep and not slots.strip().isdigit()):
+            raise ValueError(f"line {number}: {line!r} is not 'host' or 'host:slots'")
+        hosts[name.strip()] = int(slots) if sep else None
+    return hosts

@@ -1,0 +1,195 @@
+"""DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
+
+Messages:
+  register {host, slots, incarnation}      an agent (re)starts
+  heartbeat {host, incarnation}            -> {status: ok | unknown | lost}
+  unregister {host, incarnation}           an agent leaves cleanly
+  hosts                                    -> {timestamp, available: [[name, slots]], all: [...], lost: [names]}
+  drain {host} / undrain {host}            operator
+  blacklist {host, reason}                 registry, after a failure on the host
+  configure {discovery_script, max_np, cooldown}   registry, when a job is submitted
+
+When the slots an assignment would use change, `hosts_updated {timestamp, added,
+removed, hosts}` goes out through the notifier; a change beyond max_np sends nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from bus.client import Client, Unreachable
+from bus.config import Timing
+from bus.service import Request, RequestError, Service, field, handles
+from services.discovery.hostset import HostSet, compare, effective, parse_script_output
+
+
+class DiscoveryService(Service):
+    name = "discovery"
+
+    def __init__(self, endpoint: str, notifier_endpoint: str, timing: Timing, **kw: Any) -> None:
+        super().__init__(endpoint, **kw)
+        self.timing = timing
+        self.hostset = HostSet()
+        self.notifier = Client(notifier_endpoint, self.name, security=self.security, ctx=self.ctx, timeout=1.0, deadline=2.0)
+        self.max_np: int | None = None
+        self.script: str | None = None
+        self._script_proc: subprocess.Popen[str] | None = None
+        self.published: list[tuple[str, int]] = []
+        self.timestamp = time.time()
+        self.every(max(0.02, timing.heartbeat / 4), self._expire)
+        self.every(timing.discovery_poll, self._poll_script)
+
+    # -- agents --------------------------------------------------------------------------------
+    @handles("register")
+    def on_register(self, request: Request) -> dict[str, Any]:
+        host, slots = field(request.body, "host", str), field(request.body, "slots", int)
+        if slots < 1:
+            raise RequestError("bad_request", "slots must be at least 1")
+        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock())
+        self.log.info("host_registered", host=host, slots=slots)
+        self._changed()
+        return {"heartbeat": self.timing.heartbeat}
+
+    @handles("heartbeat")
+    def on_heartbeat(self, request: Request) -> dict[str, Any]:
+        status = self.hostset.heartbeat(field(request.body, "host", str), field(request.body, "incarnation", str), self.clock())
+        return {"status": status}
+
+    @handles("unregister")
+    def on_unregister(self, request: Request) -> dict[str, Any]:
+        host = field(request.body, "host", str)
+        gone = self.hostset.unregister(host, field(request.body, "incarnation", str))
+        if gone:
+            self.log.info("host_unregistered", host=host)
+            self._changed()
+        return {"unregistered": gone}
+
+    def _expire(self) -> None:
+        now = self.clock()
+        lost = self.hostset.expire(now, self.timing.lost_after)
+        lifted = self.hostset.lift_cooldowns(now)
+        for host in lost:
+            self.log.warning("host_lost", host=host, missed_for=self.timing.lost_after)
+        for host in lifted:
+            self.log.info("blacklist_lifted", host=host)
+        if lost or lifted:
+            self._changed()
+
+    # -- queries and commands ------------------------------------------------------------------
+    @handles("hosts")
+    def on_hosts(self, request: Request) -> dict[str, Any]:
+        available = self.hostset.available()
+        return {
+            "timestamp": self.timestamp,
+            "available": [[name, slots] for name, slots in available],
+            "all": self.hostset.describe(self.clock()),
+            "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
+        }
+
+    def _known(self, request: Request) -> str:
+        host = field(request.body, "host", str)
+        if host not in self.hostset.hosts:
+            raise RequestError("unknown_host", f"unknown host {host!r}; known: {', '.join(sorted(self.hostset.hosts)) or 'none'}")
+        return host
+
+    @handles("drain")
+    def on_drain(self, request: Request) -> dict[str, Any]:
+        host = self._known(request)
+        self.hostset.set_draining(host, True)
+        self.log.info("host_draining", host=host)
+        self._changed()
+        return {"host": host, "state": "draining"}
+
+    @handles("undrain")
+    def on_undrain(self, request: Request) -> dict[str, Any]:
+        host = self._known(request)
+        self.hostset.set_draining(host, False)
+        self.log.info("host_undrained", host=host)
+        self._changed()
+        return {"host": host, "state": self.hostset.state(self.hostset.hosts[host])}
+
+    @handles("blacklist")
+    def on_blacklist(self, request: Request) -> dict[str, Any]:
+        host = self._known(request)
+        until = self.hostset.blacklist(host, self.clock(), str(request.body.get("reason", "")))
+        self.log.warning("host_blacklisted", host=host, cooldown=None if until is None else round(until - self.clock(), 3))
+        self._changed()
+        return {"host": host, "cooldown": None if until is None else until - self.clock()}
+
+    @handles("configure")
+    def on_configure(self, request: Request) -> dict[str, Any]:
+        body = request.body
+        max_np, script, cooldown = body.get("max_np"), body.get("discovery_script"), body.get("cooldown")
+        if max_np is not None and not isinstance(max_np, int):
+            raise RequestError("bad_request", "max_np must be an integer or null")
+        if script is not None and not isinstance(script, str):
+            raise RequestError("bad_request", "discovery_script must be a path or null")
+        if cooldown is not None and not (isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)):
+            raise RequestError("bad_request", "cooldown must be [min, max] seconds or null")
+        self.max_np, self.script = max_np, script
+        self.hostset.cooldown_range = None if cooldown is None else (float(cooldown[0]), float(cooldown[1]))
+        self.hostset.script_hosts = None
+        for record in self.hostset.hosts.values():
+            record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
+        if script:
+            self._run_script(wait=True)
+        self.published = effective(self.hostset.available(), self.max_np)
+        return {}
+
+    # -- discovery script ----------------------------------------------------------------------
+    def _poll_script(self) -> None:
+        if self.script:
+            self._run_script(wait=False)
+
+    def _run_script(self, wait: bool) -> None:
+        if self._script_proc is None:
+            try:
+                self._script_proc = subprocess.Popen([self.script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # type: ignore[list-item]
+            except OSError as exc:
+                self.log.warning("discovery_script_failed", script=self.script, reason=str(exc))
+                return
+        proc = self._script_proc
+        if wait:
+            try:
+                proc.wait(timeout=self.timing.discovery_poll * 10)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
+            return
+        self._script_proc = None
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            self.log.warning("discovery_script_failed", script=self.script, exit_code=proc.returncode, stderr=err.strip()[-500:])
+            return
+        try:
+            hosts = parse_script_output(out)
+        except ValueError as exc:
+            self.log.warning("discovery_script_bad_output", script=self.script, reason=str(exc))
+            return
+        if hosts != self.hostset.script_hosts:
+            self.hostset.script_hosts = hosts
+            self._changed()
+
+    # -- publishing ----------------------------------------------------------------------------
+    def _changed(self) -> None:
+        now_used = effective(self.hostset.available(), self.max_np)
+        change = compare(self.published, now_used)
+        if change is None:
+            return
+        self.timestamp = max(time.time(), self.timestamp + 1e-6)
+        self.published = now_used
+        event = {"timestamp": self.timestamp, "added": change.added, "removed": change.removed, "hosts": [list(h) for h in now_used]}
+        self.log.info("hosts_updated", added=change.added, removed=change.removed, hosts=event["hosts"])
+        try:
+            self.notifier.request("publish", {"event": "hosts_updated", "data": event})
+        except Unreachable as exc:
+            self.log.warning("notifier_unreachable", reason=str(exc))
+
+    def close(self) -> None:
+        self.notifier.close()
+        if self._script_proc is not None:
+            self._script_proc.kill()
+            self._script_proc.wait()
+        super().close()

@@ -1,0 +1,1 @@
+"""The notifier: sequenced fan-out of control-plane events to agents, with catch-up."""

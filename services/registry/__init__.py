@@ -1,0 +1,1 @@
+"""The registry: the job, worker states per round, and the driver's decisions."""

@@ -1,0 +1,54 @@
+"""What the driver does once every slot of a round has reported (Horovod's WorkerStateRegistry, made pure).
+
+Each slot of a round ends as READY (its worker re-joined for the next round),
+SUCCESS (exit 0) or FAILURE (non-zero exit, lost host, hung). Then: any SUCCESS
+ends the job successfully; all FAILURE ends it with "all hosts failed"; hosts
+with a failure are blacklisted; the reset limit ends it; otherwise a new round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PENDING, RUNNING, READY, SUCCESS, FAILURE = "PENDING", "RUNNING", "READY", "SUCCESS", "FAILURE"
+REPORTED = (READY, SUCCESS, FAILURE)
+
+Slot = tuple[str, int]
+
+
+@dataclass
+class SlotReport:
+    rank: int
+    state: str = PENDING
+    pid: int | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+    def describe(self, slot: Slot) -> str:
+        return f"rank {self.rank} on {slot[0]} {self.reason}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "succeed" | "fail" | "resume"
+    reason: str = ""
+    exit_code: int = 0
+    blacklist: list[str] = field(default_factory=list)
+
+
+def barrier_complete(reports: dict[Slot, SlotReport]) -> bool:
+    return bool(reports) and all(r.state in REPORTED for r in reports.values())
+
+
+def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None) -> Decision:
+    failures = {slot: r for slot, r in reports.items() if r.state == FAILURE}
+    if any(r.state == SUCCESS for r in reports.values()):
+        return Decision("succeed", "job finished")
+    details = "; ".join(r.describe(slot) for slot, r in sorted(failures.items(), key=lambda kv: kv[1].rank))
+    first_code = next((r.exit_code for _, r in sorted(failures.items(), key=lambda kv: kv[1].rank) if r.exit_code), 1)
+    if failures and len(failures) == len(reports):
+        return Decision("fail", f"all hosts failed: {details}", exit_code=first_code or 1)
+    if reset_limit is not None and resets >= reset_limit:
+        why = f" (last: {details})" if details else ""
+        return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=first_code or 1)
+    return Decision("resume", details, blacklist=sorted({slot[0] for slot in failures}))

@@ -1,0 +1,71 @@
+"""JobSpec: a submitted job, validated once at the door."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bus.service import RequestError
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: list[str]
+    min_np: int = 1
+    max_np: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600.0
+    discovery_script: str | None = None
+    cooldown: tuple[float, float] | None = (60.0, 600.0)
+    hung_timeout: float = 120.0
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cooldown"] = list(self.cooldown) if self.cooldown else None
+        return data
+
+    @classmethod
+    def parse(cls, raw: Any) -> JobSpec:
+        if not isinstance(raw, dict):
+            raise RequestError("bad_request", "spec must be a map")
+
+        def bad(message: str) -> RequestError:
+            return RequestError("bad_spec", message)
+
+        command = raw.get("command")
+        if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
+            raise bad("command must be a non-empty list of strings")
+        min_np, max_np = raw.get("min_np", 1), raw.get("max_np")
+        if not isinstance(min_np, int) or min_np < 1:
+            raise bad("min_np must be an integer >= 1")
+        if max_np is not None and (not isinstance(max_np, int) or max_np < min_np):
+            raise bad(f"max_np ({max_np}) must be an integer >= min_np ({min_np})")
+        reset_limit = raw.get("reset_limit")
+        if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
+            raise bad("reset_limit must be an integer >= 0")
+        numbers = {}
+        for name in ("elastic_timeout", "hung_timeout"):
+            value = raw.get(name, getattr(cls, name))
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise bad(f"{name} must be a positive number of seconds")
+            numbers[name] = float(value)
+        cooldown = raw.get("cooldown", list(cls.cooldown or ()))
+        if cooldown is not None:
+            if not (isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) and c >= 0 for c in cooldown) and cooldown[0] <= cooldown[1]):
+                raise bad("cooldown must be [min, max] seconds with 0 <= min <= max")
+            cooldown = (float(cooldown[0]), float(cooldown[1]))
+        script = raw.get("discovery_script")
+        if script is not None and not isinstance(script, str):
+            raise bad("discovery_script must be a path")
+        env = raw.get("env", {})
+        if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise bad("env must map strings to strings")
+        cwd = raw.get("cwd", "")
+        if not isinstance(cwd, str):
+            raise bad("cwd must be a string")
+        return cls(
+            command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
+            cooldown=cooldown, cwd=cwd, env=env, **numbers,
+        )

@@ -1,0 +1,1 @@
+"""The rendezvous: rounds, their rank assignments, parked joins, and the job's key-value store."""

@@ -1,0 +1,68 @@
+"""`get_host_assignments`: Horovod's slot assignment, exactly.
+
+Hosts are filled in the order given (oldest first), one rank per slot, until
+`max_np` ranks are placed. `cross_rank` of a slot is its index among the slots
+with the same local rank on other hosts, `cross_size` the number of such slots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class NotEnoughSlots(ValueError):
+    """Fewer slots than min_np."""
+
+
+def get_host_assignments(hosts: list[tuple[str, int]], min_np: int, max_np: int | None = None) -> list[SlotInfo]:
+    """Assign ranks to the slots of `hosts` ([(hostname, slots)], in assignment order)."""
+    host_ranks: list[tuple[str, list[int]]] = []
+    cross_ranks: dict[int, dict[str, int]] = defaultdict(dict)
+    rank = 0
+    for hostname, slots in hosts:
+        ranks = []
+        for local_rank in range(slots):
+            if rank == max_np:
+                break
+            ranks.append(rank)
+            rank += 1
+            at_local = cross_ranks[local_rank]
+            at_local[hostname] = len(at_local)
+        host_ranks.append((hostname, ranks))
+
+    world_size = rank
+    if world_size < min_np:
+        raise NotEnoughSlots(f"{world_size} slot(s) available, at least {min_np} required")
+
+    assignments = []
+    for hostname, ranks in host_ranks:
+        for local_rank, rank in enumerate(ranks):
+            at_local = cross_ranks[local_rank]
+            assignments.append(
+                SlotInfo(
+                    hostname=hostname,
+                    rank=rank,
+                    local_rank=local_rank,
+                    cross_rank=at_local[hostname],
+                    size=world_size,
+                    local_size=len(ranks),
+                    cross_size=len(at_local),
+                )
+            )
+    return assignments

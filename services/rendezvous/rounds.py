@@ -1,0 +1,100 @@
+"""Rounds and parked joins, as pure state: which join requests are answered, and with what.
+
+A join is `(host, local_rank)` asking for a round newer than `after_round`. It is
+answered when the latest round is newer, not yet released, and every slot of
+that round has a join parked: then all are released together with their
+SlotInfo. A join whose slot is not in the latest (newer) round is told it was
+removed. A released round admits no late joiner: it waits for the next round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.rendezvous.assignments import SlotInfo
+
+Slot = tuple[str, int]
+
+
+@dataclass
+class Join:
+    slot: Slot
+    after_round: int
+    pid: int
+    ticket: Any
+
+
+@dataclass
+class Round:
+    number: int
+    slots: dict[Slot, SlotInfo]
+    hosts_timestamp: float
+    released: bool = False
+    pids: dict[Slot, int] = field(default_factory=dict)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(s.hostname for s in sorted(self.slots.values(), key=lambda s: s.rank)))
+
+    @property
+    def prefix(self) -> str:
+        return f"round/{self.number}/"
+
+    def answer(self, slot: Slot) -> dict[str, Any]:
+        return {
+            "round": self.number,
+            "prefix": self.prefix,
+            "hosts_timestamp": self.hosts_timestamp,
+            **self.slots[slot].to_dict(),
+        }
+
+
+@dataclass
+class Rounds:
+    rounds: dict[int, Round] = field(default_factory=dict)
+    parked: dict[Slot, Join] = field(default_factory=dict)
+    latest: int = 0
+
+    @property
+    def current(self) -> Round | None:
+        return self.rounds.get(self.latest)
+
+    def add_round(self, slots: list[SlotInfo], hosts_timestamp: float) -> Round:
+        self.latest += 1
+        new = Round(self.latest, {(s.hostname, s.local_rank): s for s in slots}, hosts_timestamp)
+        self.rounds[new.number] = new
+        for old in [n for n in self.rounds if n < new.number - 1]:
+            del self.rounds[old]
+        return new
+
+    def park(self, join: Join) -> Any | None:
+        """Park a join; return the ticket of a join it replaces (same slot), if any."""
+        previous = self.parked.get(join.slot)
+        self.parked[join.slot] = join
+        return previous.ticket if previous is not None and previous.ticket is not join.ticket else None
+
+    def forget(self, slot: Slot, pid: int) -> Join | None:
+        join = self.parked.get(slot)
+        if join is not None and join.pid == pid:
+            return self.parked.pop(slot)
+        return None
+
+    def settle(self) -> list[tuple[Any, dict[str, Any]]]:
+        """Answers now due, as (ticket, reply body); the answered joins leave the parking lot."""
+        current = self.current
+        if current is None or current.released:
+            return []
+        answers: list[tuple[Any, dict[str, Any]]] = []
+        for slot, join in list(self.parked.items()):
+            if join.after_round < current.number and slot not in current.slots:
+                answers.append((join.ticket, {"removed": True, "round": current.number}))
+                del self.parked[slot]
+        waiting = [s for s in current.slots if s in self.parked and self.parked[s].after_round < current.number]
+        if len(waiting) == len(current.slots):
+            current.released = True
+            for slot in waiting:
+                join = self.parked.pop(slot)
+                current.pids[slot] = join.pid
+                answers.append((join.ticket, current.answer(slot)))
+        return answers

@@ -1,0 +1,143 @@
+"""RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
+
+Messages:
+  new_round {hosts: [[name, slots]], min_np, max_np, hosts_timestamp} -> {round, size, slots}
+  rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
+  forget {host, local_rank, pid}                        drop the parked join of a worker that exited
+  status -> {round, released, size, slots, parked}
+  reset                                                 a new job: no rounds, empty store
+  kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame
+
+The key-value store carries what a round needs to bootstrap torch.distributed
+(the address of the round's TCPStore), under the round's prefix; the keys of
+rounds older than the previous one are dropped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from bus.service import DEFERRED, Request, RequestError, Service, field, handles
+from services.rendezvous.assignments import NotEnoughSlots, get_host_assignments
+from services.rendezvous.rounds import Join, Rounds
+
+
+def _parse_hosts(raw: Any) -> list[tuple[str, int]]:
+    if not isinstance(raw, list):
+        raise RequestError("bad_request", "hosts must be a list of [name, slots]")
+    hosts = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int) and item[1] >= 0):
+            raise RequestError("bad_request", f"bad host entry {item!r}: want [name, slots]")
+        hosts.append((item[0], item[1]))
+    return hosts
+
+
+class RendezvousService(Service):
+    name = "rendezvous"
+
+    def __init__(self, endpoint: str, **kw: Any) -> None:
+        super().__init__(endpoint, **kw)
+        self.rounds = Rounds()
+        self.kv: dict[str, bytes] = {}
+        self.kv_waiters: dict[str, list[Request]] = defaultdict(list)
+
+    # -- rounds --------------------------------------------------------------------------------
+    @handles("reset")
+    def on_reset(self, request: Request) -> dict[str, Any]:
+        for join in self.rounds.parked.values():
+            join.ticket.fail("job_reset", "a new job replaced the one this worker joined")
+        self.rounds = Rounds()
+        self.kv.clear()
+        self.kv_waiters.clear()
+        return {}
+
+    @handles("new_round")
+    def on_new_round(self, request: Request) -> dict[str, Any]:
+        hosts = _parse_hosts(request.body.get("hosts"))
+        min_np = field(request.body, "min_np", int)
+        max_np = request.body.get("max_np")
+        if max_np is not None and not isinstance(max_np, int):
+            raise RequestError("bad_request", "max_np must be an integer or null")
+        try:
+            slots = get_host_assignments(hosts, min_np, max_np)
+        except NotEnoughSlots as exc:
+            raise RequestError("not_enough_slots", str(exc)) from None
+        previous = self.rounds.current
+        if previous is not None and slots and slots[0].hostname not in previous.hosts:
+            raise RequestError(
+                "no_surviving_host",
+                f"no host of round {previous.number} ({', '.join(previous.hosts)}) remains to hold rank 0 and its state",
+            )
+        new = self.rounds.add_round(slots, float(request.body.get("hosts_timestamp", 0.0)))
+        self._drop_old_keys()
+        self.log.info("round_created", round=new.number, size=len(slots), hosts=new.hosts)
+        self._settle()
+        return {"round": new.number, "size": len(slots), "slots": [s.to_dict() for s in slots]}
+
+    @handles("rank_and_size")
+    def on_rank_and_size(self, request: Request) -> Any:
+        body = request.body
+        join = Join(
+            slot=(field(body, "host", str), field(body, "local_rank", int)),
+            after_round=field(body, "after_round", int),
+            pid=field(body, "pid", int),
+            ticket=request,
+        )
+        replaced = self.rounds.park(join)
+        if replaced is not None:
+            replaced.fail("superseded", "another join for this slot replaced this one")
+        self._settle()
+        return DEFERRED
+
+    @handles("forget")
+    def on_forget(self, request: Request) -> dict[str, Any]:
+        join = self.rounds.forget((field(request.body, "host", str), field(request.body, "local_rank", int)), field(request.body, "pid", int))
+        if join is not None:
+            join.ticket.fail("forgotten", "the worker exited")
+        return {"forgotten": join is not None}
+
+    @handles("status")
+    def on_status(self, request: Request) -> dict[str, Any]:
+        current = self.rounds.current
+        return {
+            "round": self.rounds.latest,
+            "released": bool(current and current.released),
+            "size": len(current.slots) if current else 0,
+            "slots": [s.to_dict() for s in current.slots.values()] if current else [],
+            "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current else [],
+            "parked": [
+                {"host": j.slot[0], "local_rank": j.slot[1], "after_round": j.after_round, "pid": j.pid}
+                for j in self.rounds.parked.values()
+            ],
+        }
+
+    def _settle(self) -> None:
+        for ticket, answer in self.rounds.settle():
+            ticket.reply(answer)
+
+    def _drop_old_keys(self) -> None:
+        live = tuple(r.prefix for r in self.rounds.rounds.values())
+        for key in [k for k in self.kv if k.startswith("round/") and not k.startswith(live)]:
+            del self.kv[key]
+
+    # -- key-value store -----------------------------------------------------------------------
+    @handles("kv_set")
+    def on_kv_set(self, request: Request) -> dict[str, Any]:
+        if len(request.msg.raw) != 1:
+            raise RequestError("bad_request", "kv_set needs the value as one raw frame")
+        key = field(request.body, "key", str)
+        self.kv[key] = request.msg.raw[0]
+        for waiter in self.kv_waiters.pop(key, []):
+            waiter.reply({}, raw=(self.kv[key],))
+        return {}
+
+    @handles("kv_get")
+    def on_kv_get(self, request: Request) -> Any:
+        key = field(request.body, "key", str)
+        if key in self.kv:
+            request.reply({}, raw=(self.kv[key],))
+            return None
+        self.kv_waiters[key].append(request)
+        return DEFERRED
