@@ -43,6 +43,9 @@ class ServiceError(RuntimeError):
         self.message = message
 
 
+_request_ids = itertools.count(1)  # one sequence per process: clients sharing a sender id never reuse a request id
+
+
 def incarnation_id(role: str, name: str = "") -> str:
     """A sender id unique to this process's life: peers tell a restart from a slow peer."""
     return f"{role}:{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -73,7 +76,6 @@ class Client:
         self.timeout = timeout
         self.deadline = deadline if deadline is not None else timeout * 2
         self._ctx = ctx or zmq.Context.instance()
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sock: zmq.Socket | None = None
 
@@ -100,7 +102,7 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         deadline = self.deadline if deadline is None else deadline
         with self._lock:
-            msg = Message(type=msg_type, body=body or {}, id=str(next(self._ids)), round=round, sender=self.sender, raw=raw)
+            msg = Message(type=msg_type, body=body or {}, id=str(next(_request_ids)), round=round, sender=self.sender, raw=raw)
             frames = encode(msg)
             started = time.monotonic()
             while True:
@@ -145,7 +147,6 @@ class AsyncClient:
         self.sender = sender
         self._service = service
         self._sock = client_socket(service.ctx, zmq.DEALER, endpoint, security)
-        self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self.last_reply_at = 0.0
         service.watch(self._sock, self._on_readable)
@@ -163,7 +164,7 @@ class AsyncClient:
         timeout: float = 2.0,
         deadline: float | None = None,
     ) -> str:
-        msg_id = str(next(self._ids))
+        msg_id = str(next(_request_ids))
         msg = Message(type=msg_type, body=body or {}, id=msg_id, round=round, sender=self.sender, raw=raw)
         frames = encode(msg)
         now = time.monotonic()

@@ -8,12 +8,15 @@ there (parked until it is set) and connect. A worker whose slot is not in the ne
 the process exits 0 at once.
 
 A process group whose collective was abandoned (abort, failure) is put aside
-without `shutdown()`, which would block until gloo's own timeout: the stuck
-thread finishes on its own later, and the new round gets a fresh group.
+without `shutdown()`, which would block until gloo's own timeout, and is never
+destroyed (destroying it would join its stuck thread): the new round gets a
+fresh group.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import sys
 import threading
@@ -45,7 +48,6 @@ class World:
     aborted_round: int = 0
     waiters: set[threading.Event] = field(default_factory=set)
     listeners: list[Any] = field(default_factory=list)
-    graveyard: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -72,6 +74,12 @@ class World:
 world = World()
 
 
+def shutdown() -> None:
+    """Leave torch.distributed cleanly; registered to run at exit."""
+    if dist.is_initialized():
+        _put_aside_process_group()
+
+
 def _connect() -> AgentLink:
     endpoint = os.environ.get("ELASTIC_AGENT")
     if not endpoint:
@@ -79,6 +87,7 @@ def _connect() -> AgentLink:
     world.timing = Timing.from_env()
     link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "0")))
     link.listeners.append(world.on_event)
+    atexit.register(shutdown)
     link.wait_subscribed(5.0)
     return link
 
@@ -89,7 +98,8 @@ def _put_aside_process_group() -> None:
     if not world.poisoned:
         dist.destroy_process_group()
         return
-    world.graveyard.append(dist.group.WORLD)
+    abandoned = dist.group.WORLD
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(abandoned))  # never destroyed: its stuck thread must not be joined, even at exit
     process_group = torch._C._distributed_c10d.ProcessGroup
     shutdown = process_group.shutdown
     process_group.shutdown = lambda self: None  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ class SlotReport:
     pid: int | None = None
     exit_code: int | None = None
     reason: str = ""
+    failed_order: int = 0
 
     def describe(self, slot: Slot) -> str:
         return f"rank {self.rank} on {slot[0]} {self.reason}"
@@ -45,10 +46,10 @@ def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None
     if any(r.state == SUCCESS for r in reports.values()):
         return Decision("succeed", "job finished")
     details = "; ".join(r.describe(slot) for slot, r in sorted(failures.items(), key=lambda kv: kv[1].rank))
-    first_code = next((r.exit_code for _, r in sorted(failures.items(), key=lambda kv: kv[1].rank) if r.exit_code), 1)
+    first_code = next((r.exit_code for r in sorted(failures.values(), key=lambda r: r.failed_order) if r.exit_code), 1)
     if failures and len(failures) == len(reports):
-        return Decision("fail", f"all hosts failed: {details}", exit_code=first_code or 1)
+        return Decision("fail", f"all hosts failed: {details}", exit_code=first_code if first_code > 0 else 1)
     if reset_limit is not None and resets >= reset_limit:
         why = f" (last: {details})" if details else ""
-        return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=first_code or 1)
+        return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=first_code if first_code > 0 else 1)
     return Decision("resume", details, blacklist=sorted({slot[0] for slot in failures}))

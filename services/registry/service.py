@@ -172,6 +172,7 @@ class RegistryService(Service):
         report = self.reports[slot]
         first = not any(r.state == FAILURE for r in self.reports.values())
         report.state, report.reason = FAILURE, reason
+        report.failed_order = sum(r.state == FAILURE for r in self.reports.values())
         self._note_report()
         self.log.warning("worker_failed", host=slot[0], local_rank=slot[1], rank=report.rank, reason=reason, round=self.round)
         if first:

@@ -1,0 +1,28 @@
+# Image for the control-plane services (see docker-compose.yml, which sets each container's command).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# torch first, from the CPU-only index (the default wheel pulls in CUDA), in its own layer so
+# changes to the project do not reinstall it. `pip install .` below then finds torch satisfied.
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+WORKDIR /app
+COPY pyproject.toml ./
+COPY bus/ bus/
+COPY services/ services/
+COPY agent/ agent/
+COPY libworker/ libworker/
+COPY elasticctl/ elasticctl/
+RUN pip install . && rm -rf build *.egg-info
+
+RUN useradd --create-home --uid 10001 --user-group elastic
+USER elastic
+
+# discovery, rendezvous, registry, notifier (ingest), notifier events (XPUB)
+EXPOSE 5550-5554
+
+# No CMD of our own: docker-compose.yml sets `python -m services.<name>` per service.

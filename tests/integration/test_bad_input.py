@@ -1,0 +1,105 @@
+"""Nothing a peer sends crashes a service or loses its state; bad command lines get one clear line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import msgpack
+import pytest
+import zmq
+
+from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
+from tests.conftest import REPO, SERVICES, Cluster, free_ports, wait_for
+
+
+def _raw_exchange(endpoint: str, frames: list[bytes], timeout_ms: int = 2000) -> Message | None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        if not sock.poll(timeout_ms):
+            return None
+        return decode(sock.recv_multipart())
+    finally:
+        sock.close()
+
+
+def _header(**overrides: object) -> bytes:
+    header = {"v": 1, "type": "ping", "id": "x1", "round": None, "from": "tester", "reply": False, **overrides}
+    return msgpack.packb(header)
+
+
+BAD_INPUTS = {
+    "not msgpack": ([b"\xc1\xc1garbage", b"\x00"], "malformed"),
+    "one frame": ([b"just one"], "malformed"),
+    "body not a map": ([_header(), msgpack.packb([1, 2])], "malformed"),
+    "wrong version": ([_header(v=99), msgpack.packb({})], "version"),
+    "unknown type": ([_header(type="no_such_thing"), msgpack.packb({})], "unknown_type"),
+    "oversized": ([_header(), msgpack.packb({}), b"\x00" * (MAX_MESSAGE_BYTES + 1)], "too_large"),
+}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_service_answers_bad_input_with_an_error_and_keeps_serving(cluster: Cluster, service: str) -> None:
+    endpoint = getattr(cluster.endpoints, service)
+    for name, (frames, code) in BAD_INPUTS.items():
+        reply = _raw_exchange(endpoint, frames)
+        assert reply is not None, f"{service}: no reply to {name}"
+        assert reply.body.get("error") == code, f"{service}: {name} -> {reply.body}"
+    for msg_type in ("submit", "register", "new_round", "rank_and_size", "publish", "kv_set", "drain", "worker_exited"):
+        reply = _raw_exchange(endpoint, encode(Message(type=msg_type, body={"host": 7, "spec": "nonsense"}, id=f"t-{msg_type}", sender="tester")))
+        assert reply is not None and reply.body.get("error") in ("bad_request", "bad_spec", "unknown_type", "unknown_host"), f"{service} {msg_type}: {reply}"
+    assert cluster.call(service, "ping") == {"service": service}
+    assert cluster.processes[service].poll() is None
+    log = cluster.output(service)
+    assert "bad_message" in log and "unknown_type" in log
+
+
+def test_registry_keeps_its_job_through_garbage(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 1)
+    job = cluster.submit("--", sys.executable, "examples/train.py", "--epochs", "200")
+    wait_for(lambda: cluster.job()["state"] == "running", 60, "the job to run")
+    for frames, _ in BAD_INPUTS.values():
+        _raw_exchange(cluster.endpoints.registry, frames)
+    _raw_exchange(cluster.endpoints.registry, encode(Message(type="worker_exited", body={"host": "host-1", "local_rank": 0, "pid": "x"}, id="w", sender="t")))
+    job_now = cluster.job()
+    assert job_now["state"] == "running" and job_now["size"] == 1
+    cluster.call("registry", "cancel", {"reason": "done"})
+    cluster.wait_job_end(job, 30)
+
+
+def _elasticctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+
+
+def _assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("elasticctl: ") and "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_cli_errors_are_one_line_without_traceback() -> None:
+    ports = free_ports(5)
+    env = {**os.environ, **{f"ELASTIC_{n}_ENDPOINT": f"tcp://127.0.0.1:{p}" for n, p in zip(("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS"), ports)}}
+    _assert_one_clear_line(_elasticctl("status", env=env), "cannot reach", f"127.0.0.1:{ports[2]}")
+    _assert_one_clear_line(_elasticctl("drain", "host-9", env=env), "cannot reach")
+    _assert_one_clear_line(_elasticctl("run", "--min-np", "4", "--max-np", "2", "--", "true", env=env), "--min-np (4) must not exceed --max-np (2)")
+    _assert_one_clear_line(_elasticctl("run", env=env), "Missing argument")
+    _assert_one_clear_line(_elasticctl("run", "--min-np", "zero", "--", "true", env=env), "min-np")
+    _assert_one_clear_line(_elasticctl("local", "--hosts", "0", "--", "true", env=env), "hosts")
+    _assert_one_clear_line(_elasticctl("nonsense", env=env), "No such command")
+
+
+def test_unknown_host_is_a_clear_error(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 1)
+    result = cluster.elasticctl("drain", "host-9")
+    _assert_one_clear_line(result, "unknown host 'host-9'", "host-1")
+    assert cluster.elasticctl("drain", "host-1").returncode == 0
+    assert cluster.status()["hosts"][0]["state"] in ("draining", "drained")

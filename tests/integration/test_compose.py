@@ -1,0 +1,310 @@
+"""docker-compose.yml without a Docker engine: parse it, then run each service's command locally.
+
+The compose file is checked for shape (services, commands, healthchecks, ports,
+dependencies, environment). Then every service's `command` runs as a local
+process with the compose environment, except that endpoints point at
+127.0.0.1 on free ports and the bind host is 127.0.0.1; each must answer a
+ping, and each compose healthcheck (its port rewritten) must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bus.client import Client, Unreachable, incarnation_id
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+
+SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+# The ROUTER port each service binds (and its healthcheck pings), per bus/config.py.
+PORT_OF = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553}
+EVENTS_PORT = 5554
+PUBLISHED = {"discovery": {5550}, "rendezvous": {5551}, "registry": {5552}, "notifier": {5553, EVENTS_PORT}}
+ENDPOINT_VARS = {
+    "ELASTIC_DISCOVERY_ENDPOINT": ("discovery", 5550),
+    "ELASTIC_RENDEZVOUS_ENDPOINT": ("rendezvous", 5551),
+    "ELASTIC_REGISTRY_ENDPOINT": ("registry", 5552),
+    "ELASTIC_NOTIFIER_ENDPOINT": ("notifier", 5553),
+    "ELASTIC_EVENTS_ENDPOINT": ("notifier", EVENTS_PORT),
+}
+# Services that must wait for another one to be healthy: (dependent, dependency).
+HEALTHY_DEPENDENCIES = {
+    ("discovery", "notifier"),
+    ("registry", "notifier"),
+    ("registry", "discovery"),
+    ("registry", "rendezvous"),
+}
+
+START_DEADLINE = 10.0
+STOP_TIMEOUT = 5.0
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def load_compose() -> dict[str, Any]:
+    with COMPOSE_FILE.open() as f:
+        return yaml.safe_load(f)
+
+
+def environment_of(service: dict[str, Any]) -> dict[str, str]:
+    """A service's `environment` (map or KEY=VALUE list) as strings, as compose passes it."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def published_ports(service: dict[str, Any]) -> set[int]:
+    """Container ports of `ports` entries ("HOST:CONTAINER", "CONTAINER" or the long form)."""
+    ports: set[int] = set()
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            ports.add(int(entry["target"]))
+        else:
+            ports.add(int(str(entry).split(":")[-1].split("/")[0]))
+    return ports
+
+
+def healthcheck_argv(service: dict[str, Any]) -> list[str]:
+    test = service["healthcheck"]["test"]
+    assert isinstance(test, list) and test[0] in ("CMD", "CMD-SHELL"), test
+    assert test[0] == "CMD", "healthcheck should use the exec form (no shell in the image needed)"
+    return list(test[1:])
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on loopback (bound to port 0 together, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_argv(argv: list[str]) -> list[str]:
+    """A compose command for this machine: "python" is the interpreter running the tests."""
+    return [sys.executable if arg in ("python", "python3") else arg for arg in argv]
+
+
+def rewrite_port(argv: list[str], port_map: dict[int, int]) -> list[str]:
+    out = []
+    for arg in argv:
+        if arg.startswith("tcp://"):
+            host, port = arg[len("tcp://") :].rsplit(":", 1)
+            arg = f"tcp://{host}:{port_map[int(port)]}"
+        out.append(arg)
+    return out
+
+
+def local_environment(compose_env: dict[str, str], port_map: dict[int, int]) -> dict[str, str]:
+    """The compose environment on this machine: loopback, free ports, no keys; nothing inherited from ELASTIC_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_")}
+    env.update(compose_env)
+    env.pop("ELASTIC_KEYS", None)
+    for var, (_, port) in ENDPOINT_VARS.items():
+        env[var] = f"tcp://127.0.0.1:{port_map[port]}"
+    env["ELASTIC_BIND"] = "127.0.0.1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def start_order(services: dict[str, Any]) -> list[str]:
+    """Services in depends_on order (dependencies first), as compose starts them."""
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"depends_on cycle: {' -> '.join(path + (name,))}"
+        if name in order:
+            return
+        for dep in dependencies(services[name]):
+            visit(dep, path + (name,))
+        order.append(name)
+
+    for name in services:
+        visit(name, ())
+    return order
+
+
+def dependencies(service: dict[str, Any]) -> dict[str, str]:
+    deps = service.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {d: "service_started" for d in deps}
+    return {d: spec.get("condition", "service_started") for d, spec in deps.items()}
+
+
+def ping(endpoint: str, deadline: float) -> dict[str, Any]:
+    """Ping `endpoint` until it answers or `deadline` (monotonic) passes."""
+    client = Client(endpoint, incarnation_id("test-compose"), timeout=0.25, deadline=0.25)
+    try:
+        while True:
+            try:
+                return client.request("ping").body
+            except Unreachable:
+                if time.monotonic() >= deadline:
+                    raise
+    finally:
+        client.close()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT)
+
+
+# -- the compose file ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+def test_four_services_with_their_commands(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == set(SERVICES)
+    for name in SERVICES:
+        service = services[name]
+        assert service["build"] == "."
+        assert service["command"] == ["python", "-m", f"services.{name}"]
+        assert service["restart"] == "unless-stopped"
+
+
+def test_healthchecks_ping_each_service_on_its_own_port(compose: dict[str, Any]) -> None:
+    for name in SERVICES:
+        argv = healthcheck_argv(compose["services"][name])
+        assert argv == ["python", "-m", "bus.ping", f"tcp://127.0.0.1:{PORT_OF[name]}"], name
+
+
+def test_ports_published(compose: dict[str, Any]) -> None:
+    for name in SERVICES:
+        service = compose["services"][name]
+        assert published_ports(service) == PUBLISHED[name], name
+        for entry in service["ports"]:
+            host, _, container = str(entry).rpartition(":")
+            assert host == container, f"{name}: publish {entry!r} on the same host port"
+    every = set().union(*(published_ports(s) for s in compose["services"].values()))
+    assert every == {5550, 5551, 5552, 5553, 5554}
+
+
+def test_environment_binds_everywhere_and_connects_by_service_name(compose: dict[str, Any]) -> None:
+    for name in SERVICES:
+        env = environment_of(compose["services"][name])
+        assert env["ELASTIC_BIND"] == "0.0.0.0", name
+        for var, (host, port) in ENDPOINT_VARS.items():
+            assert env[var] == f"tcp://{host}:{port}", (name, var)
+        # A non-loopback bind needs keys or an explicit --insecure, or the service refuses to start.
+        assert env.get("ELASTIC_KEYS") or env.get("ELASTIC_INSECURE") == "1", name
+
+
+def test_insecure_value_is_read_as_the_flag(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ELASTIC_INSECURE string in the compose file turns the click flag on (and keys stay unset)."""
+    from services.notifier.__main__ import main
+
+    env = environment_of(compose["services"]["notifier"])
+    for var in [k for k in os.environ if k.startswith("ELASTIC_")]:
+        monkeypatch.delenv(var)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    params = main.make_context("notifier", []).params
+    assert params["bind"] == "0.0.0.0"
+    assert params["insecure"] is True or params["keys"] is not None
+
+
+def test_depends_on_healthy_where_it_matters(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for dependent, dependency in HEALTHY_DEPENDENCIES:
+        assert dependencies(services[dependent]).get(dependency) == "service_healthy", (dependent, dependency)
+    assert not dependencies(services["notifier"]), "the notifier depends on nothing"
+    assert start_order(services)[0] in ("notifier", "rendezvous")
+    assert start_order(services)[-1] == "registry"
+
+
+# -- the commands, run locally -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[int, int]]]:
+    """Start every compose command locally in depends_on order, each healthy before its dependents."""
+    services = compose["services"]
+    logs = tmp_path_factory.mktemp("compose-logs")
+    compose_ports = sorted({port for _, port in ENDPOINT_VARS.values()})
+    port_map = dict(zip(compose_ports, free_ports(len(compose_ports)), strict=True))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    log_files = []
+    endpoints: dict[str, str] = {}
+    try:
+        for name in start_order(services):
+            env = local_environment(environment_of(services[name]), port_map)
+            log_path = logs / f"{name}.log"
+            log_files.append(log_path.open("wb"))
+            procs[name] = subprocess.Popen(
+                local_argv(services[name]["command"]),
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_files[-1],
+                stderr=subprocess.STDOUT,
+            )
+            endpoints[name] = f"tcp://127.0.0.1:{port_map[PORT_OF[name]]}"
+            deadline = time.monotonic() + START_DEADLINE
+            try:
+                body = ping(endpoints[name], deadline)
+            except Unreachable:
+                stop(procs[name])
+                output = log_path.read_text(errors="replace")
+                pytest.fail(f"{name} did not answer ping within {START_DEADLINE}s (exit {procs[name].returncode}):\n{output}")
+            assert body == {"service": name}
+        yield endpoints, port_map
+        for name, proc in procs.items():
+            assert proc.poll() is None, f"{name} exited early with {proc.returncode}"
+    finally:
+        for proc in reversed(list(procs.values())):
+            stop(proc)
+        for f in log_files:
+            f.close()
+
+
+def test_every_service_answers_ping(running: tuple[dict[str, str], dict[int, int]]) -> None:
+    endpoints, _ = running
+    deadline = time.monotonic() + START_DEADLINE
+    for name in SERVICES:
+        assert ping(endpoints[name], deadline) == {"service": name}
+
+
+def test_compose_healthchecks_pass(compose: dict[str, Any], running: tuple[dict[str, str], dict[int, int]]) -> None:
+    _, port_map = running
+    for name in SERVICES:
+        service = compose["services"][name]
+        argv = local_argv(rewrite_port(healthcheck_argv(service), port_map))
+        env = local_environment(environment_of(service), port_map)
+        result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+        assert result.returncode == 0, f"{name} healthcheck {argv}: {result.stderr}"
+        assert result.stdout.strip() == name
+
+
+def test_healthcheck_fails_when_nothing_listens(compose: dict[str, Any]) -> None:
+    """The healthcheck is a real check: with no service on the port it exits non-zero."""
+    (port,) = free_ports(1)
+    service = compose["services"]["rendezvous"]
+    argv = local_argv(rewrite_port(healthcheck_argv(service), {PORT_OF["rendezvous"]: port}))
+    env = local_environment(environment_of(service), {p: port for _, p in ENDPOINT_VARS.values()})
+    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+    assert result.returncode != 0

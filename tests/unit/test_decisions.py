@@ -1,0 +1,208 @@
+"""decide() and barrier_complete(): the driver's decisions once a round has reported (Horovod's WorkerStateRegistry)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.registry.decisions import (
+    FAILURE,
+    PENDING,
+    READY,
+    RUNNING,
+    SUCCESS,
+    SlotReport,
+    barrier_complete,
+    decide,
+)
+
+
+def report(rank: int, state: str, exit_code: int | None = None, reason: str = "", failed_order: int = 0) -> SlotReport:
+    return SlotReport(rank=rank, state=state, pid=1000 + rank, exit_code=exit_code, reason=reason, failed_order=failed_order)
+
+
+# -- barrier_complete ----------------------------------------------------------------------------
+
+
+def test_barrier_complete_when_every_slot_reported():
+    reports = {("a", 0): report(0, READY), ("a", 1): report(1, SUCCESS, 0), ("b", 0): report(2, FAILURE, 1)}
+    assert barrier_complete(reports) is True
+
+
+@pytest.mark.parametrize("waiting", [PENDING, RUNNING])
+def test_barrier_incomplete_while_a_slot_has_not_reported(waiting):
+    reports = {("a", 0): report(0, READY), ("a", 1): report(1, waiting), ("b", 0): report(2, FAILURE, 1)}
+    assert barrier_complete(reports) is False
+
+
+def test_barrier_incomplete_with_every_slot_still_running():
+    assert barrier_complete({("a", 0): report(0, RUNNING), ("b", 0): report(1, RUNNING)}) is False
+
+
+def test_barrier_of_no_slots_is_not_complete():
+    assert barrier_complete({}) is False
+
+
+def test_new_slot_report_starts_pending():
+    assert SlotReport(rank=0).state == PENDING
+
+
+# -- success -------------------------------------------------------------------------------------
+
+
+def test_any_success_means_succeed():
+    reports = {("a", 0): report(0, SUCCESS, 0), ("a", 1): report(1, READY)}
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "succeed"
+    assert decision.exit_code == 0
+    assert decision.blacklist == []
+
+
+def test_success_wins_over_failures():
+    reports = {("a", 0): report(0, FAILURE, 3), ("b", 0): report(1, SUCCESS, 0), ("c", 0): report(2, FAILURE, 4)}
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "succeed"
+    assert decision.exit_code == 0
+    assert decision.blacklist == []
+
+
+def test_success_wins_over_a_reached_reset_limit():
+    reports = {("a", 0): report(0, SUCCESS, 0), ("b", 0): report(1, READY)}
+    assert decide(reports, resets=5, reset_limit=5).action == "succeed"
+
+
+# -- all failed ----------------------------------------------------------------------------------
+
+
+def test_all_failed_means_fail_with_all_hosts_failed():
+    reports = {
+        ("a", 0): report(0, FAILURE, 3, "exited with 3", failed_order=1),
+        ("b", 0): report(1, FAILURE, 7, "exited with 7", failed_order=2),
+    }
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "fail"
+    assert "all hosts failed" in decision.reason
+    assert decision.exit_code == 3
+    assert decision.blacklist == []
+
+
+def test_all_failed_exit_code_is_that_of_the_first_failure_in_time_not_rank_or_dict_order():
+    reports = {
+        ("a", 0): report(0, FAILURE, 4, failed_order=3),
+        ("c", 0): report(2, FAILURE, 9, failed_order=2),
+        ("b", 0): report(1, FAILURE, 5, failed_order=1),
+    }
+    assert decide(reports, resets=0, reset_limit=None).exit_code == 5
+
+
+def test_all_failed_skips_failures_without_exit_code_for_the_exit_code():
+    # the first failure was a lost host (no exit code); the next one exited 6
+    reports = {
+        ("a", 0): report(0, FAILURE, None, "host lost", failed_order=1),
+        ("b", 0): report(1, FAILURE, 6, failed_order=2),
+    }
+    assert decide(reports, resets=0, reset_limit=None).exit_code == 6
+
+
+def test_all_failed_without_any_exit_code_exits_one():
+    reports = {
+        ("a", 0): report(0, FAILURE, None, "host lost", failed_order=1),
+        ("b", 0): report(1, FAILURE, None, "host lost", failed_order=2),
+    }
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "fail"
+    assert decision.exit_code == 1
+
+
+def test_all_failed_first_killed_by_signal_exits_one_not_negative():
+    reports = {("a", 0): report(0, FAILURE, -9, failed_order=1), ("b", 0): report(1, FAILURE, 3, failed_order=2)}
+    assert decide(reports, resets=0, reset_limit=None).exit_code == 1
+
+
+def test_all_failed_reason_names_every_failure_in_rank_order():
+    reports = {("b", 0): report(1, FAILURE, 2, "exited with 2"), ("a", 0): report(0, FAILURE, 1, "exited with 1")}
+    reason = decide(reports, resets=0, reset_limit=None).reason
+    assert reason.index("rank 0 on a exited with 1") < reason.index("rank 1 on b exited with 2")
+
+
+def test_all_failed_wins_over_reset_limit():
+    reports = {("a", 0): report(0, FAILURE, 2)}
+    assert "all hosts failed" in decide(reports, resets=9, reset_limit=1).reason
+
+
+# -- partial failure -----------------------------------------------------------------------------
+
+
+def test_partial_failure_resumes_and_blacklists_exactly_the_failed_hosts():
+    reports = {
+        ("a", 0): report(0, READY),
+        ("a", 1): report(1, READY),
+        ("b", 0): report(2, FAILURE, 1),
+        ("c", 0): report(3, READY),
+        ("d", 0): report(4, FAILURE, None, "host lost"),
+    }
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "resume"
+    assert decision.blacklist == ["b", "d"]
+
+
+def test_partial_failure_blacklists_a_host_once_even_with_several_failed_slots():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, FAILURE, 1), ("b", 1): report(2, FAILURE, 1)}
+    assert decide(reports, resets=0, reset_limit=None).blacklist == ["b"]
+
+
+def test_partial_failure_on_one_slot_blacklists_the_whole_host():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, READY), ("b", 1): report(2, FAILURE, 1)}
+    assert decide(reports, resets=0, reset_limit=None).blacklist == ["b"]
+
+
+def test_partial_failure_reason_describes_the_failure():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, FAILURE, 1, "exited with 1")}
+    assert "rank 1 on b exited with 1" in decide(reports, resets=0, reset_limit=None).reason
+
+
+def test_partial_failure_under_the_reset_limit_resumes():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, FAILURE, 1)}
+    assert decide(reports, resets=1, reset_limit=2).action == "resume"
+
+
+# -- reset limit ---------------------------------------------------------------------------------
+
+
+def test_reset_limit_reached_fails():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, FAILURE, 5, failed_order=1)}
+    decision = decide(reports, resets=2, reset_limit=2)
+    assert decision.action == "fail"
+    assert "reset limit" in decision.reason
+    assert decision.exit_code == 5
+    assert decision.blacklist == []
+
+
+def test_reset_limit_zero_fails_at_the_first_reset():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, READY)}
+    decision = decide(reports, resets=0, reset_limit=0)
+    assert decision.action == "fail"
+    assert "reset limit" in decision.reason
+
+
+def test_reset_limit_counts_host_changes_too():
+    # Horovod counts every resume, not only failures: a READY-only round at the limit stops the job.
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, READY)}
+    decision = decide(reports, resets=3, reset_limit=3)
+    assert decision.action == "fail"
+    assert decision.exit_code == 1
+
+
+def test_no_reset_limit_never_fails_on_resets():
+    reports = {("a", 0): report(0, READY), ("b", 0): report(1, FAILURE, 1)}
+    assert decide(reports, resets=10_000, reset_limit=None).action == "resume"
+
+
+# -- ready only ----------------------------------------------------------------------------------
+
+
+def test_ready_only_resumes_without_blacklist():
+    reports = {("a", 0): report(0, READY), ("a", 1): report(1, READY), ("b", 0): report(2, READY)}
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "resume"
+    assert decision.blacklist == []
+    assert decision.exit_code == 0
