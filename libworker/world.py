@@ -101,12 +101,12 @@ def _put_aside_process_group() -> None:
     abandoned = dist.group.WORLD
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(abandoned))  # never destroyed: its stuck thread must not be joined, even at exit
     process_group = torch._C._distributed_c10d.ProcessGroup
-    shutdown = process_group.shutdown
+    real_shutdown = vars(process_group)["shutdown"]
     process_group.shutdown = lambda self: None  # type: ignore[method-assign]
     try:
         dist.destroy_process_group()
     finally:
-        process_group.shutdown = shutdown  # type: ignore[method-assign]
+        process_group.shutdown = real_shutdown  # type: ignore[method-assign]
 
 
 def _leave() -> None:

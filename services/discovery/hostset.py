@@ -10,6 +10,7 @@ keep their place, a host that returns goes last, so rank 0 stays on the oldest.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,11 +157,12 @@ def effective(hosts: list[tuple[str, int]], max_np: int | None) -> list[tuple[st
     """The slots an assignment would use: hosts filled in order up to max_np; hosts that get nothing are left out."""
     used, left = [], max_np if max_np is not None else float("inf")
     for name, slots in hosts:
-        take = int(min(slots, left))
-        if take <= 0:
+        if left <= 0:
             break
-        used.append((name, take))
-        left -= take
+        take = int(min(slots, left))
+        if take > 0:
+            used.append((name, take))
+            left -= take
     return used
 
 
@@ -182,7 +184,7 @@ def parse_script_output(text: str) -> dict[str, int | None]:
         if not line:
             continue
         name, sep, slots = line.partition(":")
-        if not name or (sep and not slots.strip().isdigit()):
+        if not name.strip() or " " in name.strip() or (sep and not re.fullmatch(r"[0-9]+", slots.strip())):
             raise ValueError(f"line {number}: {line!r} is not 'host' or 'host:slots'")
         hosts[name.strip()] = int(slots) if sep else None
     return hosts

@@ -8,6 +8,14 @@ from typing import Any
 from bus.service import RequestError
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     command: list[str]
@@ -38,22 +46,22 @@ class JobSpec:
         if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
             raise bad("command must be a non-empty list of strings")
         min_np, max_np = raw.get("min_np", 1), raw.get("max_np")
-        if not isinstance(min_np, int) or min_np < 1:
+        if not _is_int(min_np) or min_np < 1:
             raise bad("min_np must be an integer >= 1")
-        if max_np is not None and (not isinstance(max_np, int) or max_np < min_np):
+        if max_np is not None and (not _is_int(max_np) or max_np < min_np):
             raise bad(f"max_np ({max_np}) must be an integer >= min_np ({min_np})")
         reset_limit = raw.get("reset_limit")
-        if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
+        if reset_limit is not None and (not _is_int(reset_limit) or reset_limit < 0):
             raise bad("reset_limit must be an integer >= 0")
         numbers = {}
         for name in ("elastic_timeout", "hung_timeout"):
             value = raw.get(name, getattr(cls, name))
-            if not isinstance(value, (int, float)) or value <= 0:
+            if not _is_number(value) or value <= 0:
                 raise bad(f"{name} must be a positive number of seconds")
             numbers[name] = float(value)
         cooldown = raw.get("cooldown", list(cls.cooldown or ()))
         if cooldown is not None:
-            if not (isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) and c >= 0 for c in cooldown) and cooldown[0] <= cooldown[1]):
+            if not (isinstance(cooldown, list) and len(cooldown) == 2 and all(_is_number(c) and c >= 0 for c in cooldown) and cooldown[0] <= cooldown[1]):
                 raise bad("cooldown must be [min, max] seconds with 0 <= min <= max")
             cooldown = (float(cooldown[0]), float(cooldown[1]))
         script = raw.get("discovery_script")

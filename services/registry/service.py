@@ -144,10 +144,10 @@ class RegistryService(Service):
         except (Unreachable, ServiceError) as exc:
             self.log.warning("driver_blind", reason=str(exc))
             return
-        if self.state == RUNNING_JOB:
-            self._observe(hosts, rounds)
         if self.state == WAITING:
             self._start_round(hosts)
+        elif self.state == RUNNING_JOB:
+            self._observe(hosts, rounds)
 
     def _observe(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> None:
         lost = set(hosts.get("lost", []))

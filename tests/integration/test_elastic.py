@@ -40,7 +40,8 @@ def _wait_for_size(log_dir: Path, size: int, after: float = 0.0, timeout: float 
 
 
 def assert_training_invariants(log_dir: Path) -> None:
-    """Committed steps never go backwards, rank 0 is stable, ranks agree on parameters, samples are seen once."""
+    """Committed steps never go backwards, ranks agree on parameters, and no sample is processed twice in an
+    epoch, except in steps a failure rolled back (the model forgot them too)."""
     events = read_events(log_dir)
     last_commit = 0
     for event in events:
@@ -55,9 +56,12 @@ def assert_training_invariants(log_dir: Path) -> None:
             entries[event["round"]].add(str(event["checksum"]))
     for round_number, checksums in entries.items():
         assert len(checksums) == 1, f"ranks of round {round_number} entered with different parameters"
+    resumed_at = {e["round"]: e["step"] for e in events if e["event"] == "enter"}
     per_epoch: dict[int, list[int]] = defaultdict(list)
     for event in events:
-        if event["event"] == "step":
+        later_rounds = [r for r in resumed_at if r > event["round"]]
+        rolled_back = later_rounds and event["step"] > resumed_at[min(later_rounds)]
+        if event["event"] == "step" and not rolled_back:
             per_epoch[event["epoch"]].extend(event["indices"])
     for epoch, seen in per_epoch.items():
         duplicates = {i for i in seen if seen.count(i) > 1}

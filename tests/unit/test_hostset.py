@@ -378,11 +378,6 @@ def test_effective_returns_ints():
     assert all(type(slots) is int for _, slots in effective(UNEVEN, None))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="effective() stops at the first zero-slot host (`if take <= 0: break`), dropping every host after it, "
-    "while get_host_assignments skips it and keeps filling. Latent: HostSet.available() never yields 0 slots.",
-)
 def test_effective_skips_a_zero_slot_host_and_keeps_filling():
     assert effective([("a", 2), ("z", 0), ("b", 2)], None) == [("a", 2), ("b", 2)]
 
@@ -491,11 +486,6 @@ def test_parse_bad_line_raises_value_error_with_line_number(text, line):
         parse_script_output(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parse_script_output checks slots with str.isdigit(), which accepts digits int() rejects (e.g. '²'); "
-    "int() then raises its own ValueError without the line number.",
-)
 def test_parse_superscript_digit_slots_reports_the_line_number():
     with pytest.raises(ValueError, match=r"\bline 2\b"):
         parse_script_output("a\nb:²\n")

@@ -1,0 +1,128 @@
+"""Faults injected while training, with real processes (issue 4's done-when list)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tests.conftest import Cluster, read_events, wait_for
+from tests.integration.test_elastic import JOB, _steps, _wait_for_size, assert_training_invariants
+
+
+def _worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
+    def find() -> int | None:
+        for worker in cluster.status()["workers"]:
+            if worker["host"] == host and worker["local_rank"] == local_rank and worker["state"] == "RUNNING":
+                return int(worker["pid"])
+        return None
+
+    return wait_for(find, 60, f"a running worker at {host}/{local_rank}")
+
+
+def _host(cluster: Cluster, name: str) -> dict:
+    return next(h for h in cluster.status()["hosts"] if h["host"] == name)
+
+
+def test_kill_9_of_a_worker_resumes_from_the_last_commit(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "600", "600", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    os.kill(_worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+    _wait_for_size(log_dir, 2)
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    host2 = _host(cluster, "host-2")
+    assert host2["state"] == "blacklisted" and "failure in round 1" in host2["blacklist_reason"]
+
+
+def test_kill_9_of_an_agent_is_a_lost_host(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    cluster.processes["agent-host-2"].send_signal(signal.SIGKILL)
+    wait_for(lambda: _host(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost within 3 heartbeats (+ slack)")
+    _wait_for_size(log_dir, 2)
+    view = cluster.status()
+    assert any(w["reason"] for w in view["workers"]) or view["job"]["round"] >= 2
+    assert cluster.wait_job_end(job, 180) == 0
+    assert_training_invariants(log_dir)
+    assert _host(cluster, "host-2")["blacklisted"]
+
+
+def test_sigstop_of_an_agent_is_a_hung_host(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    cluster.processes["agent-host-2"].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: _host(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost")
+        _wait_for_size(log_dir, 2, timeout=30)
+        assert cluster.wait_job_end(job, 180) == 0
+        assert_training_invariants(log_dir)
+        lost = _host(cluster, "host-2")
+        assert lost["state"] == "lost" and lost["blacklisted"]
+    finally:
+        cluster.processes["agent-host-2"].send_signal(signal.SIGCONT)
+
+
+def test_a_worker_hung_in_a_collective_is_cut_loose(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, {"ELASTIC_COLLECTIVE_TIMEOUT": "3"})
+    try:
+        cluster.start_services()
+        cluster.start_agent("host-1", 2)
+        cluster.start_agent("host-2", 2)
+        log_dir = tmp_path / "train"
+        job = cluster.submit("--min-np", "2", "--hung-timeout", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+        _wait_for_size(log_dir, 4)
+        stopped = _worker_pid(cluster, "host-2", 0)
+        os.kill(stopped, signal.SIGSTOP)
+        stopped_at = max(e["time"] for e in _steps(log_dir))
+        _wait_for_size(log_dir, 2, after=stopped_at, timeout=30)
+        resumed_at = min(e["time"] for e in _steps(log_dir) if e["time"] > stopped_at and e["size"] == 2)
+        assert resumed_at - stopped_at < 3 + 2 + 5, "survivors released within collective timeout + hung timeout (+ slack)"
+        assert cluster.wait_job_end(job, 180) == 0
+        assert_training_invariants(log_dir)
+        wait_for(lambda: not Path(f"/proc/{stopped}").exists() or Path(f"/proc/{stopped}/stat").read_text().split()[2] == "Z", 10, "the hung worker to be killed")
+    finally:
+        cluster.close()
+
+
+def test_reset_limit_stops_the_job_with_a_message(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    job = cluster.submit("--min-np", "2", "--reset-limit", "2", "--blacklist-cooldown", "0", "0", "--", sys.executable, "tests/workers/flaky.py")
+    code = cluster.wait_job_end(job, 120)
+    output = cluster.output("elasticctl-run")
+    assert code != 0
+    assert "reset limit 2 reached" in output, output
+
+
+def test_a_script_failing_everywhere_stops_with_all_hosts_failed(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 1)
+    job = cluster.submit("--", sys.executable, "-c", "import libworker as e; e.init(); raise SystemExit(4)")
+    assert cluster.wait_job_end(job, 60) == 4
+    assert "all hosts failed" in cluster.output("elasticctl-run")
+
+
+def test_a_blacklisted_host_returns_after_its_cooldown(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "2", "2", "--", *JOB, "--epochs", "4", "--step-delay", "0.03", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    os.kill(_worker_pid(cluster, "host-2", 0), signal.SIGKILL)
+    _wait_for_size(log_dir, 2)
+    shrunk_at = min(e["time"] for e in _steps(log_dir) if e["size"] == 2)
+    _wait_for_size(log_dir, 4, after=shrunk_at, timeout=60)
+    assert cluster.wait_job_end(job, 180) == 0
+    assert_training_invariants(log_dir)
+    assert any(e["host"] == "host-2" and e["time"] > shrunk_at for e in read_events(log_dir))
