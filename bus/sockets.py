@@ -9,11 +9,13 @@ a ZAP authenticator, Ironhouse pattern), clients present theirs.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
@@ -79,6 +81,18 @@ def generate_keys(keys_dir: Path) -> None:
     (authorized / f"{CLIENT_KEY}.key").write_bytes((keys_dir / f"{CLIENT_KEY}.key").read_bytes())
 
 
+class _RefusalLog(logging.Logger):
+    """zmq.auth reports refusals at debug level; we want each one as a structured warning."""
+
+    def __init__(self) -> None:
+        super().__init__("zmq.auth")
+
+    def debug(self, msg: object, *args: object, **kwargs: object) -> None:
+        text = str(msg) % args if args else str(msg)
+        if text.startswith("DENIED"):
+            structlog.get_logger().warning("client_refused", detail=text)
+
+
 _authenticators: dict[int, ThreadAuthenticator] = {}
 
 
@@ -86,7 +100,7 @@ def _start_authenticator(ctx: zmq.Context, security: Security) -> None:
     if id(ctx) in _authenticators:
         return
     assert security.keys_dir is not None
-    auth = ThreadAuthenticator(ctx)
+    auth = ThreadAuthenticator(ctx, log=_RefusalLog())
     auth.start()
     auth.configure_curve(domain="*", location=str(security.keys_dir / AUTHORIZED_DIR))
     _authenticators[id(ctx)] = auth

@@ -22,6 +22,7 @@ import pytest
 
 from bus.client import Client, incarnation_id
 from bus.config import Endpoints
+from bus.sockets import Security
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
@@ -131,7 +132,9 @@ class Cluster:
     def client(self, service: str, timeout: float = 2.0) -> Client:
         key = f"{service}/{timeout}"
         if key not in self._clients:
-            self._clients[key] = Client(getattr(self.endpoints, service), self._client_id, timeout=timeout, deadline=timeout)
+            keys = self.env.get("ELASTIC_KEYS")
+            security = Security(keys_dir=Path(keys) if keys else None)
+            self._clients[key] = Client(getattr(self.endpoints, service), self._client_id, security=security, timeout=timeout, deadline=timeout)
         return self._clients[key]
 
     def call(self, service: str, msg_type: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> dict[str, Any]:

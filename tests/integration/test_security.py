@@ -1,0 +1,85 @@
+"""CURVE on every TCP socket, refusal of unknown keys, owner-only ipc sockets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bus.client import Client, Unreachable
+from bus.sockets import Security, generate_keys
+from tests.conftest import REPO, SERVICES, Cluster, wait_for
+from tests.integration.test_elastic import JOB, _wait_for_size, assert_training_invariants
+from tests.integration.test_faults import _worker_pid
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Path:
+    result = subprocess.run([sys.executable, "-m", "elasticctl.main", "keys", "generate", str(tmp_path / "keys")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "keys"
+
+
+def test_generated_secret_keys_are_owner_only(keys: Path) -> None:
+    for secret in keys.glob("*.key_secret"):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert (keys / "authorized" / "client.key").exists()
+
+
+def test_only_an_authorised_key_gets_an_answer(tmp_path: Path, keys: Path) -> None:
+    cluster = Cluster(tmp_path, {"ELASTIC_KEYS": str(keys)})
+    try:
+        cluster.start_services()
+        other = tmp_path / "other-keys"
+        generate_keys(other)
+        unauthorised = tmp_path / "unauthorised"
+        generate_keys(unauthorised)
+        shutil.copy(keys / "server.key", unauthorised / "server.key")
+        for service in SERVICES:
+            endpoint = getattr(cluster.endpoints, service)
+            for security in (Security(), Security(keys_dir=other), Security(keys_dir=unauthorised)):
+                client = Client(endpoint, "intruder", security=security, timeout=0.5, deadline=0.5)
+                with pytest.raises(Unreachable):
+                    client.request("ping")
+                client.close()
+            good = Client(endpoint, "friend", security=Security(keys_dir=keys), timeout=1.0, deadline=2.0)
+            assert good.request("ping").body == {"service": service}
+            good.close()
+        assert "client_refused" in cluster.output("registry")
+    finally:
+        cluster.close()
+
+
+def test_services_refuse_a_public_bind_without_keys(tmp_path: Path) -> None:
+    env = {**os.environ, "ELASTIC_BIND": "0.0.0.0"}
+    env.pop("ELASTIC_KEYS", None)
+    result = subprocess.run([sys.executable, "-m", "services.registry"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "refusing to bind tcp://0.0.0.0" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tmp_path: Path, keys: Path) -> None:
+    cluster = Cluster(tmp_path, {"ELASTIC_KEYS": str(keys)})
+    try:
+        cluster.start_services()
+        cluster.start_agent("host-1", 2)
+        cluster.start_agent("host-2", 2)
+        socket_path = cluster.workdir / "run" / "agent-host-1.sock"
+        assert stat.S_IMODE(socket_path.stat().st_mode) & 0o077 == 0
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) & 0o077 == 0
+        log_dir = tmp_path / "train"
+        job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+        _wait_for_size(log_dir, 4)
+        os.kill(_worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+        _wait_for_size(log_dir, 2)
+        assert cluster.wait_job_end(job, 180) == 0
+        assert_training_invariants(log_dir)
+        wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")
+    finally:
+        cluster.close()
