@@ -208,6 +208,15 @@ class Cluster:
         return "\n".join(parts)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("ELASTIC_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow soak/scale run: set ELASTIC_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
