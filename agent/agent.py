@@ -73,6 +73,7 @@ class AgentService(Service):
         self.workers: dict[int, Worker] = {}
         self.event_routes: dict[int, bytes] = {}
         self.job: int | None = None
+        self.latest_round: dict[str, Any] | None = None
         self.registered = False
         self._heartbeat_in_flight = False
         self.draining_since: float | None = None
@@ -174,27 +175,33 @@ class AgentService(Service):
 
     def _event_round(self, body: dict[str, Any]) -> None:
         self.job = body.get("job")
-        if self.draining_since is not None:
+        self.latest_round = body
+        self._ensure_workers()
+
+    def _ensure_workers(self) -> None:
+        """Spawn a worker for each slot of this host in the latest round that has no live process."""
+        if self.draining_since is not None or self.job is None or self.latest_round is None:
             return
-        for slot in body.get("slots", []):
-            if slot["hostname"] != self.host or slot["local_rank"] in self.workers:
-                continue
-            self._spawn(slot, body)
+        for slot in self.latest_round.get("slots", []):
+            if slot["hostname"] == self.host and slot["local_rank"] not in self.workers:
+                self._spawn(slot, self.latest_round)
 
     def _event_kill_worker(self, body: dict[str, Any]) -> None:
         worker = self.workers.get(body.get("local_rank", -1))
         if body.get("host") == self.host and worker is not None and body.get("pid") in (None, worker.pid):
             self.log.warning("killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason="registry declared it hung")
+            worker.stop_requested = True
             worker.signal(signal.SIGKILL)
 
     def _event_job_finished(self, body: dict[str, Any]) -> None:
         self.job = None
+        self.latest_round = None
         if self.workers:
             self.log.info("job_finished_stopping_workers", workers=len(self.workers), state=body.get("state"))
             self._stop_all_workers(signal.SIGTERM)
 
     def _relay(self, event: Message) -> None:
-        for pid, route in list(self.event_routes.items()):
+        for route in list(self.event_routes.values()):
             self.push(route, Message(type=event.type, body=event.body, sender=self.sender_id))
 
     def _ping_workers(self) -> None:
@@ -223,20 +230,25 @@ class AgentService(Service):
             worker = spawn(local_rank, round_event["round"], list(round_event["command"]), env, round_event.get("cwd"))
         except OSError as exc:
             self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
-            self._report_exit(local_rank, -1, 127)
+            self._report_exit(local_rank, -1, 127, round_event["round"])
             return
         self.workers[local_rank] = worker
         self.log.info("worker_started", local_rank=local_rank, rank=slot["rank"], pid=worker.pid, round=round_event["round"])
 
     def _reap(self) -> None:
+        killed_on_request = False
         for worker, code in reap(self.workers):
             self.event_routes.pop(worker.pid, None)
             self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code)
-            self._report_exit(worker.local_rank, worker.pid, code)
+            self._report_exit(worker.local_rank, worker.pid, code, worker.round)
+            killed_on_request |= worker.stop_requested
+        if killed_on_request:
+            self._ensure_workers()
 
-    def _report_exit(self, local_rank: int, pid: int, code: int) -> None:
+    def _report_exit(self, local_rank: int, pid: int, code: int, spawned_for_round: int) -> None:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
-        self.registry.send("worker_exited", {**slot, "exit_code": code}, timeout=self.timing.request_timeout, deadline=300.0)
+        report = {**slot, "exit_code": code, "spawned_for_round": spawned_for_round}
+        self.registry.send("worker_exited", report, timeout=self.timing.request_timeout, deadline=300.0)
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
     def _stop_all_workers(self, sig: int) -> None:

@@ -56,7 +56,7 @@ class LocalCluster:
             agent_env = {**env, "ELASTIC_LOG_LEVEL": os.environ.get("ELASTIC_LOG_LEVEL", "WARNING")}
             for i in range(1, self.hosts + 1):
                 self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots)], agent_env, log_to_file=False)
-                self._wait(lambda: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
+                self._wait(lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
         finally:
             plane.close()
 

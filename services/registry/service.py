@@ -110,7 +110,7 @@ class RegistryService(Service):
         slot = (field(body, "host", str), field(body, "local_rank", int))
         pid, code = field(body, "pid", int), body.get("exit_code")
         report = self.reports.get(slot)
-        if report is None or report.state in REPORTED and report.state != READY or (report.pid is not None and report.pid != pid):
+        if report is None or not self._belongs_to_round(report, pid, body.get("spawned_for_round")):
             self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
             return {"recorded": False}
         report.pid, report.exit_code = pid, code
@@ -121,6 +121,14 @@ class RegistryService(Service):
         self._note_report()
         self.log.info("worker_exited", host=slot[0], local_rank=slot[1], rank=report.rank, pid=pid, exit_code=code, round=self.round)
         return {"recorded": True}
+
+    def _belongs_to_round(self, report: SlotReport, pid: int, spawned_for_round: Any) -> bool:
+        """Is this exiting process the current round's worker of its slot (not a leftover of an earlier round)?"""
+        if report.state in (SUCCESS, FAILURE):
+            return False
+        if report.pid is not None:
+            return report.pid == pid
+        return isinstance(spawned_for_round, int) and spawned_for_round >= self.round
 
     def _job_summary(self) -> dict[str, Any]:
         return {
@@ -253,8 +261,12 @@ class RegistryService(Service):
             return
         if self.round >= 1:
             self.resets += 1
+        survivors = {slot: r.pid for slot, r in self.reports.items() if r.state == READY}
         self.round = reply["round"]
-        self.reports = {(s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"]) for s in reply["slots"]}
+        self.reports = {
+            (s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"], pid=survivors.get((s["hostname"], s["local_rank"])))
+            for s in reply["slots"]
+        }
         self.first_report_at = None
         self.state = RUNNING_JOB
         self.log.info("round_started", round=self.round, size=reply["size"], resets=self.resets)

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
-from tests.conftest import REPO, SERVICES, Cluster, free_ports, wait_for
+from tests.harness import REPO, SERVICES, Cluster, free_ports, wait_for
 
 
 def _raw_exchange(endpoint: str, frames: list[bytes], timeout_ms: int = 2000) -> Message | None:

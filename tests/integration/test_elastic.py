@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Cluster, read_events, wait_for
+from tests.harness import Cluster, read_events, wait_for
 
 JOB = [sys.executable, "examples/train_elastic.py"]
 

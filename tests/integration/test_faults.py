@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.conftest import Cluster, read_events, wait_for
+from tests.harness import Cluster, read_events, wait_for
 from tests.integration.test_elastic import JOB, _steps, _wait_for_size, assert_training_invariants
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from bus.client import Client, Unreachable
 from bus.sockets import Security, generate_keys
-from tests.conftest import REPO, SERVICES, Cluster, wait_for
+from tests.harness import REPO, SERVICES, Cluster, wait_for
 from tests.integration.test_elastic import JOB, _wait_for_size, assert_training_invariants
 from tests.integration.test_faults import _worker_pid
 

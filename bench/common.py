@@ -1,0 +1,75 @@
+"""Shared pieces of the benchmarks: a cluster in a temporary directory, event reading, medians."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.harness import Cluster, read_events, wait_for
+
+JOB = [sys.executable, "examples/train_elastic.py"]
+
+
+@contextlib.contextmanager
+def cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
+    instance = Cluster(workdir, extra_env)
+    try:
+        instance.start_services()
+        yield instance
+    finally:
+        instance.close()
+
+
+def steps(log_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in read_events(log_dir) if e["event"] == "step"]
+
+
+def first_step_after(log_dir: Path, after: float, timeout: float = 120.0, **match: Any) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for event in steps(log_dir):
+            if event["time"] > after and all(event.get(k) == v for k, v in match.items()):
+                return event
+        return None
+
+    return wait_for(find, timeout, f"a step after {after} matching {match}")
+
+
+def steady_step_seconds(log_dir: Path, rank: int = 0) -> float:
+    """Median time between consecutive steps of one rank within a round: the baseline."""
+    times: dict[int, list[float]] = {}
+    for event in steps(log_dir):
+        if event["rank"] == rank:
+            times.setdefault(event["round"], []).append(event["time"])
+    gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:])]
+    return statistics.median(gaps)
+
+
+def log_time(cluster: Cluster, service: str, event: str, after: float) -> float | None:
+    """Wall time of the first `event` line in a service's JSON log after `after`."""
+    import json
+
+    for line in cluster.output(service).splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == event:
+            stamp = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
+            if stamp > after:
+                return stamp
+    return None
+
+
+def report(title: str, samples: dict[str, list[float]], baseline: float) -> None:
+    print(f"\n{title}")
+    print(f"  baseline: steady step time {baseline * 1000:.1f} ms (median, same run)")
+    for name, values in samples.items():
+        median = statistics.median(values)
+        print(f"  {name:<38} median {median:7.3f} s   ({median / baseline:6.1f} x step)   samples {', '.join(f'{v:.3f}' for v in values)}")

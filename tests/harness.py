@@ -1,0 +1,207 @@
+"""The process harness of the integration tests and benchmarks: real services, agents and workers on loopback.
+
+A `Cluster` starts the four services on free ports with shortened intervals;
+callers add agents and jobs; `close()` kills everything it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bus.client import Client, incarnation_id
+from bus.config import Endpoints
+from bus.sockets import Security
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+T = TypeVar("T")
+
+FAST_TIMING = {
+    "ELASTIC_HEARTBEAT": "0.2",
+    "ELASTIC_MISSED_HEARTBEATS": "3",
+    "ELASTIC_DISCOVERY_POLL": "0.2",
+    "ELASTIC_DRIVER_TICK": "0.05",
+    "ELASTIC_COLLECTIVE_TIMEOUT": "20",
+}
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `probe` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception as exc:  # a probe may fail while things start
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
+
+
+def read_events(log_dir: Path) -> list[dict[str, Any]]:
+    """All JSON lines the example job's ranks wrote, in time order."""
+    events = []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut short by a kill
+    return sorted(events, key=lambda e: e["time"])
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes() and " Z " not in (entry / "stat").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+class Cluster:
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        ports = free_ports(5)
+        self.endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in ports))
+        self.env = {
+            **os.environ,
+            **self.endpoints.as_env(),
+            **FAST_TIMING,
+            "ELASTIC_RUN_DIR": str(workdir / "run"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
+            **(extra_env or {}),
+        }
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._client_id = incarnation_id("test")
+        self._clients: dict[str, Client] = {}
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name.replace(' ', '_')}.log"
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(self.log_path(name), "ab")
+        process = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def start_services(self, extra_args: dict[str, list[str]] | None = None) -> None:
+        for service in SERVICES:
+            self.spawn(service, [sys.executable, "-m", f"services.{service}", *(extra_args or {}).get(service, [])])
+        for service in SERVICES:
+            wait_for(lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
+
+    def start_agent(self, host: str, slots: int = 2, extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
+        process = self.spawn(f"agent-{host}", [sys.executable, "-m", "agent.main", "--host", host, "--slots", str(slots), *(extra_args or [])])
+        wait_for(lambda: any(h["host"] == host and h["state"] != "lost" for h in self.call("discovery", "hosts")["all"]), 20, f"agent {host} to register")
+        return process
+
+    def client(self, service: str, timeout: float = 2.0) -> Client:
+        key = f"{service}/{timeout}"
+        if key not in self._clients:
+            keys = self.env.get("ELASTIC_KEYS")
+            security = Security(keys_dir=Path(keys) if keys else None)
+            self._clients[key] = Client(getattr(self.endpoints, service), self._client_id, security=security, timeout=timeout, deadline=timeout)
+        return self._clients[key]
+
+    def call(self, service: str, msg_type: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> dict[str, Any]:
+        return self.client(service, timeout).request(msg_type, body or {}).body
+
+    def elasticctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+    def submit(self, *args: str, name: str = "elasticctl-run") -> subprocess.Popen[bytes]:
+        """Start `elasticctl run ARGS` in the background (its output goes to a log file)."""
+        return self.spawn(name, [sys.executable, "-m", "elasticctl.main", "run", *args])
+
+    def job(self) -> dict[str, Any]:
+        return self.call("registry", "job")
+
+    def status(self) -> dict[str, Any]:
+        result = self.elasticctl("status", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def wait_job_end(self, process: subprocess.Popen[bytes], timeout: float) -> int:
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"job did not end within {timeout:g}s; job: {self.job()}") from None
+
+    def output(self, name: str) -> str:
+        path = self.log_path(name)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        process = self.processes[name]
+        if process.poll() is None:
+            process.send_signal(sig)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            return process.wait()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        agents = [n for n in self.processes if n.startswith("agent")]
+        others = [n for n in self.processes if n not in agents]
+        for group, sig in ((agents, signal.SIGKILL), (others, signal.SIGTERM)):
+            for name in group:
+                process = self.processes[name]
+                if process.poll() is None:
+                    process.send_signal(sig)
+            for name in group:
+                process = self.processes[name]
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    process.wait()
+
+    def leftover_workers(self) -> list[int]:
+        """Pids of live worker processes of this cluster's agents (found by their agent endpoint)."""
+        return processes_with_env(f"ELASTIC_AGENT=ipc://{self.workdir / 'run'}")
+
+    def dump_logs(self) -> str:
+        parts = []
+        for name in self.processes:
+            text = self.output(name)
+            parts.append(f"----- {name} (last 40 lines) -----\n" + "\n".join(text.splitlines()[-40:]))
+        return "\n".join(parts)
+
+
