@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -16,10 +18,15 @@ from tests.harness import Cluster, read_events, wait_for
 JOB = [sys.executable, "examples/train_elastic.py"]
 
 
+def _stop(*_: Any) -> None:
+    raise SystemExit("benchmark terminated")
+
+
 @contextlib.contextmanager
 def cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
     workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
     instance = Cluster(workdir, extra_env)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         instance.start_services()
         yield instance
@@ -42,19 +49,18 @@ def first_step_after(log_dir: Path, after: float, timeout: float = 120.0, **matc
 
 
 def steady_step_seconds(log_dir: Path, rank: int = 0) -> float:
-    """Median time between consecutive steps of one rank within a round: the baseline."""
-    times: dict[int, list[float]] = {}
-    for event in steps(log_dir):
-        if event["rank"] == rank:
-            times.setdefault(event["round"], []).append(event["time"])
-    gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:])]
-    return statistics.median(gaps)
+    """Median time between consecutive steps of one rank in round 1, before any change: the baseline."""
+    times = [e["time"] for e in steps(log_dir) if e["rank"] == rank and e["round"] == 1]
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def warm_up(log_dir: Path, count: int = 30) -> None:
+    """Wait until round 1 has `count` steps, so the baseline has enough samples."""
+    wait_for(lambda: sum(e["round"] == 1 and e["rank"] == 0 for e in steps(log_dir)) >= count, 120, f"{count} steps of round 1")
 
 
 def log_time(cluster: Cluster, service: str, event: str, after: float) -> float | None:
     """Wall time of the first `event` line in a service's JSON log after `after`."""
-    import json
-
     for line in cluster.output(service).splitlines():
         try:
             record = json.loads(line)

@@ -13,7 +13,7 @@ import argparse
 import signal
 import time
 
-from bench.common import JOB, cluster, first_step_after, report, steady_step_seconds, steps
+from bench.common import JOB, cluster, first_step_after, warm_up, report, steady_step_seconds, steps
 from tests.harness import wait_for
 
 
@@ -27,7 +27,7 @@ def main() -> None:
         c.start_agent("host-2", 2)
         log_dir = c.workdir / "train"
         job = c.submit("--min-np", "2", "--", *JOB, "--epochs", "1000", "--samples", "4096", "--commit-every", "4", "--log-dir", str(log_dir))
-        first_step_after(log_dir, 0.0, size=4)
+        warm_up(log_dir)
         for _ in range(args.repeats):
             started = time.time()
             c.call("discovery", "drain", {"host": "host-2"})

@@ -33,7 +33,17 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        self._host_messages = queue.Queue()
+        """After re-joining: drop host updates the new round already reflects, run reset and the callbacks.
+
+        Updates newer than the round's host set are kept: they may have arrived
+        while this worker was re-joining, and the round does not include them.
+        """
+        built_from = float(world.slot.get("hosts_timestamp", 0.0))
+        pending, self._host_messages = self._host_messages, queue.Queue()
+        while not pending.empty():
+            timestamp, update = pending.get_nowait()
+            if timestamp > built_from:
+                self._host_messages.put((timestamp, update))
         self.reset()
         for callback in self._reset_callbacks:
             callback()
