@@ -12,7 +12,7 @@ import click
 from agent.agent import AgentService
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
-from bus.sockets import Security, SecurityError, stop_authenticators
+from bus.sockets import Security, SecurityError
 
 
 def default_run_dir() -> Path:
@@ -45,10 +45,7 @@ def main(host: str, slots: int, control: str | None, keys: Path | None, advertis
     except Exception as exc:
         click.echo(f"elastic-agent: cannot start: {exc}", err=True)
         sys.exit(2)
-    try:
-        agent.serve_forever()
-    finally:
-        stop_authenticators()
+    agent.serve_forever()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import structlog
 import zmq
 
 from bus.envelope import Message, WireError, decode, encode, error_body, reply_to
-from bus.sockets import Security, server_socket
+from bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
 REPLY_CACHE_SIZE = 4096
@@ -161,6 +161,7 @@ class Service:
         for sock in list(self._sockets):
             if isinstance(sock, zmq.Socket):
                 sock.close(linger=0)
+        stop_authenticator(self.ctx)
         self.ctx.term()
 
     # -- requests ------------------------------------------------------------------------------

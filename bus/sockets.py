@@ -106,10 +106,11 @@ def _start_authenticator(ctx: zmq.Context, security: Security) -> None:
     _authenticators[id(ctx)] = auth
 
 
-def stop_authenticators() -> None:
-    for auth in _authenticators.values():
+def stop_authenticator(ctx: zmq.Context) -> None:
+    """Stop the ZAP authenticator of `ctx`, if any; must happen before the context is terminated."""
+    auth = _authenticators.pop(id(ctx), None)
+    if auth is not None:
         auth.stop()
-    _authenticators.clear()
 
 
 def _limits(sock: zmq.Socket) -> None:

@@ -12,7 +12,7 @@ import click
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
 from bus.service import Service
-from bus.sockets import Security, SecurityError, stop_authenticators
+from bus.sockets import Security, SecurityError
 
 Factory = Callable[[Endpoints, Endpoints, Timing, Security, Any], Service]
 
@@ -40,10 +40,7 @@ def service_command(name: str, factory: Factory) -> click.Command:
         except Exception as exc:  # zmq.ZMQError on bind, mostly
             click.echo(f"{name}: cannot start: {exc}", err=True)
             sys.exit(2)
-        try:
-            service.serve_forever()
-        finally:
-            stop_authenticators()
+        service.serve_forever()
 
     params: list[click.Parameter] = [
         click.Option(["--bind"], envvar="ELASTIC_BIND", default=None, help="Interface to bind (default: the host of the endpoint)."),

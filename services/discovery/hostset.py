@@ -84,6 +84,12 @@ class HostSet:
                 newly_lost.append(record.name)
         return newly_lost
 
+    def forgive_silence(self, now: float) -> None:
+        """Discovery itself was not running: treat every live host as just heard from."""
+        for record in self.hosts.values():
+            if record.lost_at is None:
+                record.last_seen = now
+
     # -- operator and registry decisions -------------------------------------------------------
     def set_draining(self, name: str, draining: bool) -> None:
         self.hosts[name].draining = draining

@@ -9,6 +9,10 @@ Messages:
   blacklist {host, reason}                 registry, after a failure on the host
   configure {discovery_script, max_np, cooldown}   registry, when a job is submitted
 
+A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery
+itself was stalled (stopped, starved) for half that long, nobody's silence
+counts: every live host gets a fresh start instead of being declared lost.
+
 When the slots an assignment would use change, `hosts_updated {timestamp, added,
 removed, hosts}` goes out through the notifier; a change beyond max_np sends nothing.
 """
@@ -38,6 +42,7 @@ class DiscoveryService(Service):
         self._script_proc: subprocess.Popen[str] | None = None
         self.published: list[tuple[str, int]] = []
         self.timestamp = time.time()
+        self._last_expire_check = self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
         self.every(timing.discovery_poll, self._poll_script)
 
@@ -68,6 +73,12 @@ class DiscoveryService(Service):
 
     def _expire(self) -> None:
         now = self.clock()
+        stalled_for = now - self._last_expire_check
+        self._last_expire_check = now
+        if stalled_for > self.timing.lost_after / 2:
+            self.log.warning("discovery_stalled", seconds=round(stalled_for, 3))
+            self.hostset.forgive_silence(now)
+            return
         lost = self.hostset.expire(now, self.timing.lost_after)
         lifted = self.hostset.lift_cooldowns(now)
         for host in lost:

@@ -123,11 +123,18 @@ class RendezvousService(Service):
             del self.kv[key]
 
     # -- key-value store -----------------------------------------------------------------------
+    def _live_key(self, request: Request) -> str:
+        """The request's key; a key under the prefix of a round that is gone is refused, not applied."""
+        key = field(request.body, "key", str)
+        if key.startswith("round/") and not key.startswith(tuple(r.prefix for r in self.rounds.rounds.values())):
+            raise RequestError("stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})")
+        return key
+
     @handles("kv_set")
     def on_kv_set(self, request: Request) -> dict[str, Any]:
         if len(request.msg.raw) != 1:
             raise RequestError("bad_request", "kv_set needs the value as one raw frame")
-        key = field(request.body, "key", str)
+        key = self._live_key(request)
         self.kv[key] = request.msg.raw[0]
         for waiter in self.kv_waiters.pop(key, []):
             waiter.reply({}, raw=(self.kv[key],))
@@ -135,7 +142,7 @@ class RendezvousService(Service):
 
     @handles("kv_get")
     def on_kv_get(self, request: Request) -> Any:
-        key = field(request.body, "key", str)
+        key = self._live_key(request)
         if key in self.kv:
             request.reply({}, raw=(self.kv[key],))
             return None

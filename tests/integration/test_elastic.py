@@ -144,3 +144,35 @@ def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluste
     assert {e["host"] for e in _steps(log_dir) if e["rank"] == 0} == {"host-1"}
     assert_training_invariants(log_dir)
     assert os.path.exists(cluster.workdir / "run")
+
+
+def test_hosts_beyond_max_np_coming_and_going_cause_no_reset(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--max-np", "4", "--", *JOB, "--epochs", "2", "--step-delay", "0.03", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    cluster.start_agent("host-3", 2)
+    wait_for(lambda: any(e["step"] >= 40 for e in _steps(log_dir)), 60, "training to go on after host-3 joined")
+    cluster.stop("agent-host-3", signal.SIGTERM)
+    assert cluster.wait_job_end(job, 120) == 0
+    assert {e["round"] for e in read_events(log_dir)} == {1}, "no new round for a host beyond max_np"
+    assert cluster.job()["resets"] == 0
+
+
+def test_below_min_np_the_job_waits_then_starts_when_slots_arrive(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "4", "--", *JOB, "--epochs", "1", "--log-dir", str(log_dir))
+    wait_for(lambda: cluster.job()["state"] == "waiting", 10, "the job to wait for slots")
+    assert not cluster.leftover_workers()
+    cluster.start_agent("host-2", 2)
+    assert cluster.wait_job_end(job, 120) == 0
+    assert {e["size"] for e in _steps(log_dir)} == {4}
+
+
+def test_below_min_np_past_the_elastic_timeout_the_job_fails_clearly(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 2)
+    job = cluster.submit("--min-np", "3", "--elastic-timeout", "1", "--", sys.executable, "examples/train.py")
+    assert cluster.wait_job_end(job, 30) != 0
+    assert "timed out after 1s waiting for 3 slot(s); 2 available" in cluster.output("elasticctl-run")

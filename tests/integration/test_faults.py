@@ -126,3 +126,24 @@ def test_a_blacklisted_host_returns_after_its_cooldown(cluster: Cluster, tmp_pat
     assert cluster.wait_job_end(job, 180) == 0
     assert_training_invariants(log_dir)
     assert any(e["host"] == "host-2" and e["time"] > shrunk_at for e in read_events(log_dir))
+
+
+def test_workers_keep_training_while_the_control_plane_is_unreachable(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    _wait_for_size(log_dir, 4)
+    paused = [cluster.processes[name] for name in ("discovery", "registry", "rendezvous", "notifier")]
+    for process in paused:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        stopped_at = max(e["time"] for e in _steps(log_dir))
+        wait_for(lambda: sum(e["time"] > stopped_at for e in _steps(log_dir)) >= 40, 30, "steps while the control plane is stopped")
+        time_without = max(e["time"] for e in _steps(log_dir)) - stopped_at
+        assert time_without > 0.2 * 3, "longer than the heartbeat deadline"
+    finally:
+        for process in paused:
+            process.send_signal(signal.SIGCONT)
+    assert cluster.wait_job_end(job, 180) == 0
+    assert {e["round"] for e in read_events(log_dir)} == {1}, "no host was declared lost"

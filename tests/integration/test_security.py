@@ -52,6 +52,8 @@ def test_only_an_authorised_key_gets_an_answer(tmp_path: Path, keys: Path) -> No
             assert good.request("ping").body == {"service": service}
             good.close()
         assert "client_refused" in cluster.output("registry")
+        for service in SERVICES:
+            assert cluster.stop(service, timeout=5) == 0, f"{service} stops cleanly on SIGTERM with its authenticator"
     finally:
         cluster.close()
 

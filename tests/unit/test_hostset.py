@@ -489,3 +489,14 @@ def test_parse_bad_line_raises_value_error_with_line_number(text, line):
 def test_parse_superscript_digit_slots_reports_the_line_number():
     with pytest.raises(ValueError, match=r"\bline 2\b"):
         parse_script_output("a\nb:²\n")
+
+
+def test_forgive_silence_restarts_the_clock_of_live_hosts_only() -> None:
+    hosts = HostSet()
+    hosts.register("a", 2, "inc-a", now=0.0)
+    hosts.register("b", 2, "inc-b", now=0.0)
+    assert hosts.expire(now=5.0, lost_after=3.0) == ["a", "b"]
+    hosts.register("a", 2, "inc-a2", now=5.0)
+    hosts.forgive_silence(now=20.0)
+    assert hosts.expire(now=21.0, lost_after=3.0) == []
+    assert hosts.hosts["b"].lost_at == 5.0

@@ -1,0 +1,117 @@
+"""Services in-process on random loopback ports, driven through real sockets (the middle test tier)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from bus.client import Client, ServiceError
+from bus.pubsub import Subscription
+from bus.service import Service
+from bus.sockets import client_socket
+from services.notifier.service import NotifierService
+from services.rendezvous.service import RendezvousService
+from tests.harness import free_ports, wait_for
+
+
+def _serve(service: Service) -> Iterator[Service]:
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(timeout=5)
+        service.close()
+
+
+@pytest.fixture
+def notifier() -> Iterator[NotifierService]:
+    ports = free_ports(2)
+    yield from _serve(NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1))  # type: ignore[misc]
+
+
+@pytest.fixture
+def rendezvous() -> Iterator[RendezvousService]:
+    yield from _serve(RendezvousService(f"tcp://127.0.0.1:{free_ports(1)[0]}"))  # type: ignore[misc]
+
+
+def _publish(client: Client, n: int, start: int) -> None:
+    for i in range(start, start + n):
+        client.request("publish", {"event": "tick", "data": {"i": i}})
+
+
+def _drain(sub: Subscription, want: int, timeout: float = 5.0) -> list[int]:
+    got: list[int] = []
+
+    def more() -> bool:
+        if sub.sock.poll(50):
+            got.extend(m.body["i"] for m in sub.receive())
+        return len(got) >= want
+
+    wait_for(more, timeout, f"{want} events", interval=0)
+    return got
+
+
+def test_a_reconnecting_subscriber_catches_up_in_order_exactly_once(notifier: NotifierService) -> None:
+    """Events published while the subscriber is not connected (slow joiner, reconnect) arrive from the history,
+    noticed by a sequence gap or by the notifier's heartbeat."""
+    ctx = zmq.Context.instance()
+    publisher = Client(notifier.endpoint, "test-publisher", timeout=1.0, deadline=2.0)
+    sub = Subscription(ctx, notifier.events.getsockopt_string(zmq.LAST_ENDPOINT), notifier.endpoint, "test-sub")
+    try:
+        sub.start()
+        _publish(publisher, 1, 0)
+        first = _drain(sub, 1)
+        sub.sock.close(linger=0)
+        _publish(publisher, 3, 100)
+        sub.sock = client_socket(ctx, zmq.SUB, notifier.events.getsockopt_string(zmq.LAST_ENDPOINT))
+        got = _drain(sub, 3)
+        _publish(publisher, 2, 200)
+        got += _drain(sub, 2)
+        assert first == [0]
+        assert got == [100, 101, 102, 200, 201], "missed events come from history, then live ones, each once"
+    finally:
+        sub.close()
+        publisher.close()
+
+
+def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previous_host(rendezvous: RendezvousService) -> None:
+    admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
+    answers: dict[tuple[str, int], Any] = {}
+
+    def join(host: str, local_rank: int) -> None:
+        client = Client(rendezvous.endpoint, f"worker-{host}-{local_rank}", timeout=1.0, deadline=10.0)
+        answers[(host, local_rank)] = client.request("rank_and_size", {"host": host, "local_rank": local_rank, "after_round": 0, "pid": 1000 + local_rank}).body
+        client.close()
+
+    try:
+        admin.request("new_round", {"hosts": [["a", 2], ["b", 1]], "min_np": 2, "max_np": None, "hosts_timestamp": 1.0})
+        threads = [threading.Thread(target=join, args=slot) for slot in (("a", 0), ("a", 1))]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(admin.request("status").body["parked"]) == 2, 5, "both joins parked")
+        assert answers == {}, "a round is not released before every slot has joined"
+        join("b", 0)
+        for t in threads:
+            t.join(timeout=5)
+        assert sorted((s, a["rank"], a["size"], a["cross_rank"]) for s, a in answers.items()) == [
+            (("a", 0), 0, 3, 0), (("a", 1), 1, 3, 0), (("b", 0), 2, 3, 1)
+        ]
+        with pytest.raises(ServiceError) as refused:
+            admin.request("new_round", {"hosts": [["c", 2]], "min_np": 1, "max_np": None, "hosts_timestamp": 2.0})
+        assert refused.value.code == "no_surviving_host" and "a, b" in refused.value.message
+        with pytest.raises(ServiceError) as stale:
+            admin.request("kv_set", {"key": "round/0/store"}, raw=(b"x",))
+        assert stale.value.code == "stale_round"
+        admin.request("kv_set", {"key": "round/1/store"}, raw=(b"127.0.0.1:1",))
+        assert admin.request("kv_get", {"key": "round/1/store"}).raw == (b"127.0.0.1:1",)
+        with pytest.raises(ServiceError) as too_few:
+            admin.request("new_round", {"hosts": [["a", 1]], "min_np": 2, "max_np": None, "hosts_timestamp": 2.0})
+        assert too_few.value.code == "not_enough_slots"
+    finally:
+        admin.close()
