@@ -77,12 +77,14 @@ class AgentService(Service):
         self.registered = False
         self._heartbeat_in_flight = False
         self.draining_since: float | None = None
+        self._kill_at: float | None = None
         for msg_type in FORWARDED:
             self._handlers[msg_type] = self._forward
         self._install_signals()
         self.every(timing.heartbeat, self._heartbeat)
         self.every(timing.heartbeat, self._ping_workers)
         self.every(0.2, self._check_drain)
+        self.every(0.2, self._escalate)
         self._register()
 
     # -- signals -------------------------------------------------------------------------------
@@ -92,27 +94,34 @@ class AgentService(Service):
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         self._signal_pipe = (read_fd, write_fd)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: None)
         self.watch(read_fd, self._on_signal)
 
     def serve_forever(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.begin_drain())
-        signal.signal(signal.SIGINT, lambda *_: self.begin_drain())
         self.log.info("serving", endpoint=self.endpoint, slots=self.slots)
         try:
             self.run()
         finally:
             self._stop_all_workers(signal.SIGKILL)
+            for worker in self.workers.values():
+                worker.process.wait()
+            self._reap()
             self.close()
             self.log.info("stopped")
 
     def _on_signal(self) -> None:
+        """Signals are handled here, in the loop, never inside a signal handler: the wakeup fd names them."""
+        received = b""
         try:
-            while os.read(self._signal_pipe[0], 512):
-                pass
+            while chunk := os.read(self._signal_pipe[0], 512):
+                received += chunk
         except BlockingIOError:
             pass
         self._reap()
+        for signum in received:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.begin_drain()
 
     # -- registration and heartbeats -----------------------------------------------------------
     def _register(self) -> None:
@@ -159,6 +168,7 @@ class AgentService(Service):
         status = reply.body.get("status")
         if status == "lost":
             self.log.warning("host_declared_lost", workers=len(self.workers))
+            self.latest_round = None
             self._stop_all_workers(signal.SIGKILL)
         if status in ("lost", "unknown"):
             self.registered = False
@@ -252,19 +262,18 @@ class AgentService(Service):
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
     def _stop_all_workers(self, sig: int) -> None:
+        """Signal every worker; after SIGTERM, `_escalate` sends SIGKILL to those still alive after the grace."""
         for worker in self.workers.values():
             worker.stop_requested = True
             worker.signal(sig)
         if sig != signal.SIGKILL and self.workers:
-            deadline = time.monotonic() + STOP_GRACE
-            while self.workers and time.monotonic() < deadline:
-                self._reap()
-                time.sleep(0.02)
+            self._kill_at = time.monotonic() + STOP_GRACE
+
+    def _escalate(self) -> None:
+        if self._kill_at is not None and time.monotonic() >= self._kill_at:
+            self._kill_at = None
             for worker in self.workers.values():
                 worker.signal(signal.SIGKILL)
-        for worker in self.workers.values():
-            worker.process.wait()
-        self._reap()
 
     # -- draining ------------------------------------------------------------------------------
     def begin_drain(self) -> None:
@@ -286,8 +295,10 @@ class AgentService(Service):
         if self.workers and time.monotonic() - self.draining_since < self.drain_timeout:
             return
         if self.workers:
-            self.log.warning("drain_timeout", workers=len(self.workers))
-            self._stop_all_workers(signal.SIGTERM)
+            if self._kill_at is None:
+                self.log.warning("drain_timeout", workers=len(self.workers))
+                self._stop_all_workers(signal.SIGTERM)
+            return
         self._leave()
 
     def _leave(self) -> None:

@@ -1,13 +1,15 @@
 """The worker's two channels to its agent over ipc: requests (any thread, one at a time) and events (a daemon thread).
 
 The event thread subscribes once, then hands each event to the listener
-callbacks. It also watches the agent's heartbeat so `agent_silent_for()` can
-tell a worker that its agent stopped answering.
+callbacks. It also watches the agent's heartbeat: a worker dies with its agent
+(PR_SET_PDEATHSIG), but an agent that hangs forever cannot stop its workers,
+so a worker whose agent stays silent for `orphan_after` seconds exits.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +21,11 @@ from bus.envelope import Message, WireError, decode, encode
 from bus.sockets import client_socket
 
 Listener = Callable[[Message], None]
+ORPHAN_EXIT_CODE = 70
 
 
 class AgentLink:
-    def __init__(self, endpoint: str, host: str, local_rank: int) -> None:
+    def __init__(self, endpoint: str, host: str, local_rank: int, orphan_after: float) -> None:
         self.endpoint = endpoint
         self.sender = incarnation_id("worker", f"{host}/{local_rank}")
         self.local_rank = local_rank
@@ -30,15 +33,13 @@ class AgentLink:
         self.requests = Client(endpoint, self.sender, ctx=self.ctx, timeout=5.0, deadline=60.0)
         self.listeners: list[Listener] = []
         self.last_heard = time.monotonic()
+        self.orphan_after = orphan_after
         self._subscribed = threading.Event()
         self._thread = threading.Thread(target=self._events_loop, name="libworker-events", daemon=True)
         self._thread.start()
 
     def wait_subscribed(self, timeout: float) -> bool:
         return self._subscribed.wait(timeout)
-
-    def agent_silent_for(self) -> float:
-        return time.monotonic() - self.last_heard
 
     def _events_loop(self) -> None:
         sock = client_socket(self.ctx, zmq.DEALER, self.endpoint)
@@ -50,6 +51,7 @@ class AgentLink:
                 sock.send_multipart(subscribe)
                 resend_at = time.monotonic() + 1.0
             if not sock.poll(200):
+                self._exit_if_orphaned()
                 continue
             try:
                 msg = decode(sock.recv_multipart())
@@ -61,3 +63,10 @@ class AgentLink:
                 continue
             for listener in list(self.listeners):
                 listener(msg)
+
+    def _exit_if_orphaned(self) -> None:
+        silent = time.monotonic() - self.last_heard
+        if silent > self.orphan_after:
+            sys.stderr.write(f"libworker: agent at {self.endpoint} silent for {silent:.0f}s; this worker exits\n")
+            sys.stderr.flush()
+            os._exit(ORPHAN_EXIT_CODE)

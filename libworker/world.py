@@ -4,8 +4,8 @@
 one this process was last in, and initialises `torch.distributed` on that
 round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
-there (parked until it is set) and connect. A worker whose slot is not in the new round leaves:
-the process exits 0 at once.
+there (parked until it is set) and connect. A worker whose slot is not in the
+new round leaves: the process exits 0 at once.
 
 A process group whose collective was abandoned (abort, failure) is put aside
 without `shutdown()`, which would block until gloo's own timeout, and is never
@@ -34,6 +34,7 @@ from libworker.agent_link import AgentLink
 from libworker.errors import WorkerInternalError
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
+ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 HOST_ADDED, HOST_REMOVED = 1, 2
 
 
@@ -85,7 +86,8 @@ def _connect() -> AgentLink:
     if not endpoint:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
-    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "0")))
+    orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * world.timing.heartbeat)
+    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "0")), orphan_after)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
     link.wait_subscribed(5.0)

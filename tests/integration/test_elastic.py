@@ -150,10 +150,11 @@ def test_hosts_beyond_max_np_coming_and_going_cause_no_reset(cluster: Cluster, t
     cluster.start_agent("host-1", 2)
     cluster.start_agent("host-2", 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--max-np", "4", "--", *JOB, "--epochs", "2", "--step-delay", "0.03", "--log-dir", str(log_dir))
+    job = cluster.submit("--min-np", "2", "--max-np", "4", "--", *JOB, "--epochs", "3", "--step-delay", "0.03", "--log-dir", str(log_dir))
     _wait_for_size(log_dir, 4)
     cluster.start_agent("host-3", 2)
-    wait_for(lambda: any(e["step"] >= 40 for e in _steps(log_dir)), 60, "training to go on after host-3 joined")
+    joined_at = max(e["time"] for e in _steps(log_dir))
+    wait_for(lambda: sum(e["time"] > joined_at and e["rank"] == 0 for e in _steps(log_dir)) >= 8, 60, "8 more steps after host-3 joined")
     cluster.stop("agent-host-3", signal.SIGTERM)
     assert cluster.wait_job_end(job, 120) == 0
     assert {e["round"] for e in read_events(log_dir)} == {1}, "no new round for a host beyond max_np"
