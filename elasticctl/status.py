@@ -19,8 +19,8 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
             state = "drained"
         rows.append({**host, "state": state})
     workers = job.pop("workers", [])
-    job.pop("history", None)
-    return {"job": job, "hosts": rows, "workers": workers}
+    history = job.pop("history", [])
+    return {"job": job, "hosts": rows, "workers": workers, "history": history}
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -45,12 +45,14 @@ def render(view: dict[str, Any]) -> str:
             left = "forever" if h["cooldown_left"] is None else f"{h['cooldown_left']:.0f}s left"
             note = f"{h['blacklist_reason']} (cooldown {left})"
         elif h["state"] == "lost":
-            note = f"no heartbeat for {h['lost_for']:.1f}s"
+            note = f"no heartbeat for {h['lost_for']:.1f}s" + (f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else "")
         host_rows.append([h["host"], h["slots"], h["state"], note])
     lines += _table(["HOST", "SLOTS", "STATE", "NOTE"], host_rows) if host_rows else ["no hosts"]
     lines.append("")
     worker_rows = [[w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]] for w in view["workers"]]
     lines += _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]
+    if view["history"]:
+        lines += ["", "recent rounds:"] + [f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]]
     return "\n".join(lines)
 
 

@@ -210,8 +210,9 @@ class RegistryService(Service):
             self._finish(FAILED, decision.reason, decision.exit_code)
             return
         for host in decision.blacklist:
+            what = "; ".join(r.describe(slot) for slot, r in self.reports.items() if slot[0] == host and r.state == FAILURE)
             try:
-                self.discovery.request("blacklist", {"host": host, "reason": f"failure in round {self.round}"})
+                self.discovery.request("blacklist", {"host": host, "reason": f"round {self.round}: {what}"})
             except (Unreachable, ServiceError) as exc:
                 self.log.warning("blacklist_failed", host=host, reason=str(exc))
         self.log.info("round_reset", round=self.round, reason=decision.reason or "hosts changed")

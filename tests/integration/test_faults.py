@@ -36,7 +36,8 @@ def test_kill_9_of_a_worker_resumes_from_the_last_commit(cluster: Cluster, tmp_p
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
     host2 = _host(cluster, "host-2")
-    assert host2["state"] == "blacklisted" and "failure in round 1" in host2["blacklist_reason"]
+    assert host2["state"] == "blacklisted" and "round 1: rank 3 on host-2 exited with code -9" == host2["blacklist_reason"]
+    assert "blacklisted" in cluster.elasticctl("status").stdout
 
 
 def test_kill_9_of_an_agent_is_a_lost_host(cluster: Cluster, tmp_path: Path) -> None:
@@ -52,7 +53,10 @@ def test_kill_9_of_an_agent_is_a_lost_host(cluster: Cluster, tmp_path: Path) -> 
     assert any(w["reason"] for w in view["workers"]) or view["job"]["round"] >= 2
     assert cluster.wait_job_end(job, 180) == 0
     assert_training_invariants(log_dir)
-    assert _host(cluster, "host-2")["blacklisted"]
+    lost = _host(cluster, "host-2")
+    assert lost["state"] == "lost" and lost["blacklisted"] and "host lost (missed heartbeats)" in lost["blacklist_reason"]
+    table = cluster.elasticctl("status").stdout
+    assert "no heartbeat for" in table and "host lost (missed heartbeats)" in table
 
 
 def test_sigstop_of_an_agent_is_a_hung_host(cluster: Cluster, tmp_path: Path) -> None:
