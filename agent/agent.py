@@ -124,16 +124,20 @@ class AgentService(Service):
                 self.begin_drain()
 
     # -- registration and heartbeats -----------------------------------------------------------
-    def _register(self) -> None:
+    def _ping_discovery(self, msg_type: str, body: dict[str, Any], on_reply: Any) -> None:
+        """One register or heartbeat at a time, each given one heartbeat interval to be answered."""
         self._heartbeat_in_flight = True
         self.discovery.send(
-            "register",
-            {"host": self.host, "slots": self.slots, "incarnation": self.incarnation},
-            on_reply=self._on_registered,
+            msg_type,
+            {"host": self.host, "incarnation": self.incarnation, **body},
+            on_reply=on_reply,
             on_timeout=self._heartbeat_lost,
             timeout=self.timing.heartbeat,
             deadline=self.timing.heartbeat,
         )
+
+    def _register(self) -> None:
+        self._ping_discovery("register", {"slots": self.slots}, self._on_registered)
 
     def _on_registered(self, reply: Message) -> None:
         self._heartbeat_in_flight = False
@@ -153,15 +157,7 @@ class AgentService(Service):
         if not self.registered:
             self._register()
             return
-        self._heartbeat_in_flight = True
-        self.discovery.send(
-            "heartbeat",
-            {"host": self.host, "incarnation": self.incarnation},
-            on_reply=self._on_heartbeat_reply,
-            on_timeout=self._heartbeat_lost,
-            timeout=self.timing.heartbeat,
-            deadline=self.timing.heartbeat,
-        )
+        self._ping_discovery("heartbeat", {}, self._on_heartbeat_reply)
 
     def _on_heartbeat_reply(self, reply: Message) -> None:
         self._heartbeat_in_flight = False

@@ -38,8 +38,7 @@ def submit_and_follow(plane: ControlPlane, spec: dict[str, Any]) -> int:
                 click.echo(line, err=True)
                 last = line
             if job["state"] in ("succeeded", "failed"):
-                if job["state"] == "failed":
-                    click.echo(f"[elasticctl] job {job_id} failed: {job['reason']}", err=True)
+                click.echo(f"[elasticctl] job {job_id} {job['state']}: {job['reason']} (exit code {job['exit_code']})", err=True)
                 return int(job["exit_code"] or 0)
             time.sleep(POLL_INTERVAL)
     finally:

@@ -107,17 +107,16 @@ class DiscoveryService(Service):
 
     @handles("drain")
     def on_drain(self, request: Request) -> dict[str, Any]:
-        host = self._known(request)
-        self.hostset.set_draining(host, True)
-        self.log.info("host_draining", host=host)
-        self._changed()
-        return {"host": host, "state": "draining"}
+        return self._set_draining(request, True)
 
     @handles("undrain")
     def on_undrain(self, request: Request) -> dict[str, Any]:
+        return self._set_draining(request, False)
+
+    def _set_draining(self, request: Request, draining: bool) -> dict[str, Any]:
         host = self._known(request)
-        self.hostset.set_draining(host, False)
-        self.log.info("host_undrained", host=host)
+        self.hostset.set_draining(host, draining)
+        self.log.info("host_draining" if draining else "host_undrained", host=host)
         self._changed()
         return {"host": host, "state": self.hostset.state(self.hostset.hosts[host])}
 

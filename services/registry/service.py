@@ -31,6 +31,7 @@ from services.registry.decisions import (
     SUCCESS,
     Slot,
     SlotReport,
+    Decision,
     barrier_complete,
     decide,
 )
@@ -191,17 +192,21 @@ class RegistryService(Service):
             self.first_report_at = self.clock()
 
     def _check_hung(self) -> None:
+        """Slots silent `hung_timeout` after the round's first report: after a success the job is done and the rest
+        are stopped; otherwise they count as failed (hung) and their agents kill them."""
         assert self.spec is not None
-        if self.first_report_at is None or any(r.state == SUCCESS for r in self.reports.values()):
+        if self.first_report_at is None or self.clock() - self.first_report_at < self.spec.hung_timeout:
             return
-        if self.clock() - self.first_report_at < self.spec.hung_timeout:
+        if any(r.state == SUCCESS for r in self.reports.values()):
+            silent = sum(r.state not in REPORTED for r in self.reports.values())
+            self._apply(Decision("succeed", f"job finished ({silent} worker(s) still running were stopped)"))
             return
         for slot, report in self.reports.items():
             if report.state not in REPORTED:
                 self._fail_slot(slot, f"hung: no report {self.spec.hung_timeout:g}s after the round's first")
                 self._publish("kill_worker", {"host": slot[0], "local_rank": slot[1], "pid": report.pid})
 
-    def _apply(self, decision: Any) -> None:
+    def _apply(self, decision: Decision) -> None:
         self.history.append({"round": self.round, "action": decision.action, "reason": decision.reason})
         if decision.action == "succeed":
             self._finish(SUCCEEDED, decision.reason, 0)

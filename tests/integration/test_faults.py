@@ -8,70 +8,44 @@ import sys
 from pathlib import Path
 
 from tests.harness import Cluster, read_events, wait_for
-from tests.integration.test_elastic import JOB, _steps, _wait_for_size, assert_training_invariants
-
-
-def _worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
-    def find() -> int | None:
-        for worker in cluster.status()["workers"]:
-            if worker["host"] == host and worker["local_rank"] == local_rank and worker["state"] == "RUNNING":
-                return int(worker["pid"])
-        return None
-
-    return wait_for(find, 60, f"a running worker at {host}/{local_rank}")
-
-
-def _host(cluster: Cluster, name: str) -> dict:
-    return next(h for h in cluster.status()["hosts"] if h["host"] == name)
+from tests.integration.training import JOB, assert_training_invariants, host_row, start_training, steps, wait_for_size, worker_pid
 
 
 def test_kill_9_of_a_worker_resumes_from_the_last_commit(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.start_agent("host-1", 2)
-    cluster.start_agent("host-2", 2)
-    log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "600", "600", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-    _wait_for_size(log_dir, 4)
-    os.kill(_worker_pid(cluster, "host-2", 1), signal.SIGKILL)
-    _wait_for_size(log_dir, 2)
+    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "600", "600")
+    os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+    wait_for_size(log_dir, 2)
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
-    host2 = _host(cluster, "host-2")
+    host2 = host_row(cluster, "host-2")
     assert host2["state"] == "blacklisted" and "round 1: rank 3 on host-2 exited with code -9" == host2["blacklist_reason"]
     assert "blacklisted" in cluster.elasticctl("status").stdout
 
 
-def test_kill_9_of_an_agent_is_a_lost_host(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.start_agent("host-1", 2)
-    cluster.start_agent("host-2", 2)
-    log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-    _wait_for_size(log_dir, 4)
+def test_kill_9_of_an_agent_is_a_losthost_row(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_training(cluster, tmp_path)
     cluster.processes["agent-host-2"].send_signal(signal.SIGKILL)
-    wait_for(lambda: _host(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost within 3 heartbeats (+ slack)")
-    _wait_for_size(log_dir, 2)
+    wait_for(lambda: host_row(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost within 3 heartbeats (+ slack)")
+    wait_for_size(log_dir, 2)
     view = cluster.status()
     assert any(w["reason"] for w in view["workers"]) or view["job"]["round"] >= 2
     assert cluster.wait_job_end(job, 180) == 0
     assert_training_invariants(log_dir)
-    lost = _host(cluster, "host-2")
+    lost = host_row(cluster, "host-2")
     assert lost["state"] == "lost" and lost["blacklisted"] and "host lost (missed heartbeats)" in lost["blacklist_reason"]
     table = cluster.elasticctl("status").stdout
     assert "no heartbeat for" in table and "host lost (missed heartbeats)" in table
 
 
-def test_sigstop_of_an_agent_is_a_hung_host(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.start_agent("host-1", 2)
-    cluster.start_agent("host-2", 2)
-    log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-    _wait_for_size(log_dir, 4)
+def test_sigstop_of_an_agent_is_a_hunghost_row(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_training(cluster, tmp_path)
     cluster.processes["agent-host-2"].send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: _host(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost")
-        _wait_for_size(log_dir, 2, timeout=30)
+        wait_for(lambda: host_row(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost")
+        wait_for_size(log_dir, 2, timeout=30)
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
-        lost = _host(cluster, "host-2")
+        lost = host_row(cluster, "host-2")
         assert lost["state"] == "lost" and lost["blacklisted"]
     finally:
         cluster.processes["agent-host-2"].send_signal(signal.SIGCONT)
@@ -85,12 +59,12 @@ def test_a_worker_hung_in_a_collective_is_cut_loose(tmp_path: Path) -> None:
         cluster.start_agent("host-2", 2)
         log_dir = tmp_path / "train"
         job = cluster.submit("--min-np", "2", "--hung-timeout", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-        _wait_for_size(log_dir, 4)
-        stopped = _worker_pid(cluster, "host-2", 0)
+        wait_for_size(log_dir, 4)
+        stopped = worker_pid(cluster, "host-2", 0)
         os.kill(stopped, signal.SIGSTOP)
-        stopped_at = max(e["time"] for e in _steps(log_dir))
-        _wait_for_size(log_dir, 2, after=stopped_at, timeout=30)
-        resumed_at = min(e["time"] for e in _steps(log_dir) if e["time"] > stopped_at and e["size"] == 2)
+        stopped_at = max(e["time"] for e in steps(log_dir))
+        wait_for_size(log_dir, 2, after=stopped_at, timeout=30)
+        resumed_at = min(e["time"] for e in steps(log_dir) if e["time"] > stopped_at and e["size"] == 2)
         assert resumed_at - stopped_at < 3 + 2 + 5, "survivors released within collective timeout + hung timeout (+ slack)"
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
@@ -118,33 +92,25 @@ def test_a_script_failing_everywhere_stops_with_all_hosts_failed(cluster: Cluste
 
 
 def test_a_blacklisted_host_returns_after_its_cooldown(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.start_agent("host-1", 2)
-    cluster.start_agent("host-2", 2)
-    log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "2", "2", "--", *JOB, "--epochs", "4", "--step-delay", "0.03", "--log-dir", str(log_dir))
-    _wait_for_size(log_dir, 4)
-    os.kill(_worker_pid(cluster, "host-2", 0), signal.SIGKILL)
-    _wait_for_size(log_dir, 2)
-    shrunk_at = min(e["time"] for e in _steps(log_dir) if e["size"] == 2)
-    _wait_for_size(log_dir, 4, after=shrunk_at, timeout=60)
+    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "2", "2", epochs=4, step_delay=0.03)
+    os.kill(worker_pid(cluster, "host-2", 0), signal.SIGKILL)
+    wait_for_size(log_dir, 2)
+    shrunk_at = min(e["time"] for e in steps(log_dir) if e["size"] == 2)
+    wait_for_size(log_dir, 4, after=shrunk_at, timeout=60)
     assert cluster.wait_job_end(job, 180) == 0
     assert_training_invariants(log_dir)
     assert any(e["host"] == "host-2" and e["time"] > shrunk_at for e in read_events(log_dir))
 
 
 def test_workers_keep_training_while_the_control_plane_is_unreachable(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.start_agent("host-1", 2)
-    cluster.start_agent("host-2", 2)
-    log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-    _wait_for_size(log_dir, 4)
+    job, log_dir = start_training(cluster, tmp_path)
     paused = [cluster.processes[name] for name in ("discovery", "registry", "rendezvous", "notifier")]
     for process in paused:
         process.send_signal(signal.SIGSTOP)
     try:
-        stopped_at = max(e["time"] for e in _steps(log_dir))
-        wait_for(lambda: sum(e["time"] > stopped_at for e in _steps(log_dir)) >= 40, 30, "steps while the control plane is stopped")
-        time_without = max(e["time"] for e in _steps(log_dir)) - stopped_at
+        stopped_at = max(e["time"] for e in steps(log_dir))
+        wait_for(lambda: sum(e["time"] > stopped_at for e in steps(log_dir)) >= 40, 30, "steps while the control plane is stopped")
+        time_without = max(e["time"] for e in steps(log_dir)) - stopped_at
         assert time_without > 0.2 * 3, "longer than the heartbeat deadline"
     finally:
         for process in paused:

@@ -77,3 +77,12 @@ def test_status_during_a_job_shows_round_workers_and_hosts(cluster: Cluster) -> 
     assert cluster.wait_job_end(job, 30) == 130
     assert "test over" in cluster.output("elasticctl-run")
     wait_for(lambda: not cluster.leftover_workers(), 20, "workers stopped")
+
+
+def test_after_a_success_workers_that_never_exit_are_stopped(cluster: Cluster) -> None:
+    cluster.start_agent("host-1", 2)
+    script = "import time, libworker as e; e.init(); e.barrier(); e.rank() == 0 or time.sleep(600)"
+    job = cluster.submit("--hung-timeout", "2", "--", sys.executable, "-c", script)
+    assert cluster.wait_job_end(job, 60) == 0
+    assert "still running were stopped" in cluster.output("elasticctl-run")
+    wait_for(lambda: not cluster.leftover_workers(), 15, "the lingering worker to be stopped")

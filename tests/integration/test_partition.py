@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.test_elastic import JOB, _steps, _wait_for_size, assert_training_invariants
+from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
 HOST_IP, NS_IP = "10.231.0.1", "10.231.0.2"
 
@@ -69,16 +69,16 @@ def test_a_partitioned_host_is_lost_then_rejoins_after_cooldown(tmp_path: Path, 
         wait_for(lambda: any(h["host"] == "host-2" for h in cluster.call("discovery", "hosts")["all"]), 20, "host-2 to register from its namespace")
         log_dir = tmp_path / "train"
         job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "3", "3", "--", *JOB, "--epochs", "6", "--step-delay", "0.03", "--log-dir", str(log_dir))
-        _wait_for_size(log_dir, 4)
+        wait_for_size(log_dir, 4)
 
         _ip("link", "set", namespace["host_if"], "down")
         wait_for(lambda: next(h for h in cluster.status()["hosts"] if h["host"] == "host-2")["state"] == "lost", 0.6 + 3.0, "host-2 lost")
-        cut_at = max(e["time"] for e in _steps(log_dir))
-        _wait_for_size(log_dir, 2, after=cut_at, timeout=30)
+        cut_at = max(e["time"] for e in steps(log_dir))
+        wait_for_size(log_dir, 2, after=cut_at, timeout=30)
 
         _ip("link", "set", namespace["host_if"], "up")
-        healed_at = max(e["time"] for e in _steps(log_dir))
-        _wait_for_size(log_dir, 4, after=healed_at, timeout=60)
+        healed_at = max(e["time"] for e in steps(log_dir))
+        wait_for_size(log_dir, 4, after=healed_at, timeout=60)
         assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
         assert_training_invariants(log_dir)
     finally:

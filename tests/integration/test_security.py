@@ -15,8 +15,7 @@ import pytest
 from bus.client import Client, Unreachable
 from bus.sockets import Security, generate_keys
 from tests.harness import REPO, SERVICES, Cluster, wait_for
-from tests.integration.test_elastic import JOB, _wait_for_size, assert_training_invariants
-from tests.integration.test_faults import _worker_pid
+from tests.integration.training import JOB, assert_training_invariants, wait_for_size, worker_pid
 
 
 @pytest.fixture
@@ -77,9 +76,9 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
         assert stat.S_IMODE(socket_path.parent.stat().st_mode) & 0o077 == 0
         log_dir = tmp_path / "train"
         job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
-        _wait_for_size(log_dir, 4)
-        os.kill(_worker_pid(cluster, "host-2", 1), signal.SIGKILL)
-        _wait_for_size(log_dir, 2)
+        wait_for_size(log_dir, 4)
+        os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+        wait_for_size(log_dir, 2)
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
         wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")
