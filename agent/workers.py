@@ -11,7 +11,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -27,7 +27,6 @@ class Worker:
     round: int
     process: subprocess.Popen[bytes]
     stop_requested: bool = False
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:

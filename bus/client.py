@@ -148,7 +148,6 @@ class AsyncClient:
         self._service = service
         self._sock = client_socket(service.ctx, zmq.DEALER, endpoint, security)
         self._pending: dict[str, _Pending] = {}
-        self.last_reply_at = 0.0
         service.watch(self._sock, self._on_readable)
         service.every(0.05, self._resend_due)
 
@@ -172,9 +171,6 @@ class AsyncClient:
         self._sock.send_multipart(frames, zmq.NOBLOCK)
         return msg_id
 
-    def cancel(self, msg_id: str) -> None:
-        self._pending.pop(msg_id, None)
-
     @property
     def in_flight(self) -> int:
         return len(self._pending)
@@ -189,7 +185,6 @@ class AsyncClient:
                 reply = decode(frames)
             except WireError:
                 continue
-            self.last_reply_at = time.monotonic()
             pending = self._pending.pop(reply.id, None)
             if pending is not None and pending.on_reply is not None:
                 pending.on_reply(reply)

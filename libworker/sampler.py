@@ -79,10 +79,6 @@ class ElasticSampler(Sampler[int]):
         self.consumed = max(self.consumed, end)
         return self._shard(self.rank)[start:end]
 
-    def record_indices(self, count: int) -> None:
-        """Record that `count` more positions of this iteration were processed on every rank."""
-        self.consumed = min(self.num_samples, self.consumed + count)
-
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-ACTIVE, LOST, DRAINING, DRAINED, BLACKLISTED, UNLISTED = "active", "lost", "draining", "drained", "blacklisted", "unlisted"
+ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED = "active", "lost", "draining", "blacklisted", "unlisted"
 
 
 @dataclass

@@ -103,3 +103,8 @@ def test_unknown_host_is_a_clear_error(cluster: Cluster) -> None:
     _assert_one_clear_line(result, "unknown host 'host-9'", "host-1")
     assert cluster.elasticctl("drain", "host-1").returncode == 0
     assert cluster.status()["hosts"][0]["state"] in ("draining", "drained")
+
+
+def test_a_second_local_control_plane_is_refused_clearly(cluster: Cluster) -> None:
+    result = cluster.elasticctl("local", "--hosts", "1", "--", sys.executable, "examples/train.py")
+    _assert_one_clear_line(result, "already answers at", cluster.endpoints.registry)

@@ -224,14 +224,6 @@ def test_a_new_iteration_continues_after_the_recorded_batches(ranks):
     assert_each_once(first + rest)
 
 
-def test_record_indices_counts_positions_on_every_rank(ranks):
-    samplers = ranks.new_world(2, shuffle=False)
-    for s in samplers:
-        s.record_indices(10)
-    assert samplers[0].state_dict()["processed_indices"] == list(range(20))
-    assert [len(s) for s in samplers] == [42, 42]
-
-
 # -- set_epoch -----------------------------------------------------------------------------------
 
 
