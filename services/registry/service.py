@@ -165,13 +165,13 @@ class RegistryService(Service):
                 self._fail_slot(slot, "host lost (missed heartbeats)")
         if rounds.get("round") == self.round and rounds.get("released"):
             for host, local_rank, pid in rounds.get("pids", []):
-                report = self.reports.get((host, local_rank))
-                if report is not None and report.state == PENDING:
-                    report.state, report.pid = RUNNING, pid
+                started = self.reports.get((host, local_rank))
+                if started is not None and started.state == PENDING:
+                    started.state, started.pid = RUNNING, pid
         for join in rounds.get("parked", []):
-            report = self.reports.get((join["host"], join["local_rank"]))
-            if report is not None and join["after_round"] >= self.round and report.state in (PENDING, RUNNING):
-                report.state, report.pid = READY, join["pid"]
+            rejoined = self.reports.get((join["host"], join["local_rank"]))
+            if rejoined is not None and join["after_round"] >= self.round and rejoined.state in (PENDING, RUNNING):
+                rejoined.state, rejoined.pid = READY, join["pid"]
                 self._note_report()
         self._check_hung()
         if barrier_complete(self.reports):
