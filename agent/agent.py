@@ -12,7 +12,10 @@
   worker's event channel (`subscribe`) receives the relayed events;
 - reports every worker exit at once (SIGCHLD) to the registry;
 - on SIGTERM drains its own host: workers leave at their next commit, then
-  the agent unregisters and exits.
+  the agent unregisters and exits;
+- joining a running job, it starts its workers first and reports itself warm
+  (available) only when they all wait for a round, so the job's running
+  workers are not held up by process start-up.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ FORWARDED = ("rank_and_size", "kv_set", "kv_get")
 PARKED = ("rank_and_size", "kv_get")
 RELAYED_EVENTS = ("hosts_updated", "abort")
 STOP_GRACE = 5.0
+WARM_UP_LIMIT = 120.0
 
 
 def agent_endpoint(run_dir: Path, host: str) -> str:
@@ -78,6 +82,11 @@ class AgentService(Service):
         self._heartbeat_in_flight = False
         self.draining_since: float | None = None
         self._kill_at: float | None = None
+        self.warm = False
+        self._reported_warm = False
+        self.warming: set[int] = set()
+        self.joined: set[int] = set()
+        self.warm_deadline = 0.0
         for msg_type in FORWARDED:
             self._handlers[msg_type] = self._forward
         self._install_signals()
@@ -86,6 +95,7 @@ class AgentService(Service):
         self.every(0.2, self._check_drain)
         self.every(0.2, self._escalate)
         self._register()
+        self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
     # -- signals -------------------------------------------------------------------------------
     def _install_signals(self) -> None:
@@ -127,9 +137,10 @@ class AgentService(Service):
     def _ping_discovery(self, msg_type: str, body: dict[str, Any], on_reply: Any) -> None:
         """One register or heartbeat at a time, each given one heartbeat interval to be answered."""
         self._heartbeat_in_flight = True
+        self._reported_warm = self.warm
         self.discovery.send(
             msg_type,
-            {"host": self.host, "incarnation": self.incarnation, **body},
+            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **body},
             on_reply=on_reply,
             on_timeout=self._heartbeat_lost,
             timeout=self.timing.heartbeat,
@@ -147,11 +158,17 @@ class AgentService(Service):
         if not self.registered:
             self.log.info("registered")
         self.registered = True
+        self._report_warmth()
 
     def _heartbeat_lost(self) -> None:
         self._heartbeat_in_flight = False
 
     def _heartbeat(self) -> None:
+        if self.warming and time.monotonic() > self.warm_deadline:
+            self.log.warning("warm_up_timeout", waiting_for=sorted(self.warming))
+            self.warming.clear()
+            self._become_warm()
+            return
         if self._heartbeat_in_flight or self.draining_since is not None and not self.workers:
             return
         if not self.registered:
@@ -169,6 +186,13 @@ class AgentService(Service):
         if status in ("lost", "unknown"):
             self.registered = False
             self._register()
+        else:
+            self._report_warmth()
+
+    def _report_warmth(self) -> None:
+        """Tell discovery at once when the agent became warm after its last register/heartbeat went out."""
+        if self.warm and not self._reported_warm and not self._heartbeat_in_flight:
+            self._heartbeat()
 
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
@@ -190,7 +214,7 @@ class AgentService(Service):
             return
         for slot in self.latest_round.get("slots", []):
             if slot["hostname"] == self.host and slot["local_rank"] not in self.workers:
-                self._spawn(slot, self.latest_round)
+                self._spawn(slot["local_rank"], self.latest_round, slot)
 
     def _event_kill_worker(self, body: dict[str, Any]) -> None:
         worker = self.workers.get(body.get("local_rank", -1))
@@ -215,46 +239,45 @@ class AgentService(Service):
             self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
 
     # -- workers -------------------------------------------------------------------------------
-    def _spawn(self, slot: dict[str, Any], round_event: dict[str, Any]) -> None:
-        local_rank = slot["local_rank"]
+    def _spawn(self, local_rank: int, job: dict[str, Any], slot: dict[str, Any] | None) -> None:
+        """Start the worker of `local_rank`; `slot` is its assignment in the round, None when warming up ahead of one."""
         env = {
             **os.environ,
-            **round_event.get("env", {}),
+            **job.get("env", {}),
             **self.timing.as_env(),
             "ELASTIC_AGENT": self.endpoint,
             "ELASTIC_HOST": self.host,
             "ELASTIC_ADVERTISE_ADDR": self.advertise_address,
             "ELASTIC_LOCAL_RANK": str(local_rank),
-            "ELASTIC_JOB": str(round_event.get("job")),
-            "RANK": str(slot["rank"]),
-            "WORLD_SIZE": str(slot["size"]),
+            "ELASTIC_JOB": str(job.get("job")),
             "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(slot["local_size"]),
-            "GROUP_RANK": str(slot["cross_rank"]),
         }
+        if slot is not None:
+            env.update(RANK=str(slot["rank"]), WORLD_SIZE=str(slot["size"]), LOCAL_WORLD_SIZE=str(slot["local_size"]), GROUP_RANK=str(slot["cross_rank"]))
         try:
-            worker = spawn(local_rank, round_event["round"], list(round_event["command"]), env, round_event.get("cwd"))
+            worker = spawn(local_rank, list(job["command"]), env, job.get("cwd"))
         except OSError as exc:
             self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
-            self._report_exit(local_rank, -1, 127, round_event["round"])
+            self._report_exit(local_rank, -1, 127)
             return
         self.workers[local_rank] = worker
-        self.log.info("worker_started", local_rank=local_rank, rank=slot["rank"], pid=worker.pid, round=round_event["round"])
+        self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot["rank"], pid=worker.pid, warming=slot is None)
 
     def _reap(self) -> None:
         killed_on_request = False
         for worker, code in reap(self.workers):
             self.event_routes.pop(worker.pid, None)
+            self.joined.discard(worker.local_rank)
             self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code)
-            self._report_exit(worker.local_rank, worker.pid, code, worker.round)
+            self._report_exit(worker.local_rank, worker.pid, code)
+            self._warmed(worker.local_rank)
             killed_on_request |= worker.stop_requested
         if killed_on_request:
             self._ensure_workers()
 
-    def _report_exit(self, local_rank: int, pid: int, code: int, spawned_for_round: int) -> None:
+    def _report_exit(self, local_rank: int, pid: int, code: int) -> None:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
-        report = {**slot, "exit_code": code, "spawned_for_round": spawned_for_round}
-        self.registry.send("worker_exited", report, timeout=self.timing.request_timeout, deadline=300.0)
+        self.registry.send("worker_exited", {**slot, "exit_code": code}, timeout=self.timing.request_timeout, deadline=300.0)
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
     def _stop_all_workers(self, sig: int) -> None:
@@ -280,6 +303,10 @@ class AgentService(Service):
             return
         self.draining_since = time.monotonic()
         self.log.info("draining", workers=len(self.workers))
+        for local_rank, worker in self.workers.items():
+            if local_rank not in self.joined:
+                worker.stop_requested = True
+                worker.signal(signal.SIGTERM)
         if self.workers:
             self.discovery.send("drain", {"host": self.host}, timeout=self.timing.request_timeout, deadline=self.drain_timeout)
         else:
@@ -304,6 +331,36 @@ class AgentService(Service):
         elif not self.discovery.in_flight:
             self.stop()
 
+    # -- warming up: a host that joins a running job starts its workers before it counts ------
+    def _on_job_state(self, reply: Message) -> None:
+        """A job is running: start this host's workers now, and become available once they all wait for a round,
+        so the running workers are interrupted only when the newcomers are ready (no stall for process start)."""
+        job = reply.body
+        if reply.error or job.get("state") not in ("waiting", "running") or not job.get("spec") or self.draining_since is not None:
+            self._become_warm()
+            return
+        self.job = job["job"]
+        plan = {**job["spec"], "job": job["job"], "round": job["round"]}
+        self.warming = set(range(self.slots))
+        self.warm_deadline = time.monotonic() + WARM_UP_LIMIT
+        self.log.info("warming_up", job=job["job"], slots=self.slots)
+        for local_rank in range(self.slots):
+            self._spawn(local_rank, plan, None)
+
+    def _warmed(self, local_rank: int) -> None:
+        if local_rank in self.warming:
+            self.warming.discard(local_rank)
+            if not self.warming:
+                self._become_warm()
+
+    def _become_warm(self) -> None:
+        if self.warm:
+            return
+        self.warm = True
+        self.log.info("warm")
+        if self.registered:
+            self._report_warmth()
+
     # -- worker requests -----------------------------------------------------------------------
     @handles("subscribe")
     def on_subscribe(self, request: Request) -> dict[str, Any]:
@@ -313,13 +370,20 @@ class AgentService(Service):
 
     def _forward(self, request: Request) -> Any:
         body = {**request.body, "host": self.host}
+        if request.msg.type == "rank_and_size" and isinstance(body.get("local_rank"), int):
+            self._warmed(body["local_rank"])
         parked = request.msg.type in PARKED
+        def relay(reply: Message) -> None:
+            if request.msg.type == "rank_and_size" and "rank" in reply.body:
+                self.joined.add(body["local_rank"])
+            request.reply(reply.body, reply.raw)
+
         self.rendezvous.send(
             request.msg.type,
             body,
             round=request.msg.round,
             raw=request.msg.raw,
-            on_reply=lambda reply: request.reply(reply.body, reply.raw),
+            on_reply=relay,
             timeout=5.0 if parked else self.timing.request_timeout,
             deadline=None if parked else 30.0,
         )

@@ -24,7 +24,6 @@ def _die_with_parent() -> None:
 @dataclass
 class Worker:
     local_rank: int
-    round: int
     process: subprocess.Popen[bytes]
     stop_requested: bool = False
 
@@ -39,7 +38,7 @@ class Worker:
             pass
 
 
-def spawn(local_rank: int, round_: int, command: list[str], env: dict[str, str], cwd: str | None) -> Worker:
+def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | None) -> Worker:
     process = subprocess.Popen(
         command,
         env=env,
@@ -47,7 +46,7 @@ def spawn(local_rank: int, round_: int, command: list[str], env: dict[str, str],
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
-    return Worker(local_rank, round_, process)
+    return Worker(local_rank, process)
 
 
 def reap(workers: dict[int, Worker]) -> list[tuple[Worker, int]]:

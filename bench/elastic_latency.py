@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    drain, join = [], []
+    drain, join, pause = [], [], []
     with cluster({"ELASTIC_HEARTBEAT": "1.0", "ELASTIC_DISCOVERY_POLL": "1.0"}) as c:
         c.start_agent("host-1", 2)
         c.start_agent("host-2", 2)
@@ -38,7 +38,11 @@ def main() -> None:
 
             started = time.time()
             c.start_agent("host-3", 2)
-            join.append(first_step_after(log_dir, started, host="host-3")["time"] - started)
+            joined = first_step_after(log_dir, started, host="host-3")["time"]
+            join.append(joined - started)
+            first_step_after(log_dir, joined + 1.0)
+            rank0 = [e["time"] for e in steps(log_dir) if e["rank"] == 0 and started - 1 < e["time"] <= joined + 1.0]
+            pause.append(max(b - a for a, b in zip(rank0, rank0[1:])))
             c.stop("agent-host-3", signal.SIGTERM, timeout=60)
             left = time.time()
             first_step_after(log_dir, left, size=4)
@@ -49,6 +53,7 @@ def main() -> None:
     report("elasticity latency (2 hosts x 2 slots, commit every 4 steps, heartbeat 1 s)", {
         "drain -> first step at new size": drain,
         "agent start -> its workers' first step": join,
+        "longest training pause while it joins": pause,
     }, baseline)
 
 

@@ -56,20 +56,24 @@ def main() -> int:
     parser.add_argument("--log-dir", default=os.environ.get("TRAIN_LOG_DIR"))
     args = parser.parse_args()
 
-    elastic.init()
-    log = EventLog(args.log_dir)
     x, y = make_data(args.samples)
     dataset = TensorDataset(x, y)
     model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * elastic.size())
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     loss_fn = torch.nn.MSELoss()
+    model(x[:1]).sum().backward()  # warm up autograd and kernels before joining: a joining worker is ready when admitted
+    optimizer.zero_grad()
+
+    elastic.init()
+    log = EventLog(args.log_dir)
 
     def rescale_lr() -> None:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * elastic.size()
 
+    rescale_lr()
     state = elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0)
     state.register_reset_callbacks([rescale_lr])
 

@@ -1,6 +1,7 @@
 """HostSet: the pure bookkeeping of discovery, driven by an injected clock.
 
-A host is *available* when its agent is live (registered, heartbeating), it is
+A host is *available* when its agent is live (registered, heartbeating) and
+warm (its workers, if it started some to join a running job, are ready), it is
 not draining, not blacklisted, and, if a discovery script is configured, the
 script lists it (slots: the smaller of the script's and the agent's). The
 assignment order is the order in which hosts became available: surviving hosts
@@ -14,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED = "active", "lost", "draining", "blacklisted", "unlisted"
+ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = "active", "lost", "draining", "blacklisted", "unlisted", "warming"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class HostRecord:
     blacklist_count: int = 0
     blacklisted_until: float | None = None
     blacklist_reason: str = ""
+    warm: bool = True
 
 
 @dataclass(frozen=True)
@@ -51,21 +53,21 @@ class HostSet:
         self._rng = rng or random.Random()
 
     # -- agents --------------------------------------------------------------------------------
-    def register(self, name: str, slots: int, incarnation: str, now: float) -> None:
+    def register(self, name: str, slots: int, incarnation: str, now: float, warm: bool = True) -> None:
         record = self.hosts.get(name)
         if record is None:
-            self.hosts[name] = HostRecord(name, slots, incarnation, now)
+            self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm)
             return
-        record.slots, record.incarnation, record.last_seen, record.lost_at = slots, incarnation, now, None
+        record.slots, record.incarnation, record.last_seen, record.lost_at, record.warm = slots, incarnation, now, None, warm
 
-    def heartbeat(self, name: str, incarnation: str, now: float) -> str:
+    def heartbeat(self, name: str, incarnation: str, now: float, warm: bool = True) -> str:
         """'ok', or 'unknown' (register again), or 'lost' (stop your workers, then register again)."""
         record = self.hosts.get(name)
         if record is None or record.incarnation != incarnation:
             return "unknown"
         if record.lost_at is not None:
             return "lost"
-        record.last_seen = now
+        record.last_seen, record.warm = now, warm
         return "ok"
 
     def unregister(self, name: str, incarnation: str) -> bool:
@@ -119,6 +121,8 @@ class HostSet:
     def state(self, record: HostRecord) -> str:
         if record.lost_at is not None:
             return LOST
+        if not record.warm:
+            return WARMING
         if record.blacklisted_until is not None:
             return BLACKLISTED
         if record.draining:

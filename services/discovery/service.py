@@ -1,8 +1,8 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
 Messages:
-  register {host, slots, incarnation}      an agent (re)starts
-  heartbeat {host, incarnation}            -> {status: ok | unknown | lost}
+  register {host, slots, incarnation, warm}   an agent (re)starts; warm=False while its workers start
+  heartbeat {host, incarnation, warm}      -> {status: ok | unknown | lost}
   unregister {host, incarnation}           an agent leaves cleanly
   hosts                                    -> {timestamp, available: [[name, slots]], all: [...], lost: [names]}
   drain {host} / undrain {host}            operator
@@ -52,15 +52,27 @@ class DiscoveryService(Service):
         host, slots = field(request.body, "host", str), field(request.body, "slots", int)
         if slots < 1:
             raise RequestError("bad_request", "slots must be at least 1")
-        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock())
+        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
         self.log.info("host_registered", host=host, slots=slots)
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
 
     @handles("heartbeat")
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
-        status = self.hostset.heartbeat(field(request.body, "host", str), field(request.body, "incarnation", str), self.clock())
+        host = field(request.body, "host", str)
+        was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
+        status = self.hostset.heartbeat(host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
+        if status == "ok" and not was_warm and self.hostset.hosts[host].warm:
+            self.log.info("host_warm", host=host)
+            self._changed()
         return {"status": status}
+
+    @staticmethod
+    def _warm(request: Request) -> bool:
+        warm = request.body.get("warm", True)
+        if not isinstance(warm, bool):
+            raise RequestError("bad_request", "field 'warm' must be a bool")
+        return warm
 
     @handles("unregister")
     def on_unregister(self, request: Request) -> dict[str, Any]:

@@ -64,6 +64,7 @@ class RegistryService(Service):
         self.resets = 0
         self.round = 0
         self.reports: dict[Slot, SlotReport] = {}
+        self.retired_pids: set[int] = set()
         self.hosts_timestamp = 0.0
         self.waiting_since = self.clock()
         self.first_report_at: float | None = None
@@ -111,7 +112,7 @@ class RegistryService(Service):
         slot = (field(body, "host", str), field(body, "local_rank", int))
         pid, code = field(body, "pid", int), body.get("exit_code")
         report = self.reports.get(slot)
-        if report is None or not self._belongs_to_round(report, pid, body.get("spawned_for_round")):
+        if report is None or not self._belongs_to_round(report, pid):
             self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
             return {"recorded": False}
         report.pid, report.exit_code = pid, code
@@ -123,13 +124,14 @@ class RegistryService(Service):
         self.log.info("worker_exited", host=slot[0], local_rank=slot[1], rank=report.rank, pid=pid, exit_code=code, round=self.round)
         return {"recorded": True}
 
-    def _belongs_to_round(self, report: SlotReport, pid: int, spawned_for_round: Any) -> bool:
-        """Is this exiting process the current round's worker of its slot (not a leftover of an earlier round)?"""
+    def _belongs_to_round(self, report: SlotReport, pid: int) -> bool:
+        """Is this exiting process the current round's worker of its slot? A process that was a worker of an
+        earlier round and did not re-join this one is a leftover; one that never joined would have joined this one."""
         if report.state in (SUCCESS, FAILURE):
             return False
         if report.pid is not None:
             return report.pid == pid
-        return isinstance(spawned_for_round, int) and spawned_for_round >= self.round
+        return pid not in self.retired_pids
 
     def _job_summary(self) -> dict[str, Any]:
         return {
@@ -268,6 +270,7 @@ class RegistryService(Service):
         if self.round >= 1:
             self.resets += 1
         survivors = {slot: r.pid for slot, r in self.reports.items() if r.state == READY}
+        self.retired_pids.update(r.pid for r in self.reports.values() if r.pid is not None and r.state != READY)
         self.round = reply["round"]
         self.reports = {
             (s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"], pid=survivors.get((s["hostname"], s["local_rank"])))

@@ -80,6 +80,9 @@ def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluste
     wait_for_size(log_dir, 2)
     cluster.start_agent("host-3", 2)
     wait_for_size(log_dir, 4)
+    assert cluster.output("agent-host-3").count('"warming": true') == 2, "host-3 started its workers before it counted"
+    warm_pids = {e["pid"] for e in steps(log_dir) if e["host"] == "host-3"}
+    assert len(warm_pids) == 2
     assert cluster.stop("agent-host-3", signal.SIGTERM, timeout=60) == 0
     started = max(e["time"] for e in steps(log_dir))
     wait_for_size(log_dir, 2, after=started)

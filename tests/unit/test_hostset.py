@@ -500,3 +500,13 @@ def test_forgive_silence_restarts_the_clock_of_live_hosts_only() -> None:
     hosts.forgive_silence(now=20.0)
     assert hosts.expire(now=21.0, lost_after=3.0) == []
     assert hosts.hosts["b"].lost_at == 5.0
+
+
+def test_a_warming_host_is_listed_but_not_available_until_warm() -> None:
+    hosts = HostSet()
+    hosts.register("a", 2, "inc-a", now=0.0)
+    hosts.register("b", 2, "inc-b", now=0.0, warm=False)
+    assert hosts.available() == [("a", 2)]
+    assert [(row["host"], row["state"]) for row in hosts.describe(0.0)] == [("a", "active"), ("b", "warming")]
+    assert hosts.heartbeat("b", "inc-b", now=1.0, warm=True) == "ok"
+    assert hosts.available() == [("a", 2), ("b", 2)]
