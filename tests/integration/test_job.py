@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -37,12 +39,15 @@ def test_local_runs_the_example_on_four_workers_and_leaves_nothing_behind(tmp_pa
     finally:
         stop.set()
         watcher.join()
+        leftovers = processes_with_env(cluster.endpoints.registry)
+        for pid in leftovers:  # asserted empty below; killed here so a failing run leaks nothing
+            os.kill(pid, signal.SIGKILL)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "training on 4 workers" in result.stdout
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", result.stdout)]
     assert len(losses) == 12 and losses[-1] < losses[0] * 0.6, losses
     assert "parameters identical on all 4 ranks: True" in result.stdout
-    assert processes_with_env(cluster.endpoints.registry) == []
+    assert leftovers == [], "elasticctl local left processes behind"
 
     assert statuses, "status never showed 4 running workers"
     view = statuses[0]
