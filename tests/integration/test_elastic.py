@@ -120,3 +120,17 @@ def test_below_min_np_past_the_elastic_timeout_the_job_fails_clearly(cluster: Cl
     job = cluster.submit("--min-np", "3", "--elastic-timeout", "1", "--", sys.executable, "examples/train.py")
     assert cluster.wait_job_end(job, 30) != 0
     assert "timed out after 1s waiting for 3 slot(s); 2 available" in cluster.output("elasticctl-run")
+
+
+def test_draining_the_host_of_rank_0_moves_rank_0_without_losing_state(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_training(cluster, tmp_path, epochs=4)
+    cluster.elasticctl("drain", "host-1")
+    wait_for_size(log_dir, 2)
+    drained_at = max(e["time"] for e in steps(log_dir))
+    cluster.elasticctl("undrain", "host-1")
+    wait_for_size(log_dir, 4, after=drained_at)
+    assert cluster.wait_job_end(job, 180) == 0
+    assert sizes_in_order(log_dir) == [4, 2, 4]
+    rank0_hosts = [e["host"] for e in steps(log_dir) if e["rank"] == 0]
+    assert rank0_hosts[0] == "host-1" and rank0_hosts[-1] == "host-2", "rank 0 moved to the oldest surviving host and stayed"
+    assert_training_invariants(log_dir)

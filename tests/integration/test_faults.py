@@ -117,3 +117,14 @@ def test_workers_keep_training_while_the_control_plane_is_unreachable(cluster: C
             process.send_signal(signal.SIGCONT)
     assert cluster.wait_job_end(job, 180) == 0
     assert {e["round"] for e in read_events(log_dir)} == {1}, "no host was declared lost"
+
+
+def test_when_every_host_is_blacklisted_the_job_stops(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--", *JOB, "--epochs", "50", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    wait_for_size(log_dir, 2)
+    os.kill(worker_pid(cluster, "host-1", 1), signal.SIGKILL)
+    assert cluster.wait_job_end(job, 60) != 0
+    assert "every host is blacklisted" in cluster.output("elasticctl-run")
+    wait_for(lambda: not cluster.leftover_workers(), 15, "workers stopped")
