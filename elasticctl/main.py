@@ -22,7 +22,7 @@ control_option = click.option("--control", envvar="ELASTIC_CONTROL", default=Non
 def job_options(fn: Any) -> Any:
     for option in reversed(
         [
-            click.option("--min-np", type=int, default=None, help="Fewest workers to train with (default 1, or --max-np if lower)."),
+            click.option("--min-np", type=int, default=1, show_default=True, help="Fewest workers to train with; below it the job waits."),
             click.option("--max-np", type=int, default=None, help="Most workers to use (default: every slot)."),
             click.option("--reset-limit", type=int, default=None, help="Stop after this many resets."),
             click.option("--elastic-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for --min-np slots."),
@@ -42,8 +42,6 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
     if not command:
         raise CommandError("missing command: elasticctl run [OPTIONS] -- CMD ...", 2)
     min_np, max_np = options["min_np"], options["max_np"]
-    if min_np is None:
-        min_np = min(1, max_np) if max_np is not None else 1
     if min_np < 1:
         raise CommandError(f"--min-np must be at least 1 (got {min_np})", 2)
     if max_np is not None and max_np < min_np:
@@ -107,8 +105,8 @@ def status(control: str | None, keys: Path | None, as_json_flag: bool) -> None:
     click.echo(as_json(view) if as_json_flag else render(view))
 
 
-def _host_command(name: str, verb: str, past: str) -> None:
-    @cli.command(name=name, help=f"{verb} a host.")
+def _host_command(name: str, description: str, past: str) -> None:
+    @cli.command(name=name, help=description)
     @control_option
     @keys_option
     @click.argument("host")
@@ -121,8 +119,8 @@ def _host_command(name: str, verb: str, past: str) -> None:
         click.echo(f"{host}: {past} ({reply['state']})")
 
 
-_host_command("drain", "Take out gracefully at the next commit (no rollback):", "draining")
-_host_command("undrain", "Put back, from the next round:", "undrained")
+_host_command("drain", "Take HOST out gracefully: its workers leave at their next commit (no rollback).", "draining")
+_host_command("undrain", "Put HOST back into the job from the next round.", "undrained")
 
 
 @cli.command()
