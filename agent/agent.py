@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from bus.envelope import Message
 from bus.pubsub import Subscription
 from bus.service import DEFERRED, Request, Service, field, handles
 from bus.sockets import Security
+from agent.output import PrefixedPipe
 from agent.workers import Worker, reap, spawn
 
 FORWARDED = ("rank_and_size", "kv_set", "kv_get")
@@ -252,6 +254,7 @@ class AgentService(Service):
             "ELASTIC_JOB": str(job.get("job")),
             "LOCAL_RANK": str(local_rank),
         }
+        env.setdefault("PYTHONUNBUFFERED", "1")
         if slot is not None:
             env.update(RANK=str(slot["rank"]), WORLD_SIZE=str(slot["size"]), LOCAL_WORLD_SIZE=str(slot["local_size"]), GROUP_RANK=str(slot["cross_rank"]))
         try:
@@ -261,7 +264,18 @@ class AgentService(Service):
             self._report_exit(local_rank, -1, 127)
             return
         self.workers[local_rank] = worker
+        for stream, sink in ((worker.process.stdout, sys.stdout.buffer), (worker.process.stderr, sys.stderr.buffer)):
+            assert stream is not None
+            self._follow_output(PrefixedPipe(os.dup(stream.fileno()), f"[{self.host}:{local_rank}] ", sink))
+            stream.close()
         self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot["rank"], pid=worker.pid, warming=slot is None)
+
+    def _follow_output(self, pipe: PrefixedPipe) -> None:
+        def on_readable() -> None:
+            if not pipe.pump():
+                self.unwatch(pipe.fd)
+
+        self.watch(pipe.fd, on_readable)
 
     def _reap(self) -> None:
         killed_on_request = False

@@ -1,5 +1,6 @@
 """Worker processes of one host: spawn (dying with the agent), signal, reap.
 
+A worker's stdout and stderr are pipes the agent reads (agent/output.py).
 Each worker runs in its own session so a signal reaches its whole process
 tree, and has PR_SET_PDEATHSIG set so it is killed if the agent dies, even by
 SIGKILL: an agent never leaves orphans.
@@ -43,6 +44,8 @@ def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | N
         command,
         env=env,
         cwd=cwd if cwd and os.path.isdir(cwd) else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )

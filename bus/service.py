@@ -118,6 +118,10 @@ class Service:
         self._sockets[sock] = on_readable
         self.poller.register(sock, zmq.POLLIN)
 
+    def unwatch(self, sock: Any) -> None:
+        self._sockets.pop(sock, None)
+        self.poller.unregister(sock)
+
     def stop(self) -> None:
         self._stopping.set()
 

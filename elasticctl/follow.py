@@ -33,13 +33,13 @@ def submit_and_follow(plane: ControlPlane, spec: dict[str, Any]) -> int:
             job = plane.call("registry", "job")
             if job["job"] != job_id:
                 raise CommandError(f"job {job_id} was replaced by job {job['job']}")
+            if job["state"] in ("succeeded", "failed"):
+                click.echo(f"[elasticctl] job {job_id} {job['state']} after {job['resets']} reset(s): {job['reason']} (exit code {job['exit_code']})", err=True)
+                return int(job["exit_code"] or 0)
             line = progress_line(job)
             if line != last:
                 click.echo(line, err=True)
                 last = line
-            if job["state"] in ("succeeded", "failed"):
-                click.echo(f"[elasticctl] job {job_id} {job['state']}: {job['reason']} (exit code {job['exit_code']})", err=True)
-                return int(job["exit_code"] or 0)
             time.sleep(POLL_INTERVAL)
     finally:
         signal.signal(signal.SIGINT, previous)
