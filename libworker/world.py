@@ -43,18 +43,13 @@ class World:
     link: AgentLink | None = None
     timing: Timing = field(default_factory=Timing)
     round: int = 0
-    rounds_joined: int = 0
+    holds_state: bool = False
     slot: dict[str, Any] = field(default_factory=dict)
     poisoned: bool = False
     aborted_round: int = 0
     waiters: set[threading.Event] = field(default_factory=set)
     listeners: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def survivor(self) -> bool:
-        """True when this process was in an earlier round, so it holds the job's state."""
-        return self.rounds_joined > 1
 
     def on_event(self, msg: Message) -> None:
         if msg.type == "abort" and msg.body.get("round") == self.round:
@@ -154,7 +149,6 @@ def join() -> None:
     with world.lock:
         world.slot = reply.body
         world.round = int(reply.body["round"])
-        world.rounds_joined += 1
         world.poisoned = False
     os.environ.update(RANK=str(world.slot["rank"]), WORLD_SIZE=str(world.slot["size"]), LOCAL_RANK=str(world.slot["local_rank"]), LOCAL_WORLD_SIZE=str(world.slot["local_size"]))
     timeout = timedelta(seconds=world.timing.collective_timeout)

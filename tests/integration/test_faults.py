@@ -128,3 +128,4 @@ def test_when_every_host_is_blacklisted_the_job_stops(cluster: Cluster, tmp_path
     assert cluster.wait_job_end(job, 60) != 0
     assert "every host is blacklisted" in cluster.output("elasticctl-run")
     wait_for(lambda: not cluster.leftover_workers(), 15, "workers stopped")
+
