@@ -64,7 +64,7 @@ class AgentService(Service):
         **kw: Any,
     ) -> None:
         super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
-        self.host, self.slots, self.timing, self.control = host, slots, timing, control
+        self.host, self.slots, self.timing = host, slots, timing
         self.drain_timeout = drain_timeout
         self.advertise_address = advertise_address
         self.incarnation = incarnation_id("agent", host)

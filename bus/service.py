@@ -66,6 +66,11 @@ class Request:
         self.answered = False
 
     @property
+    def parking_key(self) -> tuple[str, str]:
+        """Where a parked request is kept: its (sender, id), or its identity when it has none."""
+        return self.key or ("", str(id(self)))
+
+    @property
     def body(self) -> dict[str, Any]:
         return self.msg.body
 
@@ -95,7 +100,7 @@ class Service:
         self.endpoint = endpoint
         self.log = log or structlog.get_logger().bind(process=self.name)
         self.router = server_socket(self.ctx, zmq.ROUTER, endpoint, security)
-        self.sender_id = f"{self.name}"
+        self.sender_id = self.name
         self._handlers: dict[str, Callable[[Request], Any]] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
@@ -212,7 +217,7 @@ class Service:
             return
         if result is DEFERRED:
             if not request.answered:
-                self._parked[key or ("", str(id(request)))] = request
+                self._parked[request.parking_key] = request
         elif not request.answered:
             request.reply(result)
 
@@ -220,7 +225,7 @@ class Service:
         if request.answered:
             return
         request.answered = True
-        self._parked.pop(request.key or ("", str(id(request))), None)
+        self._parked.pop(request.parking_key, None)
         frames = encode(reply_to(request.msg, body, self.sender_id, raw))
         if request.key is not None:
             self._replied[request.key] = frames

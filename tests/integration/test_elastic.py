@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -90,7 +89,6 @@ def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluste
     assert sizes_in_order(log_dir) == [2, 4, 2]
     assert {e["host"] for e in steps(log_dir) if e["rank"] == 0} == {"host-1"}
     assert_training_invariants(log_dir)
-    assert os.path.exists(cluster.workdir / "run")
 
 
 def test_hosts_beyond_max_np_coming_and_going_cause_no_reset(cluster: Cluster, tmp_path: Path) -> None:

@@ -10,6 +10,16 @@ import pytest
 from services.rendezvous.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
 
 UNEVEN = [("a", 2), ("b", 1), ("c", 3)]
+# a: ranks 0,1   b: rank 2   c: ranks 3,4,5
+# local_rank 0 lives on a,b,c (cross_size 3); local_rank 1 on a,c (2); local_rank 2 on c only (1).
+UNEVEN_ALL = [
+    ("a", 0, 0, 0, 6, 2, 3),
+    ("a", 1, 1, 0, 6, 2, 2),
+    ("b", 2, 0, 1, 6, 1, 3),
+    ("c", 3, 0, 2, 6, 3, 3),
+    ("c", 4, 1, 1, 6, 3, 2),
+    ("c", 5, 2, 0, 6, 3, 1),
+]
 
 
 def rows(assignments: list[SlotInfo]) -> list[tuple[str, int, int, int, int, int, int]]:
@@ -17,35 +27,9 @@ def rows(assignments: list[SlotInfo]) -> list[tuple[str, int, int, int, int, int
 
 
 CASES = {
-    # a: ranks 0,1   b: rank 2   c: ranks 3,4,5
-    # local_rank 0 lives on a,b,c (cross_size 3); local_rank 1 on a,c (2); local_rank 2 on c only (1).
-    "uneven_no_max": (
-        UNEVEN,
-        1,
-        None,
-        [
-            ("a", 0, 0, 0, 6, 2, 3),
-            ("a", 1, 1, 0, 6, 2, 2),
-            ("b", 2, 0, 1, 6, 1, 3),
-            ("c", 3, 0, 2, 6, 3, 3),
-            ("c", 4, 1, 1, 6, 3, 2),
-            ("c", 5, 2, 0, 6, 3, 1),
-        ],
-    ),
+    "uneven_no_max": (UNEVEN, 1, None, UNEVEN_ALL),
     # max_np 6 == total slots: same as no max.
-    "uneven_max_equals_total": (
-        UNEVEN,
-        6,
-        6,
-        [
-            ("a", 0, 0, 0, 6, 2, 3),
-            ("a", 1, 1, 0, 6, 2, 2),
-            ("b", 2, 0, 1, 6, 1, 3),
-            ("c", 3, 0, 2, 6, 3, 3),
-            ("c", 4, 1, 1, 6, 3, 2),
-            ("c", 5, 2, 0, 6, 3, 1),
-        ],
-    ),
+    "uneven_max_equals_total": (UNEVEN, 6, 6, UNEVEN_ALL),
     # max_np 4 cuts c after its first slot: c has local_size 1, local_rank 1 is on a only.
     "max_np_cuts_inside_host": (
         UNEVEN,
