@@ -20,3 +20,6 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync: bool) -> None:
         super().__init__(f"hosts updated (skip_sync={skip_sync})")
         self.skip_sync = skip_sync
+
+
+HorovodInternalError = WorkerInternalError

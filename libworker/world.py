@@ -7,10 +7,15 @@ under the round's prefix in the rendezvous key-value store; the others read it
 there (parked until it is set) and connect. A worker whose slot is not in the
 new round leaves: the process exits 0 at once.
 
-A process group whose collective was abandoned (abort, failure) is put aside
-without `shutdown()`, which would block until gloo's own timeout, and is never
-destroyed (destroying it would join its stuck thread): the new round gets a
-fresh group.
+Leaving a round releases its process group. A group whose collectives all
+ended (the usual case: a dead peer closes its connections, so they fail at
+once) is destroyed for real, its store connections and threads with it. NCCL
+communicators of an abandoned round are aborted first, which frees their GPU
+memory and ends their kernels. A gloo group with a collective still stuck (a
+hung peer) cannot be shut down without blocking until gloo's own timeout: it
+is detached and kept in `world.retired` until its collectives end, then
+released at a later join, so at most the rounds of one collective timeout are
+held at once (`retired_groups()` counts them).
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ class World:
     slot: dict[str, Any] = field(default_factory=dict)
     poisoned: bool = False
     aborted_round: int = 0
-    waiters: set[threading.Event] = field(default_factory=set)
+    backend: str = ""
+    shut_down: bool = False
+    in_flight: set[Any] = field(default_factory=set)
+    retired: list[tuple[Any, list[Any]]] = field(default_factory=list)
     listeners: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -60,20 +68,26 @@ class World:
                 state.on_hosts_updated(float(msg.body.get("timestamp", 0.0)), update)
 
     def abort(self) -> None:
-        """Release every collective waiting in this round: they raise WorkerInternalError."""
+        """End every collective of this round: waits in slices see the flag and raise WorkerInternalError; NCCL
+        communicators are aborted, which ends their kernels (a stream wait would not notice a flag)."""
         with self.lock:
             self.aborted_round = self.round
-            for waiter in self.waiters:
-                waiter.set()
+            if dist.is_initialized() and self.uses_nccl():
+                _abort_nccl(dist.group.WORLD)
+
+    def uses_nccl(self) -> bool:
+        return "nccl" in self.backend
 
 
 world = World()
 
 
 def shutdown() -> None:
-    """Leave torch.distributed cleanly; registered to run at exit."""
-    if dist.is_initialized():
-        _put_aside_process_group()
+    """Leave torch.distributed cleanly; registered to run at exit. A retired group still stuck is never destroyed:
+    its destructor would join the stuck thread; the process's exit releases it."""
+    release_process_group()
+    for group, _ in world.retired:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
 
 def _connect() -> AgentLink:
@@ -89,14 +103,27 @@ def _connect() -> AgentLink:
     return link
 
 
-def _put_aside_process_group() -> None:
+def _abort_nccl(group: Any) -> None:
+    try:
+        group.abort()
+    except (RuntimeError, AttributeError):
+        pass  # already aborted, or a torch without communicator abort: destroy still releases what it can
+
+
+def release_process_group() -> None:
+    """Release the current round's process group (see the module docstring), and any retired one whose stuck
+    collectives have ended since."""
+    _release_retired()
     if not dist.is_initialized():
         return
-    if not world.poisoned:
+    stuck = [work for work in world.in_flight if not work.is_completed()]
+    world.in_flight.clear()
+    if world.poisoned and world.uses_nccl():
+        _abort_nccl(dist.group.WORLD)
+    if not stuck:
         dist.destroy_process_group()
         return
-    abandoned = dist.group.WORLD
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(abandoned))  # never destroyed: its stuck thread must not be joined, even at exit
+    group = dist.group.WORLD
     process_group = torch._C._distributed_c10d.ProcessGroup
     real_shutdown = vars(process_group)["shutdown"]
     process_group.shutdown = lambda self: None  # type: ignore[method-assign]
@@ -104,6 +131,22 @@ def _put_aside_process_group() -> None:
         dist.destroy_process_group()
     finally:
         process_group.shutdown = real_shutdown  # type: ignore[method-assign]
+    world.retired.append((group, stuck))
+
+
+def _release_retired() -> None:
+    still_stuck = []
+    for group, works in world.retired:
+        if all(work.is_completed() for work in works):
+            group.shutdown()
+        else:
+            still_stuck.append((group, works))
+    world.retired = still_stuck
+
+
+def retired_groups() -> int:
+    """Process groups of earlier rounds still held because a collective of theirs has not ended."""
+    return len(world.retired)
 
 
 def _leave() -> None:
@@ -133,7 +176,7 @@ def join() -> None:
     """Join the next round: park at the rendezvous until it is complete, then set up torch.distributed."""
     if world.link is None:
         world.link = _connect()
-    _put_aside_process_group()
+    release_process_group()
     local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
     try:
         reply = world.link.requests.request(
@@ -157,15 +200,15 @@ def join() -> None:
     except (RuntimeError, dist.DistError, Unreachable, ServiceError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    world.backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     try:
-        dist.init_process_group(backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
+        dist.init_process_group(world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
 
 
 def require_joined() -> dict[str, Any]:
-    if not world.slot:
-        raise RuntimeError("call libworker.init() first")
+    if not world.slot or world.shut_down:
+        raise RuntimeError("call libworker.init() first" if not world.slot else "libworker was shut down: call init() again first")
     return world.slot

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from libworker.world import world
-from libworker.sampler import ElasticSampler
+from libworker.elastic.sampler import ElasticSampler
 
 N = 103
 DATASET = list(range(N))

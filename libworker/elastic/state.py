@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from libworker.collectives import allreduce_, broadcast_object
+from libworker.functions import broadcast_object
+from libworker.mpi_ops import Max, allreduce_
 from libworker.errors import HostsUpdatedInterrupt
 from libworker.world import HOST_ADDED, HOST_REMOVED, world
 
@@ -63,7 +64,7 @@ class State:
             if timestamp > seen_since:
                 newest, update = max(newest, timestamp), update | kind
         agreed = allreduce_(
-            torch.tensor([newest, float(update & HOST_ADDED), float(bool(update & HOST_REMOVED))], dtype=torch.float64), "max"
+            torch.tensor([newest, float(update & HOST_ADDED), float(bool(update & HOST_REMOVED))], dtype=torch.float64), op=Max
         )
         if agreed[0].item() > seen_since:
             self._last_updated_timestamp = agreed[0].item()

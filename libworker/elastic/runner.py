@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from libworker.collectives import allreduce_
+from libworker.elastic.state import State
 from libworker.errors import HostsUpdatedInterrupt, WorkerInternalError
-from libworker.state import State
+from libworker.mpi_ops import Max, allreduce_
 from libworker.world import join, world
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ def _agreed_sync(state: State, skip_sync: bool) -> None:
     size = dist.get_world_size()
     wants_sync = 0.0 if skip_sync and world.holds_state else 1.0
     candidate = float(dist.get_rank() if world.holds_state else size)
-    agreed = allreduce_(torch.tensor([wants_sync, -candidate], dtype=torch.float64), "max")
+    agreed = allreduce_(torch.tensor([wants_sync, -candidate], dtype=torch.float64), op=Max)
     if agreed[0].item() > 0:
         root = int(-agreed[1].item())
         state.sync(root_rank=0 if root == size else root)

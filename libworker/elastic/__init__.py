@@ -1,0 +1,7 @@
+"""Horovod's `hvd.elastic` namespace: the elastic loop, State objects and the elastic sampler."""
+
+from libworker.elastic.runner import run
+from libworker.elastic.sampler import ElasticSampler
+from libworker.elastic.state import ObjectState, State, TorchState
+
+__all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "run"]
