@@ -61,12 +61,14 @@ class AgentService(Service):
         security: Security = Security(),
         drain_timeout: float = 60.0,
         advertise_address: str = "127.0.0.1",
+        share_gpus: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
         self.host, self.slots, self.timing = host, slots, timing
         self.drain_timeout = drain_timeout
         self.advertise_address = advertise_address
+        self.share_gpus = share_gpus
         self.incarnation = incarnation_id("agent", host)
         self.sender_id = self.incarnation
         self.log = self.log.bind(host=host)
@@ -251,6 +253,7 @@ class AgentService(Service):
             "ELASTIC_HOST": self.host,
             "ELASTIC_ADVERTISE_ADDR": self.advertise_address,
             "ELASTIC_LOCAL_RANK": str(local_rank),
+            "ELASTIC_GPU_SHARED": "1" if self.share_gpus else "0",
             "ELASTIC_JOB": str(job.get("job")),
             "LOCAL_RANK": str(local_rank),
         }

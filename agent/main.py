@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from agent.agent import AgentService
+from agent.gpus import check_slots, default_slots, gpu_devices
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
@@ -21,23 +22,27 @@ def default_run_dir() -> Path:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", envvar="ELASTIC_HOST", required=True, help="This host's name, as the job knows it.")
-@click.option("--slots", envvar="ELASTIC_SLOTS", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes this host can run.")
+@click.option("--slots", envvar="ELASTIC_SLOTS", type=click.IntRange(min=1), default=None, help="Worker processes this host can run (default: one per GPU, 1 without GPUs).")
+@click.option("--share-gpus", envvar="ELASTIC_GPU_SHARED", is_flag=True, help="Allow more slots than GPUs: workers share GPUs (gloo, not NCCL, for CUDA tensors).")
 @click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1; ELASTIC_*_ENDPOINT override each service).")
 @click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
 @click.option("--advertise-addr", envvar="ELASTIC_ADVERTISE_ADDR", default=None, help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this host's name).")
 @click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="On SIGTERM, seconds to wait for workers to leave at a commit.")
-def main(host: str, slots: int, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float) -> None:
+def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
     if not host or "/" in host or host.startswith("."):
         click.echo(f"elastic-agent: invalid host name {host!r}", err=True)
         sys.exit(2)
+    gpus = len(gpu_devices())
+    slots = default_slots(gpus) if slots is None else slots
     if advertise_addr is None:
         advertise_addr = "127.0.0.1" if control in (None, "127.0.0.1", "localhost") else socket.getfqdn()
     try:
+        check_slots(slots, gpus, share_gpus)
         agent = AgentService(
             host, slots, Endpoints.from_env(control), Timing.from_env(),
-            run_dir=default_run_dir(), security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, log=log,
+            run_dir=default_run_dir(), share_gpus=share_gpus, security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, log=log,
         )
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)

@@ -1,8 +1,10 @@
 """`elasticctl local`: the whole system on this machine: four services and N agents on loopback, then the job.
 
 Services log to files in a run directory; agents show warnings and the
-workers' output on this terminal. Everything started here is stopped on the
-way out, whatever happens.
+workers' output on this terminal. On a machine with GPUs each agent gets GPUs
+of its own (its `CUDA_VISIBLE_DEVICES`), unless `--share-gpus` lets workers
+share them. Everything started here is stopped on the way out, whatever
+happens.
 """
 
 from __future__ import annotations
@@ -19,12 +21,29 @@ from typing import IO, Any
 
 import click
 
+from agent.gpus import gpu_devices
 from bus.config import Endpoints
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 START_TIMEOUT = 30.0
+CPU_SLOTS = 2
+
+
+def default_local_slots(gpus: int, hosts: int) -> int:
+    """The machine's GPUs split among the agents (at least one slot each); CPU_SLOTS without GPUs."""
+    return max(1, gpus // hosts) if gpus else CPU_SLOTS
+
+
+def agent_devices(devices: list[str], hosts: int, slots: int, share_gpus: bool) -> list[str | None]:
+    """Each agent's CUDA_VISIBLE_DEVICES: GPUs of its own, so workers of two agents never meet on one GPU;
+    None (the machine's setting) without GPUs or when workers share them."""
+    if not devices or share_gpus:
+        return [None] * hosts
+    if hosts * slots > len(devices):
+        raise CommandError(f"--hosts {hosts} x --slots {slots} needs {hosts * slots} GPUs, this machine has {len(devices)}; lower --hosts or --slots, or pass --share-gpus", 2)
+    return [",".join(devices[i * slots:(i + 1) * slots]) for i in range(hosts)]
 
 
 @dataclass
@@ -33,6 +52,8 @@ class LocalCluster:
     slots: int
     endpoints: Endpoints
     log_dir: Path
+    devices: list[str | None]
+    share_gpus: bool = False
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
@@ -54,8 +75,10 @@ class LocalCluster:
             for service in SERVICES:
                 self._wait(lambda s=service: plane.call(s, "ping"), f"the {service} service to answer")
             agent_env = {**env, "ELASTIC_LOG_LEVEL": os.environ.get("ELASTIC_LOG_LEVEL", "WARNING")}
-            for i in range(1, self.hosts + 1):
-                self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots)], agent_env, log_to_file=False)
+            share = ["--share-gpus"] if self.share_gpus else []
+            for i, devices in enumerate(self.devices, start=1):
+                own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+                self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share], {**agent_env, **own_gpus}, log_to_file=False)
                 self._wait(lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
         finally:
             plane.close()
@@ -107,13 +130,17 @@ def _interrupted(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_local(hosts: int, slots: int, spec: dict[str, Any]) -> int:
+def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False) -> int:
+    gpus = gpu_devices()
+    slots = default_local_slots(len(gpus), hosts) if slots is None else slots
+    devices = agent_devices(gpus, hosts, slots, share_gpus)
     endpoints = Endpoints.from_env()
     if already_running(endpoints):
         raise CommandError(f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker compose?); stop it first")
     log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
-    cluster = LocalCluster(hosts, slots, endpoints, log_dir)
-    click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s); service logs in {log_dir}", err=True)
+    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus)
+    shown = f", {len(gpus)} GPU(s){' shared' if share_gpus else ''}" if gpus else ""
+    click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s){shown}; service logs in {log_dir}", err=True)
     previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         cluster.start()

@@ -1,4 +1,5 @@
-"""The train example made elastic: TorchState + ElasticSampler + a reset callback that rescales the learning rate.
+"""The train example made elastic: DistributedOptimizer + TorchState + ElasticSampler + a reset callback that rescales
+the learning rate.
 
 Hosts may join, leave, drain or die while it runs; it keeps training from the
 last commit. Porting a Horovod elastic script is a change of import:
@@ -54,6 +55,7 @@ def main() -> int:
     parser.add_argument("--commit-every", type=int, default=4, help="Steps between commits.")
     parser.add_argument("--step-delay", type=float, default=0.0, help="Extra seconds per step (to watch changes happen).")
     parser.add_argument("--log-dir", default=os.environ.get("TRAIN_LOG_DIR"))
+    parser.add_argument("--per-parameter-allreduce", action="store_true", help="Average gradients with one allreduce_ per parameter (the older idiom) instead of DistributedOptimizer.")
     args = parser.parse_args()
 
     x, y = make_data(args.samples)
@@ -68,6 +70,8 @@ def main() -> int:
 
     elastic.init()
     log = EventLog(args.log_dir)
+    if not args.per_parameter_allreduce:
+        optimizer = elastic.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     def rescale_lr() -> None:
         for group in optimizer.param_groups:
@@ -87,8 +91,9 @@ def main() -> int:
                 optimizer.zero_grad()
                 loss = loss_fn(model(xb), yb)
                 loss.backward()
-                for p in model.parameters():
-                    elastic.allreduce_(p.grad, op="mean")
+                if args.per_parameter_allreduce:
+                    for p in model.parameters():
+                        elastic.allreduce_(p.grad, op="mean")
                 optimizer.step()
                 indices = sampler.record_batch(batch_idx, args.batch_size)
                 state.step += 1

@@ -12,7 +12,8 @@ It talks only to its host's agent; collectives run on torch.distributed over the
 round's process group (gloo on CPU, NCCL for CUDA tensors), through an
 abortable core, so a dead peer raises WorkerInternalError (HorovodInternalError)
 instead of hanging. The names below are Horovod's torch API; `elastic.*` names
-(`run`, `TorchState`, ...) are also here at the top level.
+(`run`, `TorchState`, ...) are also here at the top level. Importing it in a
+worker binds the process to the GPU of its local rank (libworker.devices).
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ from libworker.mpi_ops import (
     sparse_allreduce_async,
     synchronize,
 )
+from libworker.devices import bind_device
 from libworker.optimizer import DistributedOptimizer
 from libworker.sync_batch_norm import SyncBatchNorm
+
+bind_device()
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -2,12 +2,14 @@
 
 Two gradients a and b combine as `(1 - a·b / 2|a|²) a + (1 - a·b / 2|b|²) b`:
 their sum when they are orthogonal, their average when they are equal. Ranks
-combine pairwise in a binary tree, as in Horovod: ranks at distance 1 first
-((0,1), (2,3), ...), then the pairs at distance 2, and so on, so the number of
-ranks must be a power of two. At each level a rank exchanges its whole
-buffer with its partner and both compute the same combination (the lower
-rank's part as `a`), so every rank ends with identical bits. Coefficients are
-computed per tensor, never over the fused buffer, in float64.
+combine pairwise in a binary tree, as in Horovod's recursive halving: ranks at
+distance 1 first ((0,1), (2,3), ...), then the pairs at distance 2, and so on,
+so the number of ranks must be a power of two. The vectors travel in one
+allgather (gloo's point-to-point work cannot be waited for abortably) and
+every rank computes the same tree in the same order, so every rank ends with
+identical bits; Horovod's halving moves less data, which matters beyond a few
+ranks. Coefficients are computed per tensor, never over the fused buffer, in
+float64.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from libworker.collectives import finish, launch, waits_on_stream
+from libworker.collectives import run_collective, waits_on_stream
 
 TINY_NORM = 1e-8
 
@@ -34,25 +36,28 @@ def combine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a * a_coeff + b * b_coeff
 
 
+def combine_tree(vectors: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+    """Every rank's vector combined pairwise, neighbours first ((0,1), (2,3), ...), then the pairs' results."""
+    level = vectors
+    while len(level) > 1:
+        level = [
+            torch.cat([combine(a, b) for a, b in zip(low.split(sizes), high.split(sizes))])
+            for low, high in zip(level[0::2], level[1::2])
+        ]
+    return level[0]
+
+
 def adasum_(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Replace each tensor by the Adasum of its values on every rank (in place); returns the tensors."""
-    size, rank = dist.get_world_size(), dist.get_rank()
+    size = dist.get_world_size()
     check_world_size(size)
     if size == 1 or not tensors:
         return tensors
     mine = torch.cat([t.detach().reshape(-1) for t in tensors])
-    theirs = torch.empty_like(mine)
+    everyone = [torch.empty_like(mine) for _ in range(size)]
+    run_collective(lambda: dist.all_gather(everyone, mine, async_op=True), waits_on_stream(mine))
     sizes = [t.numel() for t in tensors]
-    distance = 1
-    while distance < size:
-        partner = rank ^ distance
-        sending = launch(lambda: dist.isend(mine, partner))
-        receiving = launch(lambda: dist.irecv(theirs, partner))
-        finish(sending, waits_on_stream(mine))
-        finish(receiving, waits_on_stream(theirs))
-        low, high = (mine, theirs) if rank < partner else (theirs, mine)
-        mine = torch.cat([combine(a, b) for a, b in zip(low.split(sizes), high.split(sizes))]).to(theirs.dtype)
-        distance *= 2
-    for tensor, result in zip(tensors, mine.split(sizes)):
-        tensor.copy_(result.view_as(tensor))
+    result = combine_tree(everyone, sizes).to(mine.dtype)
+    for tensor, part in zip(tensors, result.split(sizes)):
+        tensor.copy_(part.view_as(tensor))
     return tensors

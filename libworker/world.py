@@ -35,6 +35,7 @@ import torch.distributed as dist
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.envelope import Message
+from libworker import devices
 from libworker.agent_link import AgentLink
 from libworker.errors import WorkerInternalError
 
@@ -200,7 +201,7 @@ def join() -> None:
     except (RuntimeError, dist.DistError, Unreachable, ServiceError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
-    world.backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    world.backend = devices.backend()
     try:
         dist.init_process_group(world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
     except (RuntimeError, dist.DistError) as exc:

@@ -1,0 +1,60 @@
+"""A Horovod elastic script, unchanged but for its import, runs on the real system and survives a kill -9 (issue 8)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+from tests.harness import Cluster, read_events, wait_for
+from tests.integration.training import JOB, worker_pid
+
+SCRIPT = [sys.executable, "examples/horovod_elastic.py"]
+
+
+def _sizes(log_dir: Path) -> list[int]:
+    sizes: list[int] = []
+    for event in read_events(log_dir):
+        if not sizes or sizes[-1] != event["size"]:
+            sizes.append(event["size"])
+    return sizes
+
+
+def test_horovod_script_trains_and_survives_kill_9_of_a_worker(cluster: Cluster, tmp_path: Path) -> None:
+    for host in ("host-1", "host-2"):
+        cluster.start_agent(host, 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *SCRIPT, "--epochs", "3", "--fp16-allreduce", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    wait_for(lambda: any(e["event"] == "commit" and e["size"] == 4 for e in read_events(log_dir)), 90, "commits at world size 4")
+    os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+    assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
+    output = cluster.output("agent-host-1")
+    assert "parameters identical on all 2 ranks: True" in output, output
+    assert _sizes(log_dir) == [4, 2]
+    losses = [float(v) for v in re.findall(r"Loss: ([0-9.]+)", output)]
+    assert len(losses) >= 3 and losses[-1] < losses[0], losses
+    epochs = sorted({e["epoch"] for e in read_events(log_dir) if e["event"] == "epoch"})
+    assert epochs == [1, 2, 3]
+
+
+def test_horovod_script_with_adasum_on_two_ranks(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    job = cluster.submit("--min-np", "2", "--", *SCRIPT, "--epochs", "2", "--use-adasum", "--samples", "512")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    output = cluster.output("agent-host-1")
+    assert "parameters identical on all 2 ranks: True" in output, output
+    losses = [float(v) for v in re.findall(r"Loss: ([0-9.]+)", output)]
+    assert len(losses) == 2 and losses[-1] < losses[0], losses
+
+
+def test_the_per_parameter_allreduce_idiom_still_trains(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "2", "--samples", "256", "--per-parameter-allreduce", "--log-dir", str(log_dir))
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    done = [e for e in read_events(log_dir) if e["event"] == "done"]
+    assert len(done) == 2 and all(e["identical"] for e in done)
+    losses = [e["loss"] for e in read_events(log_dir) if e["event"] == "epoch_end" and e["rank"] == 0]
+    assert len(losses) == 2 and losses[1] < losses[0], losses
