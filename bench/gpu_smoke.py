@@ -1,23 +1,31 @@
-"""GPU smoke run of the real system (issue 8, GPUs), for a host with CUDA.
+"""GPU smoke run of the real system (issue 8, GPUs), for a host with CUDA; with `--cpu`, what resets cost a surviving worker on any host.
 
-    python -m bench.gpu_smoke [--kills 3]
+    python -m bench.gpu_smoke [--kills 3] [--cpu]
 
 (a) shared GPU: two agents (host-1, host-2, one slot each, `--share-gpus`) put
     two ranks on the same GPU, so their CUDA tensors go through gloo;
     `bench/gpu_worker.py` trains a small CUDA model in Horovod's idiom. Each
     kill sends SIGKILL to host-2's worker mid-run and waits until the job is
     back at size 2 and stepping (host-2 returns after a 1 s blacklist
-    cooldown). Every rank logs CUDA memory, threads and open fds at each round
-    entry; growth is measured on host-1's rank, which lives through every
-    reset, from its first entry after a reset (momentum buffers and gradients
-    exist by then) to its last.
+    cooldown). Every rank logs CUDA memory, resident memory (RSS), threads and
+    open fds at each round entry; growth is measured on host-1's rank, which
+    lives through every reset, from its first entry after a reset (momentum
+    buffers and gradients exist by then) to its last.
 (b) NCCL: one rank on one GPU trains to the end on the NCCL backend.
 
 `ok` says both ran as they should (jobs succeeded, every kill recovered, the
 expected backends); `recovery_s` is the median from a kill to the first step
 back at size 2; the growth numbers say whether resets give back what they
-held. Without CUDA it prints `GPU_SMOKE skipped: no CUDA` and exits 0. Every
-process started here is stopped on the way out, whatever happens.
+held. The last line is `GPU_SMOKE ok=...`. Without CUDA it prints
+`GPU_SMOKE skipped: no CUDA` and exits 0.
+
+With `--cpu` the GPUs are hidden (`CUDA_VISIBLE_DEVICES` empty) and (a) runs
+with the workers training on the CPU (`--device cpu`, backend gloo, CUDA
+memory logged as 0); (b) is skipped. The last line is
+`RESET_RESOURCES device=cpu kills=N recovery_s=... fds_growth=...
+threads_growth=... rss_growth_bytes=... ok=...`.
+
+Every process started here is stopped on the way out, whatever happens.
 """
 
 from __future__ import annotations
@@ -40,8 +48,8 @@ from tests.harness import Cluster, read_events, wait_for
 
 WORKER = [sys.executable, "bench/gpu_worker.py"]
 COOLDOWN = "1"
-SHARED_BACKEND, NCCL_BACKEND = "cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl"
-RESOURCES = ("memory_allocated", "memory_reserved", "device_used", "threads", "fds")
+CPU_BACKEND, SHARED_BACKEND, NCCL_BACKEND = "gloo", "cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl"
+RESOURCES = ("memory_allocated", "memory_reserved", "device_used", "rss", "threads", "fds")
 
 
 def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -69,15 +77,19 @@ def steps_at_size_2(log_dir: Path, job: subprocess.Popen[bytes], after: float, r
     return matching()
 
 
-def shared_gpu(device: str, kills: int) -> dict[str, Any]:
-    """Scenario (a); returns the recovery times and the entries of the rank that lived through every reset."""
-    with cluster({"CUDA_VISIBLE_DEVICES": device}) as c:
+def resets(gpu: str | None, kills: int) -> dict[str, Any]:
+    """Scenario (a) on GPU `gpu`, or on the CPU when None; returns the recovery times and the entries of the rank that lived through every reset."""
+    if gpu is None:
+        visible, agent_args, device, backend, where = "", [], "cpu", CPU_BACKEND, "CPU"
+    else:
+        visible, agent_args, device, backend, where = gpu, ["--share-gpus"], "cuda", SHARED_BACKEND, f"shared GPU {gpu}"
+    with cluster({"CUDA_VISIBLE_DEVICES": visible}) as c:
         try:
-            c.start_agent("host-1", 1, ["--share-gpus"])
-            c.start_agent("host-2", 1, ["--share-gpus"])
+            c.start_agent("host-1", 1, agent_args)
+            c.start_agent("host-2", 1, agent_args)
             log_dir, stop = c.workdir / "train", c.workdir / "stop"
-            print(f"(a) shared GPU {device}: 2 ranks, logs in {log_dir}")
-            job = c.submit("--min-np", "2", "--blacklist-cooldown", COOLDOWN, COOLDOWN, "--", *WORKER, "--steps", "1000000", "--log-dir", str(log_dir), "--stop-file", str(stop))
+            print(f"(a) {where}: 2 ranks, logs in {log_dir}")
+            job = c.submit("--min-np", "2", "--blacklist-cooldown", COOLDOWN, COOLDOWN, "--", *WORKER, "--device", device, "--steps", "1000000", "--log-dir", str(log_dir), "--stop-file", str(stop))
             steps_at_size_2(log_dir, job, 0.0, 0, 20)
             recoveries = []
             for kill in range(1, kills + 1):
@@ -94,7 +106,7 @@ def shared_gpu(device: str, kills: int) -> dict[str, Any]:
             entries = events(log_dir, "enter")
             survivor_pid = next((e["pid"] for e in entries if e["host"] == "host-1"), None)
             survivor = [e for e in entries if e["pid"] == survivor_pid]
-            return {"ok": code == 0 and len(survivor) > kills and {e["backend"] for e in entries} == {SHARED_BACKEND}, "recoveries": recoveries, "survivor": survivor, "entries": entries}
+            return {"ok": code == 0 and len(survivor) > kills and {e["backend"] for e in entries} == {backend}, "recoveries": recoveries, "survivor": survivor, "entries": entries}
         except (AssertionError, OSError) as exc:
             print(f"  failed: {exc}\n{c.dump_logs()}")
             return {"ok": False, "recoveries": [], "survivor": [], "entries": []}
@@ -107,7 +119,7 @@ def nccl(device: str, steps: int) -> bool:
             c.start_agent("host-1", 1)
             log_dir = c.workdir / "train"
             print(f"(b) NCCL on GPU {device}: 1 rank, logs in {log_dir}")
-            job = c.submit("--", *WORKER, "--steps", str(steps), "--log-dir", str(log_dir))
+            job = c.submit("--", *WORKER, "--device", "cuda", "--steps", str(steps), "--log-dir", str(log_dir))
             code = c.wait_job_end(job, 300)
             backends = {e["backend"] for e in events(log_dir, "enter")}
             done = events(log_dir, "done")
@@ -127,16 +139,17 @@ def growth(survivor: list[dict[str, Any]]) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kills", type=int, default=3, help="Workers killed in the shared-GPU run.")
+    parser.add_argument("--kills", type=int, default=3, help="Workers killed in scenario (a).")
     parser.add_argument("--nccl-steps", type=int, default=100)
+    parser.add_argument("--cpu", action="store_true", help="Train on the CPU and skip the NCCL run.")
     args = parser.parse_args()
     if args.kills < 2:
         parser.error("--kills must be at least 2: growth is measured from the first entry after a reset to the last")
-    if not torch.cuda.is_available():
+    if not args.cpu and not torch.cuda.is_available():
         print("GPU_SMOKE skipped: no CUDA")
         return
-    device = (gpu_devices() or ["0"])[0]
-    shared = shared_gpu(device, args.kills)
+    gpu = None if args.cpu else (gpu_devices() or ["0"])[0]
+    shared = resets(gpu, args.kills)
     print("  round entries of host-1's rank (it lives through every reset):")
     for e in shared["survivor"]:
         print(f"    round {e['round']:>3} size {e['size']} step {e['batch']:>5}  " + "  ".join(f"{key} {e[key]}" for key in RESOURCES))
@@ -145,13 +158,14 @@ def main() -> None:
         print(f"    host-2 pid {pid} first entry (round {first['round']}): " + "  ".join(f"{key} {first[key]}" for key in RESOURCES))
     changed = growth(shared["survivor"])
     print("  growth over resets: " + ("  ".join(f"{key} {value:+d}" for key, value in changed.items()) or "not measured (fewer than 3 entries)"))
-    nccl_ok = nccl(device, args.nccl_steps)
     recovery = statistics.median(shared["recoveries"]) if shared["recoveries"] else float("nan")
-    ok = shared["ok"] and nccl_ok and bool(changed)
-    print(
-        f"GPU_SMOKE ok={ok} recovery_s={recovery:.2f} mem_growth_bytes={changed.get('memory_allocated', 'nan')} "
-        f"fds_growth={changed.get('fds', 'nan')} threads_growth={changed.get('threads', 'nan')}"
-    )
+    growths = f"fds_growth={changed.get('fds', 'nan')} threads_growth={changed.get('threads', 'nan')} rss_growth_bytes={changed.get('rss', 'nan')}"
+    if gpu is None:
+        ok = shared["ok"] and bool(changed)
+        print(f"RESET_RESOURCES device=cpu kills={args.kills} recovery_s={recovery:.2f} {growths} ok={ok}")
+    else:
+        ok = nccl(gpu, args.nccl_steps) and shared["ok"] and bool(changed)
+        print(f"GPU_SMOKE ok={ok} recovery_s={recovery:.2f} mem_growth_bytes={changed.get('memory_allocated', 'nan')} {growths}")
     sys.exit(0 if ok else 1)
 
 

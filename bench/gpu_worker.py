@@ -1,13 +1,15 @@
-"""The worker of bench/gpu_smoke.py: a small CUDA model trained with libworker in Horovod's elastic idiom.
+"""The worker of bench/gpu_smoke.py: a small model trained with libworker in Horovod's elastic idiom.
 
-    python bench/gpu_worker.py --log-dir DIR [--steps N] [--stop-file PATH]
+    python bench/gpu_worker.py --log-dir DIR [--device cpu|cuda] [--steps N] [--stop-file PATH]
 
+It trains on `--device`: by default `cuda` when CUDA is available, else `cpu`.
 It never calls `torch.cuda.set_device`: libworker binds each worker to its GPU
 (shared round robin under `--share-gpus`). JSON lines in `--log-dir`, one file
-per process: `enter` at each round entry (backend, device, CUDA memory,
-threads, open fds), `step` after each step, `done` at the end. It stops after
-`--steps`, or at the first commit where rank 0 sees `--stop-file` (the
-decision is broadcast, so every rank stops at the same step).
+per process: `enter` at each round entry (backend, device, CUDA memory, 0 on
+the CPU, resident memory in bytes, threads, open fds), `step` after each step,
+`done` at the end. It stops after `--steps`, or at the first commit where
+rank 0 sees `--stop-file` (the decision is broadcast, so every rank stops at
+the same step).
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import libworker as hvd
 FEATURES = 64
 
 
-def resources() -> dict[str, int]:
-    """What a reset must give back: this process's CUDA memory, the GPU's used memory, threads and open fds."""
-    free, total = torch.cuda.mem_get_info()
+def resources(device: str) -> dict[str, int]:
+    """What a reset must give back: this process's CUDA memory and the GPU's used memory (0 on the CPU), its resident memory in bytes, threads and open fds."""
+    on_gpu = device == "cuda"
+    free, total = torch.cuda.mem_get_info() if on_gpu else (0, 0)
     return {
-        "memory_allocated": torch.cuda.memory_allocated(),
-        "memory_reserved": torch.cuda.memory_reserved(),
+        "memory_allocated": torch.cuda.memory_allocated() if on_gpu else 0,
+        "memory_reserved": torch.cuda.memory_reserved() if on_gpu else 0,
         "device_used": total - free,
+        "rss": int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"),
         "threads": len(os.listdir("/proc/self/task")),
         "fds": len(os.listdir("/proc/self/fd")),
     }
@@ -43,6 +47,7 @@ def resources() -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--stop-file", default=None)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -52,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
 
     hvd.init()
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).cuda()
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, batch=0)
@@ -72,10 +77,10 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state: Any) -> None:
-        write("enter", batch=state.batch, backend=str(dist.get_backend()), device=torch.cuda.current_device(), **resources())
+        write("enter", batch=state.batch, backend=str(dist.get_backend()), device=torch.cuda.current_device() if args.device == "cuda" else "cpu", **resources(args.device))
         while state.batch < args.steps:
-            generator = torch.Generator(device="cuda").manual_seed(state.batch * 1000 + hvd.rank())
-            x = torch.randn(args.batch_size, FEATURES, device="cuda", generator=generator)
+            generator = torch.Generator(device=args.device).manual_seed(state.batch * 1000 + hvd.rank())
+            x = torch.randn(args.batch_size, FEATURES, device=args.device, generator=generator)
             optimizer.zero_grad()
             loss = F.mse_loss(model(x), x.sum(dim=1, keepdim=True))
             loss.backward()
