@@ -55,7 +55,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     }
     scalars = broadcast_object(scalars, root_rank)
     broadcast_parameters([tensors[key] for key in sorted(tensors, key=str)], root_rank)
-    for group, options in zip(optimizer.param_groups, scalars["groups"]):
+    for group, options in zip(state["param_groups"], scalars["groups"]):
         group.update(options)
     for pid, entry in scalars["state"].items():
         state["state"].setdefault(pid, {}).update(entry)

@@ -205,13 +205,17 @@ def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None
 
 def _grouped_async_(tensors: list[torch.Tensor], average: Any, op: Any, prescale_factor: float, postscale_factor: float,
                     process_set: ProcessSet) -> int:
-    """One fused buffer per dtype and device, reduced as one operation; results copied back into `tensors`."""
+    """One fused buffer per dtype and device, reduced as one operation; results copied back into `tensors`.
+    Adasum takes the tensors as they are: its coefficients are per tensor."""
     check_process_set(process_set)
+    resolved = reduce_op(op, average)
+    if resolved == Adasum:
+        return _reduce_async_(tensors, resolved, prescale_factor, postscale_factor)
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     fused = {key: torch.cat([t.reshape(-1) for t in members]) for key, members in groups.items()}
-    handle = _reduce_async_(list(fused.values()), reduce_op(op, average), prescale_factor, postscale_factor)
+    handle = _reduce_async_(list(fused.values()), resolved, prescale_factor, postscale_factor)
     pending = _handles[handle]
     reduce_result = pending.result
 

@@ -16,7 +16,10 @@ round:
 - A hook on each parameter's gradient accumulation counts backward passes
   (`backward_passes_per_step`); when every gradient of a bucket is ready, they
   are copied into the buffer, compressed, pre-scaled, and the buffer's
-  allreduce starts while backward goes on.
+  allreduce starts while backward goes on. Buckets start strictly in layout
+  order on every rank (a ready bucket waits for the ones before it), since
+  collectives pair up in the order they are issued: a parameter that gets
+  no gradient on some ranks cannot make ranks reduce different buckets.
 - `synchronize()` (called by `step()` unless inside `skip_synchronize()`)
   starts the buckets whose gradients never came (as zeros, as Horovod), waits
   for all of them through the abortable core, decompresses, applies the
@@ -78,7 +81,6 @@ class Bucket:
     work: Any = None
     sent: torch.Tensor | None = None
     ctx: Any = None
-    launched: bool = False
     error: WorkerInternalError | None = None
     sizes: list[int] = field(default_factory=list)
 
@@ -90,7 +92,7 @@ class Bucket:
         return cls(params, buffer, views, sizes=sizes)
 
     def clear(self) -> None:
-        self.ready, self.work, self.sent, self.ctx, self.launched, self.error = 0, None, None, None, False, None
+        self.ready, self.work, self.sent, self.ctx, self.error = 0, None, None, None, None
 
 
 def layout_buckets(params: list[torch.Tensor], threshold: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[torch.Tensor]]:
@@ -176,6 +178,7 @@ class GradientReducer:
         self.buckets = [Bucket.of(group) for group in layout]
         self.delay = {p: backward_passes_per_step for p in params}
         self.touched = False
+        self.next_launch = 0
         self.hooks = []
         for bucket in self.buckets:
             for p in bucket.params:
@@ -191,8 +194,16 @@ class GradientReducer:
             if self.delay[p] == 0:
                 bucket.ready += 1
                 if bucket.ready == len(bucket.params) and self.op != Adasum:
-                    self._launch(bucket)
+                    self._launch_ready_in_order()
         return grad_ready
+
+    def _launch_ready_in_order(self) -> None:
+        while self.next_launch < len(self.buckets):
+            bucket = self.buckets[self.next_launch]
+            if bucket.ready < len(bucket.params):
+                return
+            self._launch(bucket)
+            self.next_launch += 1
 
     def _gradients(self, bucket: Bucket) -> list[torch.Tensor]:
         grads = []
@@ -207,7 +218,6 @@ class GradientReducer:
         return grads
 
     def _launch(self, bucket: Bucket) -> None:
-        bucket.launched = True
         torch._foreach_copy_(bucket.views, self._gradients(bucket))
         if dist.get_world_size() == 1:
             return
@@ -223,9 +233,9 @@ class GradientReducer:
     def synchronize(self) -> None:
         """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
         try:
-            for bucket in self.buckets:
-                if not bucket.launched:
-                    self._launch(bucket)
+            for bucket in self.buckets[self.next_launch :]:
+                self._launch(bucket)
+            self.next_launch = len(self.buckets)
             size = dist.get_world_size()
             for bucket in self.buckets:
                 if bucket.error is not None:
@@ -247,6 +257,7 @@ class GradientReducer:
         for p in self.delay:
             self.delay[p] = self.backward_passes_per_step
         self.touched = False
+        self.next_launch = 0
 
 
 class _DistributedOptimizer:
