@@ -1,0 +1,61 @@
+"""Overhead of libworker's allreduce_ over raw torch.distributed.all_reduce on the same process group.
+
+    python -m bench.collective_overhead [--rounds 15] [--budget 0.15]
+
+One job of 2 ranks on one host, started through the real system (services,
+agent, `elasticctl run`); each rank runs `bench/collective_worker.py`, which
+times `hvd.allreduce_(t, op=hvd.Sum)`, `hvd.allreduce_(t, op="sum")` and
+`torch.distributed.all_reduce(t)` on float32 tensors from 4 B to 64 MB,
+interleaved in rotating rounds, medians of the time per call. The ratio is
+raw time / ours (1.0: no overhead; the goal is >= 0.95 from 64 KB up). The
+last line is `COLLECTIVE_OVERHEAD min_ratio_from_64KB=...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bench.common import cluster
+
+RANKS = 2
+FROM = 64 << 10
+
+
+def human(size: int) -> str:
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if size >= scale:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--budget", type=float, default=0.15, help="Seconds per timed block of calls.")
+    args = parser.parse_args()
+    with cluster() as c:
+        c.start_agent("host-1", slots=RANKS)
+        out = c.workdir / "collective.json"
+        job = c.submit("--min-np", str(RANKS), "--max-np", str(RANKS), "--", sys.executable, "bench/collective_worker.py", "--out", str(out), "--rounds", str(args.rounds), "--budget", str(args.budget))
+        if c.wait_job_end(job, 600) != 0:
+            sys.exit(f"the benchmark job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
+        results = {name: {int(size): seconds for size, seconds in by_size.items()} for name, by_size in json.loads(out.read_text())["results"].items()}
+    raw = results.pop("raw")
+    print(f"allreduce (sum, float32), {RANKS} ranks on one host, gloo over loopback; median time per call; ratio = raw / ours")
+    print(f"{'size':>7} {'raw us':>10} " + " ".join(f"{name + ' us':>16} {'ratio':>6}" for name in results))
+    ratios_from = []
+    for size, raw_seconds in raw.items():
+        cells = []
+        for by_size in results.values():
+            ratio = raw_seconds / by_size[size]
+            cells.append(f"{by_size[size] * 1e6:16.1f} {ratio:6.3f}")
+            if size >= FROM:
+                ratios_from.append(ratio)
+        print(f"{human(size):>7} {raw_seconds * 1e6:10.1f} " + " ".join(cells))
+    print(f"COLLECTIVE_OVERHEAD min_ratio_from_64KB={min(ratios_from):.3f}")
+
+
+if __name__ == "__main__":
+    main()
