@@ -75,7 +75,7 @@ def test_drain_leaves_at_a_commit_without_rollback_and_undrain_brings_it_back(cl
 def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluster, tmp_path: Path) -> None:
     cluster.start_agent("host-1", 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.03", "--log-dir", str(log_dir))
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "6", "--step-delay", "0.03", "--log-dir", str(log_dir))
     wait_for_size(log_dir, 2)
     cluster.start_agent("host-3", 2)
     wait_for_size(log_dir, 4)
