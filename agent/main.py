@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from agent.agent import AgentService
-from agent.gpus import check_slots, default_slots, gpu_devices
+from bus.gpus import check_slots, default_slots, gpu_devices
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError

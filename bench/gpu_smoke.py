@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from agent.gpus import gpu_devices
+from bus.gpus import gpu_devices
 from bench.common import cluster
 from tests.harness import Cluster, read_events, wait_for
 

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import click
 
-from agent.gpus import gpu_devices
+from bus.gpus import gpu_devices
 from bus.config import Endpoints
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
