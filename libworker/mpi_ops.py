@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -99,7 +99,6 @@ class _Pending:
     result: Callable[[], Any]
     round: int
     on_stream: bool = False
-    finished: bool = field(default=False)
 
 
 _handles: dict[int, _Pending] = {}

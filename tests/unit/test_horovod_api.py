@@ -4,8 +4,6 @@ bucket layout, on a one-rank world."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
@@ -37,17 +35,6 @@ MODULE_PATHS = {
     "libworker.elastic.sampler": ["ElasticSampler"],
     "libworker.sync_batch_norm": ["SyncBatchNorm"],
 }
-
-
-@pytest.fixture
-def one_rank_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(world, "slot", {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "cross_rank": 0, "cross_size": 1, "round": 1, "hosts_timestamp": 0.0, "hostname": "h"})
-    monkeypatch.setattr(world, "round", 1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_every_public_name_of_horovod_torch_is_here() -> None:
