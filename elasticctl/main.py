@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from bus.config import Endpoints
+from bus.config import ConfigError, Endpoints, unresolved_hosts
 from bus.sockets import SecurityError, generate_keys
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
@@ -29,6 +30,8 @@ def job_options(fn: Any) -> Any:
             click.option("--discovery-script", type=click.Path(exists=True, dir_okay=False, resolve_path=True), default=None, help="Prints 'host' or 'host:slots' lines."),
             click.option("--blacklist-cooldown", type=(float, float), default=(60.0, 600.0), show_default=True, metavar="MIN MAX", help="Blacklisted hosts return after a cooldown in this range (exponential backoff)."),
             click.option("--hung-timeout", type=float, default=120.0, show_default=True, help="Seconds after a round's first report before silent workers count as hung."),
+            click.option("--max-restarts", type=int, default=3, show_default=True, help="Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists its host (0: Horovod's rule, the first crash does)."),
+            click.option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds over which a slot's crashes count toward --max-restarts."),
             click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
             click.argument("command", nargs=-1, required=True),
         ]
@@ -49,6 +52,10 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
     low, high = options["blacklist_cooldown"]
     if low < 0 or high < low:
         raise CommandError(f"--blacklist-cooldown MIN MAX needs 0 <= MIN <= MAX (got {low:g} {high:g})", 2)
+    if options["max_restarts"] < 0:
+        raise CommandError(f"--max-restarts must be at least 0 (got {options['max_restarts']})", 2)
+    if options["restart_window"] <= 0:
+        raise CommandError(f"--restart-window must be a positive number of seconds (got {options['restart_window']:g})", 2)
     env = {}
     for pair in options["env_pairs"]:
         key, sep, value = pair.partition("=")
@@ -64,12 +71,20 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         "discovery_script": options["discovery_script"],
         "cooldown": [low, high],
         "hung_timeout": options["hung_timeout"],
+        "max_restarts": options["max_restarts"],
+        "restart_window": options["restart_window"],
         "env": env,
     }
 
 
 def _plane(control: str | None, keys: Path | None) -> ControlPlane:
-    return ControlPlane(Endpoints.from_env(control), keys)
+    """Clients of the control plane; a bad endpoint (ConfigError) or a host that does not resolve ends the command."""
+    from_env = click.get_current_context().get_parameter_source("control") is ParameterSource.ENVIRONMENT
+    endpoints = Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control")
+    unresolved = unresolved_hosts(endpoints.values())
+    if unresolved:
+        raise CommandError(f"cannot reach the control plane: {', '.join(unresolved)} does not resolve")
+    return ControlPlane(endpoints, keys)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -162,6 +177,9 @@ def main() -> None:
     except (click.Abort, KeyboardInterrupt):
         click.echo("elasticctl: interrupted", err=True)
         sys.exit(130)
+    except ConfigError as exc:
+        click.echo(f"elasticctl: {exc}", err=True)
+        sys.exit(2)
     except (SecurityError, OSError) as exc:
         click.echo(f"elasticctl: {exc}", err=True)
         sys.exit(1)

@@ -6,15 +6,23 @@ not draining, not blacklisted, and, if a discovery script is configured, the
 script lists it (slots: the smaller of the script's and the agent's). The
 assignment order is the order in which hosts became available: surviving hosts
 keep their place, a host that returns goes last, so rank 0 stays on the oldest.
+
+A host's slots are numbered 0..slots-1 (its local ranks, its GPUs). The agent
+reports the slots it has taken *down*: their worker crashed and its
+replacement is not ready yet. An available host offers the ids of its other
+slots, so the job re-forms without a crashed slot and gets it back, at the
+same local rank, once its replacement waits in `init()`.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+SlotIds = tuple[int, ...]
 ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = "active", "lost", "draining", "blacklisted", "unlisted", "warming"
 
 
@@ -30,6 +38,8 @@ class HostRecord:
     blacklisted_until: float | None = None
     blacklist_reason: str = ""
     warm: bool = True
+    down: frozenset[int] = field(default_factory=frozenset)
+    down_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,12 +63,24 @@ class HostSet:
         self._rng = rng or random.Random()
 
     # -- agents --------------------------------------------------------------------------------
-    def register(self, name: str, slots: int, incarnation: str, now: float, warm: bool = True) -> None:
+    def register(self, name: str, slots: int, incarnation: str, now: float, warm: bool = True, down: Sequence[int] = (), down_version: int = 0) -> None:
         record = self.hosts.get(name)
         if record is None:
-            self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm)
+            self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version)
             return
+        if record.incarnation != incarnation:
+            record.down_version = -1
         record.slots, record.incarnation, record.last_seen, record.lost_at, record.warm = slots, incarnation, now, None, warm
+        self.set_down(name, incarnation, down, down_version)
+
+    def set_down(self, name: str, incarnation: str, down: Sequence[int], version: int) -> str:
+        """The agent's slots that are down; a report older than the newest one applied (a resend) is ignored."""
+        record = self.hosts.get(name)
+        if record is None or record.incarnation != incarnation:
+            return "unknown"
+        if version >= record.down_version:
+            record.down, record.down_version = frozenset(down), version
+        return "lost" if record.lost_at is not None else "ok"
 
     def heartbeat(self, name: str, incarnation: str, now: float, warm: bool = True) -> str:
         """'ok', or 'unknown' (register again), or 'lost' (stop your workers, then register again)."""
@@ -135,9 +157,12 @@ class HostSet:
         listed = self.script_hosts.get(record.name) if self.script_hosts is not None else None
         return record.slots if listed is None else min(listed, record.slots)
 
-    def available(self) -> list[tuple[str, int]]:
-        """Available hosts with their slots, in assignment order; updates the order."""
-        ready = {r.name: self._slots(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._slots(r) > 0}
+    def _usable(self, record: HostRecord) -> SlotIds:
+        return tuple(i for i in range(self._slots(record)) if i not in record.down)
+
+    def available(self) -> list[tuple[str, SlotIds]]:
+        """Available hosts with the ids of their usable slots, in assignment order; updates the order."""
+        ready = {r.name: self._usable(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._usable(r)}
         self.order = [name for name in self.order if name in ready] + [name for name in ready if name not in self.order]
         return [(name, ready[name]) for name in self.order]
 
@@ -149,6 +174,7 @@ class HostSet:
                 {
                     "host": record.name,
                     "slots": self._slots(record),
+                    "down": sorted(record.down),
                     "state": self.state(record),
                     "draining": record.draining,
                     "lost_for": None if record.lost_at is None else round(now - record.lost_at, 3),
@@ -163,27 +189,34 @@ class HostSet:
         return rows
 
 
-def effective(hosts: list[tuple[str, int]], max_np: int | None) -> list[tuple[str, int]]:
+def slot_ids(slots: int | Sequence[int]) -> SlotIds:
+    """A host's usable slots as ids: a count n means all of 0..n-1."""
+    return tuple(range(slots)) if isinstance(slots, int) else tuple(slots)
+
+
+def effective(hosts: Sequence[tuple[str, int | Sequence[int]]], max_np: int | None) -> list[tuple[str, SlotIds]]:
     """The slots an assignment would use: hosts filled in order up to max_np; hosts that get nothing are left out."""
-    used, left = [], max_np if max_np is not None else float("inf")
+    used: list[tuple[str, SlotIds]] = []
+    left = max_np if max_np is not None else float("inf")
     for name, slots in hosts:
         if left <= 0:
             break
-        take = int(min(slots, left))
-        if take > 0:
+        take = slot_ids(slots)[: int(min(len(slot_ids(slots)), left))]
+        if take:
             used.append((name, take))
-            left -= take
+            left -= len(take)
     return used
 
 
-def compare(before: list[tuple[str, int]], after: list[tuple[str, int]]) -> HostsChange | None:
-    """Horovod's check_update: a host gone or with fewer slots is a removal, a new one or more slots an addition."""
-    old, new = dict(before), dict(after)
-    added = any(name not in old or new[name] > old[name] for name in new)
-    removed = any(name not in new or new[name] < old[name] for name in old)
-    if not added and not removed and before == after:
+def compare(before: Sequence[tuple[str, int | Sequence[int]]], after: Sequence[tuple[str, int | Sequence[int]]]) -> HostsChange | None:
+    """Horovod's check_update, per slot: a host or slot gone is a removal, a new host or slot an addition."""
+    old = {name: set(slot_ids(slots)) for name, slots in before}
+    new = {name: set(slot_ids(slots)) for name, slots in after}
+    added = any(new[name] - old.get(name, set()) for name in new)
+    removed = any(old[name] - new.get(name, set()) for name in old)
+    if not added and not removed and list(old) == list(new):
         return None
-    return HostsChange(added=added, removed=removed or (not added and before != after))
+    return HostsChange(added=added, removed=removed or (not added and list(old) != list(new)))
 
 
 def parse_script_output(text: str) -> dict[str, int | None]:

@@ -1,10 +1,11 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
 Messages:
-  register {host, slots, incarnation, warm}   an agent (re)starts; warm=False while its workers start
+  register {host, slots, incarnation, warm, down, down_version}   an agent (re)starts; warm=False while its workers start
   heartbeat {host, incarnation, warm}      -> {status: ok | unknown | lost}
+  slots {host, incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet
   unregister {host, incarnation}           an agent leaves cleanly
-  hosts                                    -> {timestamp, available: [[name, slots]], all: [...], lost: [names]}
+  hosts                                    -> {timestamp, available: [[name, [slot ids]]], all: [...], lost: [names]}
   drain {host} / undrain {host}            operator
   blacklist {host, reason}                 registry, after a failure on the host
   configure {discovery_script, max_np, cooldown}   registry, when a job is submitted
@@ -52,10 +53,28 @@ class DiscoveryService(Service):
         host, slots = field(request.body, "host", str), field(request.body, "slots", int)
         if slots < 1:
             raise RequestError("bad_request", "slots must be at least 1")
-        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
-        self.log.info("host_registered", host=host, slots=slots)
+        down, version = self._down(request) if "down" in request.body else ((), 0)
+        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request), down=down, down_version=version)
+        self.log.info("host_registered", host=host, slots=slots, down=list(down))
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
+
+    @handles("slots")
+    def on_slots(self, request: Request) -> dict[str, Any]:
+        host = field(request.body, "host", str)
+        down, version = self._down(request)
+        status = self.hostset.set_down(host, field(request.body, "incarnation", str), down, version)
+        if status == "ok":
+            self.log.info("slots_down" if down else "slots_up", host=host, down=list(down))
+            self._changed()
+        return {"status": status}
+
+    @staticmethod
+    def _down(request: Request) -> tuple[list[int], int]:
+        down = request.body.get("down")
+        if not isinstance(down, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in down):
+            raise RequestError("bad_request", "field 'down' must be a list of slot numbers")
+        return down, field(request.body, "down_version", int)
 
     @handles("heartbeat")
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
@@ -106,7 +125,7 @@ class DiscoveryService(Service):
         available = self.hostset.available()
         return {
             "timestamp": self.timestamp,
-            "available": [[name, slots] for name, slots in available],
+            "available": [[name, list(slots)] for name, slots in available],
             "all": self.hostset.describe(self.clock()),
             "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
         }
@@ -202,7 +221,7 @@ class DiscoveryService(Service):
             return
         self.timestamp = max(time.time(), self.timestamp + 1e-6)
         self.published = now_used
-        event = {"timestamp": self.timestamp, "added": change.added, "removed": change.removed, "hosts": [list(h) for h in now_used]}
+        event = {"timestamp": self.timestamp, "added": change.added, "removed": change.removed, "hosts": [[name, list(slots)] for name, slots in now_used]}
         self.log.info("hosts_updated", added=change.added, removed=change.removed, hosts=event["hosts"])
         try:
             self.notifier.request("publish", {"event": "hosts_updated", "data": event})

@@ -4,6 +4,10 @@ Each slot of a round ends as READY (its worker re-joined for the next round),
 SUCCESS (exit 0) or FAILURE (non-zero exit, lost host, hung). Then: any SUCCESS
 ends the job successfully; all FAILURE ends it with "all hosts failed"; hosts
 with a failure are blacklisted; the reset limit ends it; otherwise a new round.
+
+One departure from Horovod: a worker that crashed under a live agent which
+restarts its slot in place (`host_stays`) does not get its host blacklisted;
+the agent's restart policy decides when a crashing slot costs its host.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class SlotReport:
     exit_code: int | None = None
     reason: str = ""
     failed_order: int = 0
+    host_stays: bool = False
 
     def describe(self, slot: Slot) -> str:
         return f"rank {self.rank} on {slot[0]} {self.reason}"
@@ -52,4 +57,4 @@ def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None
     if reset_limit is not None and resets >= reset_limit:
         why = f" (last: {details})" if details else ""
         return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=first_code if first_code > 0 else 1)
-    return Decision("resume", details, blacklist=sorted({slot[0] for slot in failures}))
+    return Decision("resume", details, blacklist=sorted({slot[0] for slot, r in failures.items() if not r.host_stays}))

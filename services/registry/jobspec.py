@@ -26,6 +26,8 @@ class JobSpec:
     discovery_script: str | None = None
     cooldown: tuple[float, float] | None = (60.0, 600.0)
     hung_timeout: float = 120.0
+    max_restarts: int = 3
+    restart_window: float = 60.0
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -53,8 +55,11 @@ class JobSpec:
         reset_limit = raw.get("reset_limit")
         if reset_limit is not None and (not _is_int(reset_limit) or reset_limit < 0):
             raise bad("reset_limit must be an integer >= 0")
+        max_restarts = raw.get("max_restarts", cls.max_restarts)
+        if not _is_int(max_restarts) or max_restarts < 0:
+            raise bad("max_restarts must be an integer >= 0")
         numbers = {}
-        for name in ("elastic_timeout", "hung_timeout"):
+        for name in ("elastic_timeout", "hung_timeout", "restart_window"):
             value = raw.get(name, getattr(cls, name))
             if not _is_number(value) or value <= 0:
                 raise bad(f"{name} must be a positive number of seconds")
@@ -75,5 +80,5 @@ class JobSpec:
             raise bad("cwd must be a string")
         return cls(
             command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
-            cooldown=cooldown, cwd=cwd, env=env, **numbers,
+            cooldown=cooldown, max_restarts=max_restarts, cwd=cwd, env=env, **numbers,
         )

@@ -5,7 +5,9 @@ Messages:
   job                                 -> {state, round, size, resets, exit_code, reason}
   status                              -> job + every worker of the current round
   cancel {reason}                     stop the job (elasticctl run interrupted)
-  worker_exited {host, local_rank, pid, exit_code}   from agents
+  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up}   from agents: `restarting` means the
+                                      agent restarts the slot in place (the host stays); `gave_up` is the reason it
+                                      stopped restarting a crash-looping slot (the host is blacklisted)
 
 On every tick the driver reads the host set (discovery) and the rounds
 (rendezvous): it starts a round when enough slots exist, records READY /
@@ -111,15 +113,21 @@ class RegistryService(Service):
         body = request.body
         slot = (field(body, "host", str), field(body, "local_rank", int))
         pid, code = field(body, "pid", int), body.get("exit_code")
+        restarting, gave_up = body.get("restarting") is True, body.get("gave_up")
+        gave_up = gave_up if isinstance(gave_up, str) and gave_up else None
         report = self.reports.get(slot)
         if report is None or not self._belongs_to_round(report, pid):
             self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
+            if gave_up and self.state in (WAITING, RUNNING_JOB):
+                self._blacklist(slot[0], f"slot {slot[1]} {gave_up}")
             return {"recorded": False}
         report.pid, report.exit_code = pid, code
         if code == 0:
             report.state, report.reason = SUCCESS, "exited with code 0"
         else:
-            self._fail_slot(slot, f"exited with code {code}")
+            report.host_stays = restarting and not gave_up
+            why = f"; {gave_up}" if gave_up else "; restarting in place" if report.host_stays else ""
+            self._fail_slot(slot, f"exited with code {code}{why}")
         self._note_report()
         self.log.info("worker_exited", host=slot[0], local_rank=slot[1], rank=report.rank, pid=pid, exit_code=code, round=self.round)
         return {"recorded": True}
@@ -218,15 +226,18 @@ class RegistryService(Service):
             return
         for host in decision.blacklist:
             what = "; ".join(r.describe(slot) for slot, r in self.reports.items() if slot[0] == host and r.state == FAILURE)
-            try:
-                self.discovery.request("blacklist", {"host": host, "reason": f"round {self.round}: {what}"})
-            except (Unreachable, ServiceError) as exc:
-                self.log.warning("blacklist_failed", host=host, reason=str(exc))
+            self._blacklist(host, f"round {self.round}: {what}")
         self.log.info("round_reset", round=self.round, reason=decision.reason or "hosts changed")
         self.state = WAITING
         self.waiting_since = self.clock()
         if decision.blacklist:
             self._fail_if_all_blacklisted(decision.reason)
+
+    def _blacklist(self, host: str, reason: str) -> None:
+        try:
+            self.discovery.request("blacklist", {"host": host, "reason": reason})
+        except (Unreachable, ServiceError) as exc:
+            self.log.warning("blacklist_failed", host=host, reason=str(exc))
 
     def _fail_if_all_blacklisted(self, reason: str) -> None:
         try:
@@ -240,7 +251,7 @@ class RegistryService(Service):
     def _start_round(self, hosts: dict[str, Any]) -> None:
         assert self.spec is not None
         available = hosts.get("available", [])
-        total = sum(slots for _, slots in available)
+        total = sum(len(slots) if isinstance(slots, list) else slots for _, slots in available)
         if total < self.spec.min_np:
             waited = self.clock() - self.waiting_since
             if waited > self.spec.elastic_timeout:
@@ -281,7 +292,10 @@ class RegistryService(Service):
         self.log.info("round_started", round=self.round, size=reply["size"], resets=self.resets)
         self._publish(
             "round",
-            {"round": self.round, "slots": reply["slots"], "command": self.spec.command, "cwd": self.spec.cwd, "env": self.spec.env, "job": self.job_id},
+            {
+                "round": self.round, "slots": reply["slots"], "command": self.spec.command, "cwd": self.spec.cwd, "env": self.spec.env, "job": self.job_id,
+                "max_restarts": self.spec.max_restarts, "restart_window": self.spec.restart_window,
+            },
         )
 
     def _finish(self, state: str, reason: str, exit_code: int) -> None:

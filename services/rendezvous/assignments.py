@@ -3,11 +3,17 @@
 Hosts are filled in the order given (oldest first), one rank per slot, until
 `max_np` ranks are placed. `cross_rank` of a slot is its index among the slots
 with the same local rank on other hosts, `cross_size` the number of such slots.
+
+A host is given as its slot count n (slots 0..n-1, Horovod's case) or as the
+ids of its usable slots. A slot keeps its id as its local rank, so a worker
+keeps its GPU while a crashed neighbour on its host restarts; while such a
+hole exists a local rank may be >= local_size.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,17 +36,17 @@ class NotEnoughSlots(ValueError):
     """Fewer slots than min_np."""
 
 
-def get_host_assignments(hosts: list[tuple[str, int]], min_np: int, max_np: int | None = None) -> list[SlotInfo]:
-    """Assign ranks to the slots of `hosts` ([(hostname, slots)], in assignment order)."""
-    host_ranks: list[tuple[str, list[int]]] = []
+def get_host_assignments(hosts: Sequence[tuple[str, int | Sequence[int]]], min_np: int, max_np: int | None = None) -> list[SlotInfo]:
+    """Assign ranks to the slots of `hosts` ([(hostname, slots or slot ids)], in assignment order)."""
+    host_ranks: list[tuple[str, list[tuple[int, int]]]] = []
     cross_ranks: dict[int, dict[str, int]] = defaultdict(dict)
     rank = 0
     for hostname, slots in hosts:
         ranks = []
-        for local_rank in range(slots):
+        for local_rank in range(slots) if isinstance(slots, int) else slots:
             if rank == max_np:
                 break
-            ranks.append(rank)
+            ranks.append((local_rank, rank))
             rank += 1
             at_local = cross_ranks[local_rank]
             at_local[hostname] = len(at_local)
@@ -52,7 +58,7 @@ def get_host_assignments(hosts: list[tuple[str, int]], min_np: int, max_np: int 
 
     assignments = []
     for hostname, ranks in host_ranks:
-        for local_rank, rank in enumerate(ranks):
+        for local_rank, rank in ranks:
             at_local = cross_ranks[local_rank]
             assignments.append(
                 SlotInfo(

@@ -4,7 +4,10 @@ A join is `(host, local_rank)` asking for a round newer than `after_round`. It i
 answered when the latest round is newer, not yet released, and every slot of
 that round has a join parked: then all are released together with their
 SlotInfo. A join whose slot is not in the latest (newer) round is told it was
-removed. A released round admits no late joiner: it waits for the next round.
+removed, unless it comes from a process that was never in a round (a
+replacement or a warming host's worker, `after_round` 0): that one waits for a
+round that has its slot. A released round admits no late joiner: it waits for
+the next round.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class Rounds:
             return []
         answers: list[tuple[Any, dict[str, Any]]] = []
         for slot, join in list(self.parked.items()):
-            if join.after_round < current.number and slot not in current.slots:
+            if 0 < join.after_round < current.number and slot not in current.slots:
                 answers.append((join.ticket, {"removed": True, "round": current.number}))
                 del self.parked[slot]
         waiting = [s for s in current.slots if s in self.parked and self.parked[s].after_round < current.number]

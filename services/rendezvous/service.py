@@ -1,7 +1,7 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
 Messages:
-  new_round {hosts: [[name, slots]], min_np, max_np, hosts_timestamp} -> {round, size, slots}
+  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp} -> {round, size, slots}
   rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
   forget {host, local_rank, pid}                        drop the parked join of a worker that exited
   status -> {round, released, size, slots, parked}
@@ -23,14 +23,24 @@ from services.rendezvous.assignments import NotEnoughSlots, get_host_assignments
 from services.rendezvous.rounds import Join, Rounds
 
 
-def _parse_hosts(raw: Any) -> list[tuple[str, int]]:
+def _slots(value: Any) -> int | list[int] | None:
+    """A host's slots: a count, or the ids of its usable slots (distinct, non-negative); None if neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) and len(set(value)) == len(value):
+        return value
+    return None
+
+
+def _parse_hosts(raw: Any) -> list[tuple[str, int | list[int]]]:
     if not isinstance(raw, list):
         raise RequestError("bad_request", "hosts must be a list of [name, slots]")
-    hosts = []
+    hosts: list[tuple[str, int | list[int]]] = []
     for item in raw:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int) and item[1] >= 0):
-            raise RequestError("bad_request", f"bad host entry {item!r}: want [name, slots]")
-        hosts.append((item[0], item[1]))
+        slots = _slots(item[1]) if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) else None
+        if slots is None:
+            raise RequestError("bad_request", f"bad host entry {item!r}: want [name, slots] or [name, [slot ids]]")
+        hosts.append((item[0], slots))
     return hosts
 
 

@@ -182,3 +182,18 @@ def test_slot_info_to_dict_has_every_field():
         "local_size": 1,
         "cross_size": 1,
     }
+
+
+def test_slot_ids_keep_their_local_rank_across_a_hole():
+    """Slot 1 of host a is down (its worker crashed): slot 2 keeps local rank 2, ranks stay dense."""
+    assert rows(get_host_assignments([("a", [0, 2]), ("b", 3)], 1)) == [
+        ("a", 0, 0, 0, 5, 2, 2),
+        ("a", 1, 2, 0, 5, 2, 2),
+        ("b", 2, 0, 1, 5, 3, 2),
+        ("b", 3, 1, 0, 5, 3, 1),
+        ("b", 4, 2, 1, 5, 3, 2),
+    ]
+
+
+def test_slot_ids_and_counts_agree_without_holes():
+    assert get_host_assignments([("a", [0, 1]), ("b", [0])], 1, 2) == get_host_assignments([("a", 2), ("b", 1)], 1, 2)

@@ -206,3 +206,15 @@ def test_ready_only_resumes_without_blacklist():
     assert decision.action == "resume"
     assert decision.blacklist == []
     assert decision.exit_code == 0
+
+
+def test_a_crash_whose_agent_restarts_the_slot_resumes_without_blacklisting_its_host():
+    reports = {("a", 0): SlotReport(0, READY), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True), ("c", 0): SlotReport(2, FAILURE, exit_code=1)}
+    decision = decide(reports, resets=0, reset_limit=None)
+    assert decision.action == "resume"
+    assert decision.blacklist == ["c"]
+
+
+def test_every_worker_crashing_still_fails_the_job_even_when_their_slots_restart():
+    reports = {("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    assert decide(reports, resets=0, reset_limit=None).action == "fail"

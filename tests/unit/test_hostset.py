@@ -30,6 +30,10 @@ def make(*hosts: tuple[str, int], now: float = 0.0, cooldown_range=(60.0, 600.0)
     return hs
 
 
+def counts(hosts: list[tuple[str, tuple[int, ...]]]) -> list[tuple[str, int]]:
+    return [(name, len(slots)) for name, slots in hosts]
+
+
 def state_of(hs: HostSet, name: str) -> str:
     return hs.state(hs.hosts[name])
 
@@ -40,7 +44,7 @@ def state_of(hs: HostSet, name: str) -> str:
 def test_registered_host_is_active_and_available():
     hs = make(("a", 2))
     assert state_of(hs, "a") == ACTIVE
-    assert hs.available() == [("a", 2)]
+    assert counts(hs.available()) == [("a", 2)]
 
 
 def test_heartbeat_from_current_incarnation_is_ok():
@@ -70,7 +74,7 @@ def test_host_is_lost_after_silence_longer_than_lost_after():
     assert hs.expire(3.5, LOST_AFTER) == ["a"]
     assert state_of(hs, "a") == LOST
     assert state_of(hs, "b") == ACTIVE
-    assert hs.available() == [("b", 1)]
+    assert counts(hs.available()) == [("b", 1)]
 
 
 def test_heartbeats_keep_a_host_alive():
@@ -92,7 +96,7 @@ def test_heartbeat_of_lost_host_returns_lost_and_does_not_revive_it():
     hs.expire(10.0, LOST_AFTER)
     assert hs.heartbeat("a", "a-inc1", 11.0) == "lost"
     assert state_of(hs, "a") == LOST
-    assert hs.available() == []
+    assert counts(hs.available()) == []
 
 
 def test_heartbeat_of_lost_host_from_other_incarnation_is_unknown():
@@ -108,7 +112,7 @@ def test_registering_again_after_lost_makes_host_active():
     assert state_of(hs, "a") == ACTIVE
     assert hs.heartbeat("a", "a-inc2", 12.0) == "ok"
     assert hs.heartbeat("a", "a-inc1", 12.0) == "unknown"
-    assert hs.available() == [("a", 4)]
+    assert counts(hs.available()) == [("a", 4)]
 
 
 def test_unregister_needs_the_current_incarnation():
@@ -125,50 +129,50 @@ def test_unregister_needs_the_current_incarnation():
 
 def test_assignment_order_is_registration_order_oldest_first():
     hs = make(("c", 1), ("a", 2), ("b", 3))
-    assert hs.available() == [("c", 1), ("a", 2), ("b", 3)]
+    assert counts(hs.available()) == [("c", 1), ("a", 2), ("b", 3)]
 
 
 def test_a_new_host_goes_last():
     hs = make(("b", 1), ("c", 1))
-    hs.available()
+    counts(hs.available())
     hs.register("a", 1, "a-inc1", 1.0)
-    assert [n for n, _ in hs.available()] == ["b", "c", "a"]
+    assert [n for n, _ in counts(hs.available())] == ["b", "c", "a"]
 
 
 def test_surviving_hosts_keep_their_order_when_one_leaves():
     hs = make(("a", 1), ("b", 1), ("c", 1), ("d", 1))
-    hs.available()
+    counts(hs.available())
     for name in ("a", "c", "d"):
         hs.heartbeat(name, f"{name}-inc1", 5.0)
     hs.expire(5.0, LOST_AFTER)  # b silent since 0
-    assert [n for n, _ in hs.available()] == ["a", "c", "d"]
+    assert [n for n, _ in counts(hs.available())] == ["a", "c", "d"]
 
 
 def test_a_host_that_leaves_and_returns_goes_last():
     hs = make(("a", 1), ("b", 1), ("c", 1))
-    hs.available()
+    counts(hs.available())
     hs.heartbeat("b", "b-inc1", 5.0)
     hs.heartbeat("c", "c-inc1", 5.0)
     hs.expire(5.0, LOST_AFTER)  # a lost
-    assert [n for n, _ in hs.available()] == ["b", "c"]
+    assert [n for n, _ in counts(hs.available())] == ["b", "c"]
     hs.register("a", 1, "a-inc2", 6.0)
-    assert [n for n, _ in hs.available()] == ["b", "c", "a"]
+    assert [n for n, _ in counts(hs.available())] == ["b", "c", "a"]
 
 
 def test_a_host_that_unregisters_and_returns_goes_last():
     hs = make(("a", 1), ("b", 1))
-    hs.available()
+    counts(hs.available())
     hs.unregister("a", "a-inc1")
-    hs.available()
+    counts(hs.available())
     hs.register("a", 1, "a-inc2", 1.0)
-    assert [n for n, _ in hs.available()] == ["b", "a"]
+    assert [n for n, _ in counts(hs.available())] == ["b", "a"]
 
 
 def test_a_slot_count_change_keeps_the_hosts_place():
     hs = make(("a", 1), ("b", 1))
-    hs.available()
+    counts(hs.available())
     hs.register("a", 4, "a-inc2", 1.0)
-    assert hs.available() == [("a", 4), ("b", 1)]
+    assert counts(hs.available()) == [("a", 4), ("b", 1)]
 
 
 # -- draining ------------------------------------------------------------------------------------
@@ -176,20 +180,20 @@ def test_a_slot_count_change_keeps_the_hosts_place():
 
 def test_draining_host_is_not_available():
     hs = make(("a", 1), ("b", 2))
-    hs.available()
+    counts(hs.available())
     hs.set_draining("a", True)
     assert state_of(hs, "a") == DRAINING
-    assert hs.available() == [("b", 2)]
+    assert counts(hs.available()) == [("b", 2)]
 
 
 def test_undrained_host_comes_back_last():
     hs = make(("a", 1), ("b", 2))
-    hs.available()
+    counts(hs.available())
     hs.set_draining("a", True)
-    hs.available()
+    counts(hs.available())
     hs.set_draining("a", False)
     assert state_of(hs, "a") == ACTIVE
-    assert hs.available() == [("b", 2), ("a", 1)]
+    assert counts(hs.available()) == [("b", 2), ("a", 1)]
 
 
 def test_draining_host_still_heartbeats_ok():
@@ -203,24 +207,24 @@ def test_draining_host_still_heartbeats_ok():
 
 def test_blacklisted_host_is_not_available_until_its_cooldown_ends():
     hs = make(("a", 1), ("b", 1))
-    hs.available()
+    counts(hs.available())
     until = hs.blacklist("a", 100.0, "failure in round 1")
     assert until is not None
     assert 160.0 <= until <= 175.0  # 60 s * (1 + up to 25% jitter)
     assert state_of(hs, "a") == BLACKLISTED
-    assert hs.available() == [("b", 1)]
+    assert counts(hs.available()) == [("b", 1)]
     assert hs.lift_cooldowns(until - 0.001) == []
     assert state_of(hs, "a") == BLACKLISTED
 
 
 def test_lift_cooldowns_brings_the_host_back_last():
     hs = make(("a", 1), ("b", 1))
-    hs.available()
+    counts(hs.available())
     until = hs.blacklist("a", 100.0, "failure")
-    hs.available()
+    counts(hs.available())
     assert hs.lift_cooldowns(until) == ["a"]
     assert state_of(hs, "a") == ACTIVE
-    assert hs.available() == [("b", 1), ("a", 1)]
+    assert counts(hs.available()) == [("b", 1), ("a", 1)]
     assert hs.lift_cooldowns(until + 1000.0) == []
 
 
@@ -269,7 +273,7 @@ def test_cooldown_range_none_blacklists_forever():
     assert hs.blacklist("a", 0.0, "failure") is None
     assert state_of(hs, "a") == BLACKLISTED
     assert hs.lift_cooldowns(1e12) == []
-    assert hs.available() == [("b", 1)]
+    assert counts(hs.available()) == [("b", 1)]
     assert hs.describe(5.0)[-1]["cooldown_left"] is None
     assert hs.describe(5.0)[-1]["blacklisted"] is True
 
@@ -277,7 +281,7 @@ def test_cooldown_range_none_blacklists_forever():
 def test_blacklisting_an_unknown_host_does_nothing():
     hs = make(("a", 1))
     assert hs.blacklist("nobody", 0.0, "x") is None
-    assert hs.available() == [("a", 1)]
+    assert counts(hs.available()) == [("a", 1)]
 
 
 def test_blacklist_survives_reregistration():
@@ -285,7 +289,7 @@ def test_blacklist_survives_reregistration():
     hs.blacklist("a", 0.0, "failure")
     hs.register("a", 1, "a-inc2", 1.0)
     assert state_of(hs, "a") == BLACKLISTED
-    assert hs.available() == [("b", 1)]
+    assert counts(hs.available()) == [("b", 1)]
 
 
 def test_describe_reports_cooldown_left():
@@ -304,46 +308,46 @@ def test_describe_reports_cooldown_left():
 def test_script_slots_smaller_than_agent_slots_win():
     hs = make(("a", 4))
     hs.script_hosts = {"a": 2}
-    assert hs.available() == [("a", 2)]
+    assert counts(hs.available()) == [("a", 2)]
 
 
 def test_agent_slots_smaller_than_script_slots_win():
     hs = make(("a", 2))
     hs.script_hosts = {"a": 8}
-    assert hs.available() == [("a", 2)]
+    assert counts(hs.available()) == [("a", 2)]
 
 
 def test_script_host_without_slots_uses_agent_slots():
     hs = make(("a", 3))
     hs.script_hosts = {"a": None}
-    assert hs.available() == [("a", 3)]
+    assert counts(hs.available()) == [("a", 3)]
 
 
 def test_hosts_not_listed_by_the_script_are_excluded():
     hs = make(("a", 2), ("b", 2), ("c", 2))
     hs.script_hosts = {"a": None, "c": 1}
-    assert hs.available() == [("a", 2), ("c", 1)]
+    assert counts(hs.available()) == [("a", 2), ("c", 1)]
     assert state_of(hs, "b") == UNLISTED
 
 
 def test_script_listed_host_without_agent_is_not_available():
     hs = make(("a", 2))
     hs.script_hosts = {"a": None, "ghost": 4}
-    assert hs.available() == [("a", 2)]
+    assert counts(hs.available()) == [("a", 2)]
 
 
 def test_script_listing_zero_slots_excludes_the_host():
     hs = make(("a", 2), ("b", 2))
     hs.script_hosts = {"a": 0, "b": None}
-    assert hs.available() == [("b", 2)]
+    assert counts(hs.available()) == [("b", 2)]
 
 
 def test_script_none_means_no_filter():
     hs = make(("a", 2), ("b", 1))
     hs.script_hosts = {"a": None}
-    hs.available()
+    counts(hs.available())
     hs.script_hosts = None
-    assert hs.available() == [("a", 2), ("b", 1)]
+    assert counts(hs.available()) == [("a", 2), ("b", 1)]
 
 
 # -- effective -----------------------------------------------------------------------------------
@@ -366,7 +370,7 @@ UNEVEN = [("a", 2), ("b", 1), ("c", 3)]
     ],
 )
 def test_effective_fills_hosts_in_order_up_to_max_np(max_np, expected):
-    assert effective(UNEVEN, max_np) == expected
+    assert counts(effective(UNEVEN, max_np)) == expected
 
 
 def test_effective_of_nothing_is_nothing():
@@ -374,12 +378,12 @@ def test_effective_of_nothing_is_nothing():
     assert effective([], 4) == []
 
 
-def test_effective_returns_ints():
-    assert all(type(slots) is int for _, slots in effective(UNEVEN, None))
+def test_effective_returns_slot_ids_from_the_first():
+    assert effective([("a", 3), ("b", (0, 2))], 4) == [("a", (0, 1, 2)), ("b", (0,))]
 
 
 def test_effective_skips_a_zero_slot_host_and_keeps_filling():
-    assert effective([("a", 2), ("z", 0), ("b", 2)], None) == [("a", 2), ("b", 2)]
+    assert counts(effective([("a", 2), ("z", 0), ("b", 2)], None)) == [("a", 2), ("b", 2)]
 
 
 # -- compare (Horovod's check_update) ------------------------------------------------------------
@@ -506,7 +510,47 @@ def test_a_warming_host_is_listed_but_not_available_until_warm() -> None:
     hosts = HostSet()
     hosts.register("a", 2, "inc-a", now=0.0)
     hosts.register("b", 2, "inc-b", now=0.0, warm=False)
-    assert hosts.available() == [("a", 2)]
+    assert counts(hosts.available()) == [("a", 2)]
     assert [(row["host"], row["state"]) for row in hosts.describe(0.0)] == [("a", "active"), ("b", "warming")]
     assert hosts.heartbeat("b", "inc-b", now=1.0, warm=True) == "ok"
-    assert hosts.available() == [("a", 2), ("b", 2)]
+    assert counts(hosts.available()) == [("a", 2), ("b", 2)]
+
+
+# -- slots down while their worker restarts -------------------------------------------------------
+
+
+def test_a_down_slot_is_left_out_and_comes_back_at_its_own_id():
+    hs = make(("a", 3), ("b", 1))
+    assert hs.set_down("a", "a-inc1", [1], 1) == "ok"
+    assert hs.available() == [("a", (0, 2)), ("b", (0,))]
+    assert hs.set_down("a", "a-inc1", [], 2) == "ok"
+    assert hs.available() == [("a", (0, 1, 2)), ("b", (0,))]
+
+
+def test_an_older_down_report_arriving_late_is_ignored():
+    hs = make(("a", 2))
+    hs.set_down("a", "a-inc1", [], 3)
+    hs.set_down("a", "a-inc1", [0], 2)
+    assert hs.available() == [("a", (0, 1))]
+
+
+def test_a_host_with_every_slot_down_is_not_available_and_returns_last():
+    hs = make(("a", 1), ("b", 1))
+    hs.available()
+    hs.set_down("a", "a-inc1", [0], 1)
+    assert hs.available() == [("b", (0,))]
+    hs.set_down("a", "a-inc1", [], 2)
+    assert hs.available() == [("b", (0,)), ("a", (0,))]
+
+
+def test_down_report_of_another_incarnation_is_unknown_and_a_new_incarnation_starts_fresh():
+    hs = make(("a", 2))
+    assert hs.set_down("a", "old", [0], 9) == "unknown"
+    hs.set_down("a", "a-inc1", [0], 9)
+    hs.register("a", 2, "a-inc2", 1.0, down=[1], down_version=1)
+    assert hs.available() == [("a", (0,))]
+
+
+def test_compare_sees_a_slot_swap_with_the_same_count():
+    assert compare([("a", (0, 2))], [("a", (0, 1))]) == HostsChange(added=True, removed=True)
+    assert compare([("a", (0,))], [("a", (0, 1))]) == HostsChange(added=True, removed=False)

@@ -111,19 +111,34 @@ def test_join_for_a_slot_not_in_the_newer_round_is_told_removed():
 def test_removed_answer_does_not_wait_for_the_round_to_complete():
     rounds = Rounds()
     new_round(rounds, [("a", 2)])
-    rounds.park(join("a", 1, after_round=0))
+    new_round(rounds, [("a", 2)])
+    rounds.park(join("a", 1, after_round=1))
     new_round(rounds, [("a", 1)])
     answers = rounds.settle()
-    assert answers == [("a:1:101", {"removed": True, "round": 2})]
+    assert answers == [("a:1:101", {"removed": True, "round": 3})]
     assert rounds.current.released is False
+
+
+def test_a_process_never_in_a_round_waits_for_a_round_with_its_slot_instead_of_being_removed():
+    rounds = Rounds()
+    new_round(rounds, [("a", [0])])  # slot a:1 is down: its replacement starts
+    rounds.park(join("a", 1))
+    assert rounds.settle() == []
+    assert ("a", 1) in rounds.parked
+    rounds.park(join("a", 0))
+    assert [t for t, _ in rounds.settle()] == ["a:0:100"]
+    new_round(rounds, [("a", [0, 1])])
+    rounds.park(join("a", 0, after_round=1))
+    answers = by_ticket(rounds.settle())
+    assert answers["a:1:101"]["local_rank"] == 1 and answers["a:1:101"]["size"] == 2
 
 
 def test_removed_slots_and_released_slots_are_answered_in_one_settle():
     rounds = Rounds()
     new_round(rounds, [("a", 1), ("b", 1)])
     new_round(rounds, [("a", 1)])
-    rounds.park(join("a", 0))
-    rounds.park(join("b", 0))
+    rounds.park(join("a", 0, after_round=1))
+    rounds.park(join("b", 0, after_round=1))
     answers = by_ticket(rounds.settle())
     assert answers["b:0:100"] == {"removed": True, "round": 2}
     assert answers["a:0:100"]["rank"] == 0 and answers["a:0:100"]["size"] == 1 and answers["a:0:100"]["round"] == 2
