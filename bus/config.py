@@ -3,15 +3,106 @@
 Click commands read flags with `envvar=` set to the names below, so the
 precedence is the same everywhere; code that has no flags (libworker) reads
 the environment through `Endpoints.from_env` / `Timing.from_env`.
+
+Every value is checked here, once, while the config is built and before any
+socket is made: an endpoint is `tcp://HOST:PORT` (port 1-65535) or
+`ipc://PATH`, a host is a host name or an IP address. A bad one raises
+`ConfigError`, whose message names the setting and its value. Whether a name
+resolves is not a question of config (DNS may answer later, as it does when
+containers start): `unresolved_hosts` asks, for those who report it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from dataclasses import dataclass, fields, replace
+import re
+import socket
+from dataclasses import dataclass, fields
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORTS = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553, "events": 5554}
+ENDPOINT_FORMS = "want tcp://HOST:PORT or ipc://PATH"
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?")
+
+
+class ConfigError(ValueError):
+    """A setting (flag or environment variable) holds a value that cannot be used; the message names both."""
+
+    def __init__(self, setting: str, value: str, problem: str) -> None:
+        super().__init__(f"{setting}={value!r}: {problem}")
+        self.setting = setting
+        self.value = value
+
+
+def _host_problem(host: str) -> str | None:
+    """Why `host` is not a host name or an IP address (IPv6 with or without brackets), or None."""
+    literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in literal or re.fullmatch(r"[0-9.]+", literal):
+        try:
+            ipaddress.ip_address(literal)
+            return None
+        except ValueError:
+            if ":" not in literal:
+                return f"{host!r} is not an IP address"
+    elif host == literal and _HOST_NAME.fullmatch(host):
+        return None
+    return f"{host!r} is not a host name or an IP address"
+
+
+def check_host(setting: str, host: str) -> str:
+    """`host` if it is a host name or an IP address, else `ConfigError` naming `setting`."""
+    problem = _host_problem(host) if host else "no host"
+    if problem:
+        raise ConfigError(setting, host, problem)
+    return host
+
+
+def check_endpoint(setting: str, endpoint: str) -> str:
+    """`endpoint` if it is `tcp://HOST:PORT` (port 1-65535) or `ipc://PATH`, else `ConfigError` naming `setting`."""
+    scheme, sep, address = endpoint.partition("://")
+    if not sep:
+        raise ConfigError(setting, endpoint, f"not an endpoint ({ENDPOINT_FORMS})")
+    if scheme == "ipc":
+        if not address:
+            raise ConfigError(setting, endpoint, "no path (want ipc://PATH)")
+        return endpoint
+    if scheme != "tcp":
+        raise ConfigError(setting, endpoint, f"scheme {scheme!r} is not supported ({ENDPOINT_FORMS})")
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(setting, endpoint, "no port (want tcp://HOST:PORT)")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(setting, endpoint, f"port {int(port)} is out of range (1-65535)")
+    problem = _host_problem(host) if host else "no host (want tcp://HOST:PORT)"
+    if problem:
+        raise ConfigError(setting, endpoint, problem)
+    return endpoint
+
+
+def tcp_endpoint(host: str, port: int | str) -> str:
+    """`tcp://HOST:PORT`, an IPv6 host in brackets."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+def endpoint_host(endpoint: str) -> str | None:
+    """The host of a tcp endpoint (without IPv6 brackets); None for ipc."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+
+
+def unresolved_hosts(endpoints: list[str]) -> list[str]:
+    """The hosts of `endpoints` that DNS does not resolve (each once, in order). Blocks while DNS answers."""
+    unresolved: list[str] = []
+    for host in dict.fromkeys(filter(None, map(endpoint_host, endpoints))):
+        try:
+            socket.getaddrinfo(host, None)
+        except (socket.gaierror, UnicodeError):
+            unresolved.append(host)
+    return unresolved
 
 
 @dataclass(frozen=True)
@@ -26,21 +117,28 @@ class Endpoints:
 
     @classmethod
     def on_host(cls, host: str = DEFAULT_HOST) -> Endpoints:
-        return cls(**{name: f"tcp://{host}:{port}" for name, port in DEFAULT_PORTS.items()})
+        return cls(**{name: tcp_endpoint(host, port) for name, port in DEFAULT_PORTS.items()})
 
     @classmethod
-    def from_env(cls, host: str | None = None) -> Endpoints:
-        """Defaults on `host` (or ELASTIC_CONTROL), each overridable by ELASTIC_<NAME>_ENDPOINT."""
-        base = cls.on_host(host or os.environ.get("ELASTIC_CONTROL") or DEFAULT_HOST)
-        overrides = {
-            f.name: os.environ[f"ELASTIC_{f.name.upper()}_ENDPOINT"]
-            for f in fields(cls)
-            if os.environ.get(f"ELASTIC_{f.name.upper()}_ENDPOINT")
-        }
-        return replace(base, **overrides)
+    def from_env(cls, host: str | None = None, host_setting: str = "--control") -> Endpoints:
+        """Defaults on `host` (given by `host_setting`; else ELASTIC_CONTROL), each overridable by
+        ELASTIC_<NAME>_ENDPOINT; every value checked (`ConfigError`)."""
+        if not host:
+            host, host_setting = os.environ.get("ELASTIC_CONTROL") or DEFAULT_HOST, "ELASTIC_CONTROL"
+        base = cls.on_host(check_host(host_setting, host))
+        chosen = {}
+        for f in fields(cls):
+            setting = f"ELASTIC_{f.name.upper()}_ENDPOINT"
+            value = os.environ.get(setting)
+            chosen[f.name] = check_endpoint(setting, value) if value else getattr(base, f.name)
+        return cls(**chosen)
 
     def as_env(self) -> dict[str, str]:
         return {f"ELASTIC_{f.name.upper()}_ENDPOINT": getattr(self, f.name) for f in fields(self)}
+
+    def values(self) -> list[str]:
+        """Every endpoint, in field order."""
+        return [getattr(self, f.name) for f in fields(self)]
 
 
 @dataclass(frozen=True)
@@ -67,7 +165,7 @@ class Timing:
                 try:
                     values[f.name] = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
-                    raise ValueError(f"ELASTIC_{f.name.upper()}={raw!r} is not a number") from None
+                    raise ConfigError(f"ELASTIC_{f.name.upper()}", raw, "not a number") from None
         return cls(**values)  # type: ignore[arg-type]
 
     def as_env(self) -> dict[str, str]:

@@ -4,7 +4,9 @@ Services log to files in a run directory; agents show warnings and the
 workers' output on this terminal. On a machine with GPUs each agent gets GPUs
 of its own (its `CUDA_VISIBLE_DEVICES`), unless `--share-gpus` lets workers
 share them. Everything started here is stopped on the way out, whatever
-happens.
+happens; and if this process is killed outright (SIGKILL), the kernel kills
+the services and agents it started (PR_SET_PDEATHSIG), and the agents' workers
+die with their agents, so nothing is left holding the ports.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import click
 
 from bus.gpus import gpu_devices
 from bus.config import Endpoints
+from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
 
@@ -63,7 +66,7 @@ class LocalCluster:
             handle = open(self.log_dir / f"{name}.log", "ab")
             self._logs.append(handle)
             out = handle
-        process = subprocess.Popen([sys.executable, *args], env=env, stderr=out, stdout=out, start_new_session=True)
+        process = subprocess.Popen([sys.executable, *args], env=env, stderr=out, stdout=out, start_new_session=True, preexec_fn=die_with_parent())
         self.processes.append((name, process))
 
     def start(self) -> None:

@@ -3,7 +3,10 @@
 The event thread subscribes once, then hands each event to the listener
 callbacks. It also watches the agent's heartbeat: a worker dies with its agent
 (PR_SET_PDEATHSIG), but an agent that hangs forever cannot stop its workers,
-so a worker whose agent stays silent for `orphan_after` seconds exits.
+so a worker whose agent stays silent for `orphan_after` seconds exits. Before
+that, a silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a
+line on stderr naming the agent's endpoint (then one a minute), and the first
+word from the agent after it a line saying so.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from collections.abc import Callable
 import zmq
 
 from bus.client import Client, incarnation_id
+from bus.config import Timing
 from bus.envelope import Message, WireError, decode, encode
+from bus.reachability import Reachability
 from bus.sockets import client_socket
 
 Listener = Callable[[Message], None]
 ORPHAN_EXIT_CODE = 70
+WARN_AFTER_MIN = 3.0
 
 
 class AgentLink:
@@ -32,7 +38,7 @@ class AgentLink:
         self.ctx = zmq.Context()
         self.requests = Client(endpoint, self.sender, ctx=self.ctx, timeout=5.0, deadline=60.0)
         self.listeners: list[Listener] = []
-        self.last_heard = time.monotonic()
+        self.agent = Reachability(max(WARN_AFTER_MIN, Timing.from_env().lost_after), time.monotonic())
         self.orphan_after = orphan_after
         self._subscribed = threading.Event()
         self._thread = threading.Thread(target=self._events_loop, name="libworker-events", daemon=True)
@@ -51,22 +57,34 @@ class AgentLink:
                 sock.send_multipart(subscribe)
                 resend_at = time.monotonic() + 1.0
             if not sock.poll(200):
-                self._exit_if_orphaned()
+                self._agent_silent()
                 continue
             try:
                 msg = decode(sock.recv_multipart())
             except (WireError, zmq.ZMQError):
                 continue
-            self.last_heard = time.monotonic()
+            self._agent_heard()
             if msg.reply:
                 self._subscribed.set()
                 continue
             for listener in list(self.listeners):
                 listener(msg)
 
-    def _exit_if_orphaned(self) -> None:
-        silent = time.monotonic() - self.last_heard
+    def _agent_silent(self) -> None:
+        now = time.monotonic()
+        silent = self.agent.silent_for(now)
         if silent > self.orphan_after:
-            sys.stderr.write(f"libworker: agent at {self.endpoint} silent for {silent:.0f}s; this worker exits\n")
-            sys.stderr.flush()
+            _say(f"agent at {self.endpoint} silent for {silent:.0f}s; this worker exits")
             os._exit(ORPHAN_EXIT_CODE)
+        if self.agent.missed(now):
+            _say(f"no word from the agent at {self.endpoint} for {silent:.0f}s; still trying (this worker exits after {self.orphan_after:.0f}s of silence)")
+
+    def _agent_heard(self) -> None:
+        silent = self.agent.reached(time.monotonic())
+        if silent is not None:
+            _say(f"the agent at {self.endpoint} answers again after {silent:.0f}s of silence")
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"libworker: {line}\n")
+    sys.stderr.flush()

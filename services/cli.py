@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from bus.config import Endpoints, Timing
+from bus.config import Endpoints, Timing, check_host, tcp_endpoint
 from bus.logs import setup_logging
 from bus.service import Service
 from bus.sockets import Security, SecurityError
@@ -17,12 +18,13 @@ from bus.sockets import Security, SecurityError
 Factory = Callable[[Endpoints, Endpoints, Timing, Security, Any], Service]
 
 
-def bind_endpoints(connect: Endpoints, bind_host: str | None) -> Endpoints:
-    """The endpoints to bind: the connect endpoints, or the same ports on `bind_host`."""
+def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> Endpoints:
+    """The endpoints to bind: the connect endpoints, or the same tcp ports on `bind_host` (given by `setting`)."""
     if not bind_host:
         return connect
+    check_host(setting, bind_host)
     return Endpoints(
-        **{name: f"tcp://{bind_host}:{addr.rsplit(':', 1)[1]}" for name, addr in vars(connect).items()}
+        **{name: tcp_endpoint(bind_host, addr.rpartition(":")[2]) if addr.startswith("tcp://") else addr for name, addr in vars(connect).items()}
     )
 
 
@@ -32,8 +34,10 @@ def service_command(name: str, factory: Factory) -> click.Command:
         try:
             timing = Timing.from_env()
             connect = Endpoints.from_env()
+            from_env = click.get_current_context().get_parameter_source("bind") is ParameterSource.ENVIRONMENT
+            bind_to = bind_endpoints(connect, bind, "ELASTIC_BIND" if from_env else "--bind")
             security = Security(keys_dir=keys, insecure=insecure)
-            service = factory(bind_endpoints(connect, bind), connect, timing, security, log)
+            service = factory(bind_to, connect, timing, security, log)
         except (SecurityError, ValueError, OSError) as exc:
             click.echo(f"{name}: {exc}", err=True)
             sys.exit(2)

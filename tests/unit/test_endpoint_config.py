@@ -1,0 +1,97 @@
+"""Endpoints built from flags and the environment are checked once, in bus/config: scheme, host, port."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus.config import ConfigError, Endpoints, Timing, check_endpoint, check_host, tcp_endpoint, unresolved_hosts
+
+ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("ELASTIC_CONTROL", *ENDPOINT_VARS):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5550", "tcp://discovery:1", "tcp://node-7.example.org:65535", "tcp://[::1]:5550", "ipc:///tmp/agent.sock"])
+def test_good_endpoints_pass(endpoint: str) -> None:
+    assert check_endpoint("ELASTIC_REGISTRY_ENDPOINT", endpoint) == endpoint
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "problem"),
+    [
+        ("not-an-endpoint", "not an endpoint (want tcp://HOST:PORT or ipc://PATH)"),
+        ("udp://127.0.0.1:5552", "scheme 'udp' is not supported (want tcp://HOST:PORT or ipc://PATH)"),
+        ("tcp://127.0.0.1", "no port (want tcp://HOST:PORT)"),
+        ("tcp://127.0.0.1:http", "no port (want tcp://HOST:PORT)"),
+        ("tcp://127.0.0.1:70000", "port 70000 is out of range (1-65535)"),
+        ("tcp://127.0.0.1:0", "port 0 is out of range (1-65535)"),
+        ("tcp://:5552", "no host (want tcp://HOST:PORT)"),
+        ("tcp://bad host:5552", "'bad host' is not a host name or an IP address"),
+        ("tcp://*:5552", "'*' is not a host name or an IP address"),
+        ("tcp://300.1.1.1:5552", "'300.1.1.1' is not an IP address"),
+        ("ipc://", "no path (want ipc://PATH)"),
+    ],
+)
+def test_bad_endpoints_name_the_setting_and_the_value(endpoint: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_endpoint("ELASTIC_REGISTRY_ENDPOINT", endpoint)
+    assert str(raised.value) == f"ELASTIC_REGISTRY_ENDPOINT={endpoint!r}: {problem}"
+    assert isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "control-plane.internal", "::1", "[::1]", "registry_1"])
+def test_good_hosts_pass(host: str) -> None:
+    assert check_host("--control", host) == host
+
+
+@pytest.mark.parametrize("host", ["", "tcp://127.0.0.1:5550", "a b", "-dash", "host/1", "1.2.3.256"])
+def test_bad_hosts_are_refused(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--control="):
+        check_host("--control", host)
+
+
+def test_from_env_checks_every_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTIC_REGISTRY_ENDPOINT", "not-an-endpoint")
+    with pytest.raises(ConfigError, match=r"^ELASTIC_REGISTRY_ENDPOINT='not-an-endpoint': not an endpoint"):
+        Endpoints.from_env()
+
+
+def test_from_env_names_where_the_control_host_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"^--control='a b': "):
+        Endpoints.from_env("a b")
+    with pytest.raises(ConfigError, match=r"^ELASTIC_CONTROL='a b': "):
+        Endpoints.from_env("a b", "ELASTIC_CONTROL")
+    monkeypatch.setenv("ELASTIC_CONTROL", "x:y:z")
+    with pytest.raises(ConfigError, match=r"^ELASTIC_CONTROL='x:y:z': 'x:y:z' is not a host name or an IP address"):
+        Endpoints.from_env()
+
+
+def test_from_env_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Endpoints.from_env() == Endpoints.on_host("127.0.0.1")
+    monkeypatch.setenv("ELASTIC_CONTROL", "control.example")
+    monkeypatch.setenv("ELASTIC_EVENTS_ENDPOINT", "tcp://10.0.0.9:6000")
+    endpoints = Endpoints.from_env()
+    assert endpoints.discovery == "tcp://control.example:5550"
+    assert endpoints.events == "tcp://10.0.0.9:6000"
+    assert Endpoints.from_env("::1").registry == "tcp://[::1]:5552"
+    assert endpoints.values() == [endpoints.discovery, endpoints.rendezvous, endpoints.registry, endpoints.notifier, endpoints.events]
+
+
+def test_tcp_endpoint_brackets_ipv6() -> None:
+    assert tcp_endpoint("::", 5550) == "tcp://[::]:5550"
+    assert tcp_endpoint("0.0.0.0", "5550") == "tcp://0.0.0.0:5550"
+
+
+def test_timing_names_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTIC_HEARTBEAT", "soon")
+    with pytest.raises(ConfigError, match=r"^ELASTIC_HEARTBEAT='soon': not a number$"):
+        Timing.from_env()
+
+
+def test_unresolved_hosts_are_named_once() -> None:
+    endpoints = ["tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551", "tcp://127.0.0.1:5552", "tcp://[::1]:5553", "ipc:///tmp/x.sock"]
+    assert unresolved_hosts(endpoints) == ["not-a-host.invalid"]
