@@ -11,6 +11,11 @@
   requests are forwarded with this host's name stamped on them, and each
   worker's event channel (`subscribe`) receives the relayed events;
 - reports every worker exit at once (SIGCHLD) to the registry;
+- restarts a crashed worker's slot in place (agent/restarts.py): the slot is
+  reported down to discovery first, so the survivors re-form without it at
+  once, and up again when its replacement waits in `init()`; with
+  `--standby N` a spare process already waiting in `init()` takes the slot
+  and the slot never goes down;
 - on SIGTERM drains its own host: workers leave at their next commit, then
   the agent unregisters and exits;
 - joining a running job, it starts its workers first and reports itself warm
@@ -28,19 +33,22 @@ from pathlib import Path
 from typing import Any
 
 from bus.client import AsyncClient, incarnation_id
-from bus.config import Endpoints, Timing
+from bus.config import Endpoints, Timing, unresolved_hosts
 from bus.envelope import Message
 from bus.pubsub import Subscription
-from bus.service import DEFERRED, Request, Service, field, handles
+from bus.reachability import Reachability
+from bus.service import DEFERRED, Request, RequestError, Service, field, handles
 from bus.sockets import Security
 from agent.output import PrefixedPipe
-from agent.workers import Worker, reap, spawn
+from agent.restarts import CrashHistory, RestartPolicy, give_up_reason
+from agent.workers import STANDBY, Worker, reap, spawn
 
 FORWARDED = ("rank_and_size", "kv_set", "kv_get")
 PARKED = ("rank_and_size", "kv_get")
 RELAYED_EVENTS = ("hosts_updated", "abort")
 STOP_GRACE = 5.0
 WARM_UP_LIMIT = 120.0
+SLOT_REPORT_DEADLINE = 1.0
 
 
 def agent_endpoint(run_dir: Path, host: str) -> str:
@@ -62,6 +70,7 @@ class AgentService(Service):
         drain_timeout: float = 60.0,
         advertise_address: str = "127.0.0.1",
         share_gpus: bool = False,
+        standby: int = 0,
         **kw: Any,
     ) -> None:
         super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
@@ -69,6 +78,7 @@ class AgentService(Service):
         self.drain_timeout = drain_timeout
         self.advertise_address = advertise_address
         self.share_gpus = share_gpus
+        self.standby = standby
         self.incarnation = incarnation_id("agent", host)
         self.sender_id = self.incarnation
         self.log = self.log.bind(host=host)
@@ -76,6 +86,8 @@ class AgentService(Service):
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
+        self.control_endpoints = control.values()
+        self.control_plane = Reachability(timing.lost_after, time.monotonic())
         self.events.start()
         self.watch(self.events.sock, self._on_events)
         self.workers: dict[int, Worker] = {}
@@ -91,6 +103,15 @@ class AgentService(Service):
         self.warming: set[int] = set()
         self.joined: set[int] = set()
         self.warm_deadline = 0.0
+        self.plan: dict[str, Any] | None = None
+        self.policy = RestartPolicy()
+        self.crashes = CrashHistory()
+        self.down: set[int] = set()
+        self.down_version = 0
+        self.restart_at: dict[int, float] = {}
+        self.standbys: dict[int, Worker] = {}
+        self.standbys_waiting: dict[int, Request] = {}
+        self.standbys_given_up = False
         for msg_type in FORWARDED:
             self._handlers[msg_type] = self._forward
         self._install_signals()
@@ -98,6 +119,7 @@ class AgentService(Service):
         self.every(timing.heartbeat, self._ping_workers)
         self.every(0.2, self._check_drain)
         self.every(0.2, self._escalate)
+        self.every(0.05, self._restart_due)
         self._register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
@@ -118,7 +140,8 @@ class AgentService(Service):
             self.run()
         finally:
             self._stop_all_workers(signal.SIGKILL)
-            for worker in self.workers.values():
+            self._stop_standbys(signal.SIGKILL)
+            for worker in [*self.workers.values(), *self.standbys.values()]:
                 worker.process.wait()
             self._reap()
             self.close()
@@ -152,10 +175,11 @@ class AgentService(Service):
         )
 
     def _register(self) -> None:
-        self._ping_discovery("register", {"slots": self.slots}, self._on_registered)
+        self._ping_discovery("register", {"slots": self.slots, "down": sorted(self.down), "down_version": self.down_version}, self._on_registered)
 
     def _on_registered(self, reply: Message) -> None:
         self._heartbeat_in_flight = False
+        self._control_plane_reached()
         if reply.error:
             self.log.warning("register_refused", reason=reply.body.get("message"))
             return
@@ -165,7 +189,25 @@ class AgentService(Service):
         self._report_warmth()
 
     def _heartbeat_lost(self) -> None:
+        """No reply within a heartbeat: after a few in a row, a warning naming where the agent tries (then one a
+        minute). Resolving the hosts blocks the loop while DNS answers, at most once a minute."""
         self._heartbeat_in_flight = False
+        now = time.monotonic()
+        if self.control_plane.missed(now):
+            unresolved = unresolved_hosts(self.control_endpoints)
+            self.log.warning(
+                "control_plane_unreachable",
+                endpoints=self.control_endpoints,
+                silent_s=round(self.control_plane.silent_for(now), 1),
+                reason="; ".join(f"{host} does not resolve" for host in unresolved) or "no reply",
+                retrying_every_s=self.timing.heartbeat,
+            )
+
+    def _control_plane_reached(self) -> None:
+        """A reply from discovery: after a warning, one line saying the control plane answers again."""
+        silent = self.control_plane.reached(time.monotonic())
+        if silent is not None:
+            self.log.warning("control_plane_reachable", endpoint=self.discovery.endpoint, silent_s=round(silent, 1))
 
     def _heartbeat(self) -> None:
         if self.warming and time.monotonic() > self.warm_deadline:
@@ -182,10 +224,13 @@ class AgentService(Service):
 
     def _on_heartbeat_reply(self, reply: Message) -> None:
         self._heartbeat_in_flight = False
+        self._control_plane_reached()
         status = reply.body.get("status")
         if status == "lost":
             self.log.warning("host_declared_lost", workers=len(self.workers))
             self.latest_round = None
+            self.restart_at.clear()
+            self.down = set()
             self._stop_all_workers(signal.SIGKILL)
         if status in ("lost", "unknown"):
             self.registered = False
@@ -208,17 +253,27 @@ class AgentService(Service):
                 self._relay(event)
 
     def _event_round(self, body: dict[str, Any]) -> None:
-        self.job = body.get("job")
         self.latest_round = body
+        self._adopt_job(body)
         self._ensure_workers()
 
+    def _adopt_job(self, plan: dict[str, Any]) -> None:
+        """The job to run workers for: its command, environment and restart policy; a new job starts with no crashes."""
+        if plan.get("job") != self.job:
+            self.crashes.forget()
+            self.standbys_given_up = False
+        self.job, self.plan, self.policy = plan.get("job"), plan, RestartPolicy.of_job(plan)
+        self._keep_standbys()
+
     def _ensure_workers(self) -> None:
-        """Spawn a worker for each slot of this host in the latest round that has no live process."""
+        """Give each slot of this host in the latest round that has no live process one: a standby, or a new process."""
         if self.draining_since is not None or self.job is None or self.latest_round is None:
             return
         for slot in self.latest_round.get("slots", []):
             if slot["hostname"] == self.host and slot["local_rank"] not in self.workers:
-                self._spawn(slot["local_rank"], self.latest_round, slot)
+                self.restart_at.pop(slot["local_rank"], None)
+                if not self._admit_standby(slot["local_rank"]):
+                    self._spawn(slot["local_rank"], self.latest_round, slot)
 
     def _event_kill_worker(self, body: dict[str, Any]) -> None:
         worker = self.workers.get(body.get("local_rank", -1))
@@ -230,6 +285,10 @@ class AgentService(Service):
     def _event_job_finished(self, body: dict[str, Any]) -> None:
         self.job = None
         self.latest_round = None
+        self.plan = None
+        self.restart_at.clear()
+        self._set_down(set())
+        self._stop_standbys(signal.SIGTERM)
         if self.workers:
             self.log.info("job_finished_stopping_workers", workers=len(self.workers), state=body.get("state"))
             self._stop_all_workers(signal.SIGTERM)
@@ -244,7 +303,8 @@ class AgentService(Service):
 
     # -- workers -------------------------------------------------------------------------------
     def _spawn(self, local_rank: int, job: dict[str, Any], slot: dict[str, Any] | None) -> None:
-        """Start the worker of `local_rank`; `slot` is its assignment in the round, None when warming up ahead of one."""
+        """Start the worker of `local_rank` (STANDBY: a spare that waits in `init()` for a slot); `slot` is its
+        assignment in the round, None when it starts ahead of one."""
         env = {
             **os.environ,
             **job.get("env", {}),
@@ -252,26 +312,42 @@ class AgentService(Service):
             "ELASTIC_AGENT": self.endpoint,
             "ELASTIC_HOST": self.host,
             "ELASTIC_ADVERTISE_ADDR": self.advertise_address,
-            "ELASTIC_LOCAL_RANK": str(local_rank),
             "ELASTIC_GPU_SHARED": "1" if self.share_gpus else "0",
             "ELASTIC_JOB": str(job.get("job")),
-            "LOCAL_RANK": str(local_rank),
         }
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if local_rank == STANDBY:
+            env["ELASTIC_STANDBY"] = "1"
+            for name in ("ELASTIC_LOCAL_RANK", "LOCAL_RANK"):
+                env.pop(name, None)
+        else:
+            env.update(ELASTIC_LOCAL_RANK=str(local_rank), LOCAL_RANK=str(local_rank))
         if slot is not None:
             env.update(RANK=str(slot["rank"]), WORLD_SIZE=str(slot["size"]), LOCAL_WORLD_SIZE=str(slot["local_size"]), GROUP_RANK=str(slot["cross_rank"]))
         try:
             worker = spawn(local_rank, list(job["command"]), env, job.get("cwd"))
         except OSError as exc:
             self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
-            self._report_exit(local_rank, -1, 127)
+            if local_rank != STANDBY:
+                self._report_exit(local_rank, -1, 127)
             return
-        self.workers[local_rank] = worker
+        if local_rank == STANDBY:
+            self.standbys[worker.pid] = worker
+        else:
+            self.workers[local_rank] = worker
         for stream, sink in ((worker.process.stdout, sys.stdout.buffer), (worker.process.stderr, sys.stderr.buffer)):
             assert stream is not None
-            self._follow_output(PrefixedPipe(os.dup(stream.fileno()), f"[{self.host}:{local_rank}] ", sink))
+            pipe = PrefixedPipe(os.dup(stream.fileno()), self._output_prefix(worker), sink)
+            worker.output.append(pipe)
+            self._follow_output(pipe)
             stream.close()
-        self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot["rank"], pid=worker.pid, warming=slot is None)
+        if local_rank == STANDBY:
+            self.log.info("standby_started", pid=worker.pid)
+        else:
+            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot["rank"], pid=worker.pid, warming=slot is None)
+
+    def _output_prefix(self, worker: Worker) -> str:
+        return f"[{self.host}:{'standby' if worker.local_rank == STANDBY else worker.local_rank}] "
 
     def _follow_output(self, pipe: PrefixedPipe) -> None:
         def on_readable() -> None:
@@ -286,16 +362,131 @@ class AgentService(Service):
             self.event_routes.pop(worker.pid, None)
             self.joined.discard(worker.local_rank)
             self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code)
-            self._report_exit(worker.local_rank, worker.pid, code)
             self._warmed(worker.local_rank)
+            if self._crashed(worker, code):
+                self._restart_in_place(worker, code)
+            else:
+                self._report_exit(worker.local_rank, worker.pid, code)
             killed_on_request |= worker.stop_requested
+        for standby, code in reap(self.standbys):
+            self.event_routes.pop(standby.pid, None)
+            self.standbys_waiting.pop(standby.pid, None)
+            if not standby.stop_requested:
+                self._replace_standby(code)
         if killed_on_request:
             self._ensure_workers()
 
-    def _report_exit(self, local_rank: int, pid: int, code: int) -> None:
+    def _report_exit(self, local_rank: int, pid: int, code: int, **verdict: Any) -> None:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
-        self.registry.send("worker_exited", {**slot, "exit_code": code}, timeout=self.timing.request_timeout, deadline=300.0)
+        self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, timeout=self.timing.request_timeout, deadline=300.0)
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
+
+    # -- crashes: restart in place ---------------------------------------------------------------
+    def _crashed(self, worker: Worker, code: int) -> bool:
+        """Did this worker die on its own during the job (not stopped by this agent, not finished)?"""
+        return code != 0 and not worker.stop_requested and self.plan is not None and self.draining_since is None
+
+    def _restart_in_place(self, worker: Worker, code: int) -> None:
+        """A crash: a waiting standby takes the slot at once; otherwise the slot goes down (discovery first, so the
+        job re-forms without it) and a replacement starts after the policy's back-off. Too many crashes: give up."""
+        local_rank, pid = worker.local_rank, worker.pid
+        delay = self.crashes.record(local_rank, time.monotonic(), self.policy)
+        if delay is None:
+            reason = give_up_reason(self.crashes.count(local_rank), self.policy)
+            self.log.warning("slot_given_up", local_rank=local_rank, pid=pid, exit_code=code, reason=reason)
+            self._report_exit(local_rank, pid, code, restarting=False, gave_up=reason)
+            return
+        if self._admit_standby(local_rank):
+            self._report_exit(local_rank, pid, code, restarting=True)
+            return
+        self.log.info("slot_restarting", local_rank=local_rank, pid=pid, exit_code=code, delay_s=delay)
+        self.restart_at[local_rank] = time.monotonic() + delay
+        self._set_down(self.down | {local_rank}, then=lambda: self._report_exit(local_rank, pid, code, restarting=True))
+
+    def _set_down(self, down: set[int], then: Any = None) -> None:
+        """Tell discovery which slots are down; `then` runs once discovery has it (or could not be reached)."""
+        if down == self.down:
+            if then is not None:
+                then()
+            return
+        self.down, self.down_version = down, self.down_version + 1
+        body = {"host": self.host, "incarnation": self.incarnation, "down": sorted(down), "down_version": self.down_version}
+        self.discovery.send("slots", body, on_reply=lambda _: then and then(), on_timeout=then, timeout=SLOT_REPORT_DEADLINE / 2, deadline=SLOT_REPORT_DEADLINE)
+
+    def _slot_ready(self, local_rank: int) -> None:
+        """The slot's process waits in `init()`: the slot is up again, and joins through the host-update path."""
+        if local_rank in self.down:
+            self.log.info("slot_ready", local_rank=local_rank)
+            self._set_down(self.down - {local_rank})
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for local_rank, at in list(self.restart_at.items()):
+            if now < at:
+                continue
+            del self.restart_at[local_rank]
+            if local_rank == STANDBY:
+                self._keep_standbys()
+            elif self.plan is not None and self.draining_since is None and local_rank not in self.workers and not self._admit_standby(local_rank):
+                self._spawn(local_rank, self.plan, None)
+
+    # -- standbys: spare processes waiting in init() -----------------------------------------------
+    def _keep_standbys(self) -> None:
+        """Start standbys until `--standby` of them exist (while a job runs and the host is not draining)."""
+        if self.plan is None or self.draining_since is not None or self.standbys_given_up or STANDBY in self.restart_at:
+            return
+        while len(self.standbys) < self.standby:
+            self._spawn(STANDBY, self.plan, None)
+
+    def _replace_standby(self, code: int) -> None:
+        """A standby died while waiting: replaced silently (with the slots' back-off, so a script that dies at
+        start-up does not spin); one that keeps dying is given up for this job."""
+        if self.plan is None or self.draining_since is not None:
+            return
+        delay = self.crashes.record(STANDBY, time.monotonic(), self.policy)
+        if delay is None:
+            self.standbys_given_up = True
+            self.log.warning("standbys_given_up", exit_code=code, reason=give_up_reason(self.crashes.count(STANDBY), self.policy).split(";")[0])
+            return
+        self.log.info("standby_replaced", exit_code=code, delay_s=delay)
+        self.restart_at[STANDBY] = time.monotonic() + delay
+
+    def _admit_standby(self, local_rank: int) -> bool:
+        """Hand the slot `local_rank` (which has no process) to the longest-waiting standby, if one waits."""
+        if not self.standbys_waiting or local_rank in self.workers:
+            return False
+        pid, request = next(iter(self.standbys_waiting.items()))
+        del self.standbys_waiting[pid]
+        worker = self.standbys.pop(pid)
+        worker.local_rank = local_rank
+        for pipe in worker.output:
+            pipe.prefix = self._output_prefix(worker).encode()
+        self.workers[local_rank] = worker
+        self.restart_at.pop(local_rank, None)
+        request.reply({"local_rank": local_rank})
+        self.log.info("standby_admitted", local_rank=local_rank, pid=pid)
+        self._slot_ready(local_rank)
+        self._keep_standbys()
+        return True
+
+    def _stop_standbys(self, sig: int) -> None:
+        self.standbys_waiting.clear()
+        for standby in self.standbys.values():
+            standby.stop_requested = True
+            standby.signal(sig)
+
+    @handles("standby")
+    def on_standby(self, request: Request) -> Any:
+        """A standby waits here, in `init()`, until a slot needs it; the reply is its local rank."""
+        pid = field(request.body, "pid", int)
+        if pid not in self.standbys:
+            raise RequestError("not_a_standby", f"process {pid} is not a standby of host {self.host}")
+        self.standbys_waiting[pid] = request
+        self.log.info("standby_waiting", pid=pid)
+        for local_rank in sorted(k for k in self.restart_at if k != STANDBY):
+            if self._admit_standby(local_rank):
+                break
+        return DEFERRED
 
     def _stop_all_workers(self, sig: int) -> None:
         """Signal every worker; after SIGTERM, `_escalate` sends SIGKILL to those still alive after the grace."""
@@ -320,6 +511,8 @@ class AgentService(Service):
             return
         self.draining_since = time.monotonic()
         self.log.info("draining", workers=len(self.workers))
+        self.restart_at.clear()
+        self._stop_standbys(signal.SIGTERM)
         for local_rank, worker in self.workers.items():
             if local_rank not in self.joined:
                 worker.stop_requested = True
@@ -356,8 +549,8 @@ class AgentService(Service):
         if reply.error or job.get("state") not in ("waiting", "running") or not job.get("spec") or self.draining_since is not None:
             self._become_warm()
             return
-        self.job = job["job"]
         plan = {**job["spec"], "job": job["job"], "round": job["round"]}
+        self._adopt_job(plan)
         self.warming = set(range(self.slots))
         self.warm_deadline = time.monotonic() + WARM_UP_LIMIT
         self.log.info("warming_up", job=job["job"], slots=self.slots)
@@ -389,6 +582,7 @@ class AgentService(Service):
         body = {**request.body, "host": self.host}
         if request.msg.type == "rank_and_size" and isinstance(body.get("local_rank"), int):
             self._warmed(body["local_rank"])
+            self._slot_ready(body["local_rank"])
         parked = request.msg.type in PARKED
         def relay(reply: Message) -> None:
             if request.msg.type == "rank_and_size" and "rank" in reply.body:

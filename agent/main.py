@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from agent.agent import AgentService
-from bus.gpus import check_slots, default_slots, gpu_devices
+from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
@@ -28,7 +29,8 @@ def default_run_dir() -> Path:
 @click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
 @click.option("--advertise-addr", envvar="ELASTIC_ADVERTISE_ADDR", default=None, help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this host's name).")
 @click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="On SIGTERM, seconds to wait for workers to leave at a commit.")
-def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float) -> None:
+@click.option("--standby", envvar="ELASTIC_STANDBY_WORKERS", type=int, default=0, show_default=True, help="Spare worker processes kept waiting in init(); one takes a crashed worker's slot at once.")
+def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float, standby: int) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
     if not host or "/" in host or host.startswith("."):
@@ -38,11 +40,13 @@ def main(host: str, slots: int | None, share_gpus: bool, control: str | None, ke
     slots = default_slots(gpus) if slots is None else slots
     if advertise_addr is None:
         advertise_addr = "127.0.0.1" if control in (None, "127.0.0.1", "localhost") else socket.getfqdn()
+    from_env = click.get_current_context().get_parameter_source("control") is ParameterSource.ENVIRONMENT
     try:
         check_slots(slots, gpus, share_gpus)
+        check_standby(standby, slots)
         agent = AgentService(
-            host, slots, Endpoints.from_env(control), Timing.from_env(),
-            run_dir=default_run_dir(), share_gpus=share_gpus, security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, log=log,
+            host, slots, Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control"), Timing.from_env(),
+            run_dir=default_run_dir(), share_gpus=share_gpus, security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, standby=standby, log=log,
         )
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)

@@ -1,6 +1,8 @@
 """Worker processes of one host: spawn (dying with the agent), signal, reap.
 
 A worker's stdout and stderr are pipes the agent reads (agent/output.py).
+A standby (local rank STANDBY until its agent admits it to a slot) is a
+worker process like any other.
 Each worker runs in its own session so a signal reaches its whole process
 tree, and has PR_SET_PDEATHSIG set so it is killed if the agent dies, even by
 SIGKILL: an agent never leaves orphans.
@@ -8,18 +10,15 @@ SIGKILL: an agent never leaves orphans.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+from agent.output import PrefixedPipe
+from bus.lifetime import die_with_parent
 
 
-def _die_with_parent() -> None:
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+STANDBY = -1
 
 
 @dataclass
@@ -27,6 +26,7 @@ class Worker:
     local_rank: int
     process: subprocess.Popen[bytes]
     stop_requested: bool = False
+    output: list[PrefixedPipe] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -47,7 +47,7 @@ def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent(),
     )
     return Worker(local_rank, process)
 

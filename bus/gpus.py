@@ -71,3 +71,12 @@ def check_slots(slots: int, gpus: int, share_gpus: bool) -> None:
     """Raise ValueError when a GPU host is given more slots than GPUs without sharing them."""
     if gpus and slots > gpus and not share_gpus:
         raise ValueError(f"--slots {slots} is more than this host's {gpus} GPU(s); lower --slots or pass --share-gpus to run several workers per GPU")
+
+
+def check_standby(standby: int, slots: int) -> None:
+    """Raise ValueError when a host is asked to keep more standbys than it has slots: a standby only ever takes the
+    slot of a crashed worker, so more spares than slots would hold memory (and a GPU when admitted) for nothing."""
+    if standby < 0:
+        raise ValueError(f"--standby {standby} must be 0 or more")
+    if standby > slots:
+        raise ValueError(f"--standby {standby} is more than this host's {slots} slot(s): a host keeps at most one standby per slot")

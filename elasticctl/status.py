@@ -37,6 +37,9 @@ def render(view: dict[str, Any]) -> str:
     ]
     if job.get("reason"):
         lines.append(f"  reason: {job['reason']}")
+    spec = job.get("spec") or {}
+    if "max_restarts" in spec:
+        lines.append(f"  crashed workers: {crash_policy(spec['max_restarts'], spec['restart_window'])}")
     lines.append("")
     host_rows = []
     for h in view["hosts"]:
@@ -46,6 +49,9 @@ def render(view: dict[str, Any]) -> str:
             note = f"{h['blacklist_reason']} (cooldown {left})"
         elif h["state"] == "lost":
             note = f"no heartbeat for {h['lost_for']:.1f}s" + (f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else "")
+        if h.get("down"):
+            restarting = f"slot {', '.join(map(str, h['down']))} restarting after a crash"
+            note = f"{note}; {restarting}" if note else restarting
         host_rows.append([h["host"], h["slots"], h["state"], note])
     lines += _table(["HOST", "SLOTS", "STATE", "NOTE"], host_rows) if host_rows else ["no hosts"]
     lines.append("")
@@ -54,6 +60,12 @@ def render(view: dict[str, Any]) -> str:
     if view["history"]:
         lines += ["", "recent rounds:"] + [f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]]
     return "\n".join(lines)
+
+
+def crash_policy(max_restarts: int, window: float) -> str:
+    if max_restarts == 0:
+        return "the first crash blacklists the host (--max-restarts 0)"
+    return f"restarted in place, up to {max_restarts} times in {window:g}s per slot; then the host is blacklisted"
 
 
 def as_json(view: dict[str, Any]) -> str:

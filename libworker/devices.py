@@ -5,7 +5,8 @@ script that also calls `torch.cuda.set_device(hvd.local_rank())` keeps
 working. When the agent runs with `--share-gpus` (`ELASTIC_GPU_SHARED=1` in
 the worker's environment) several workers use one GPU, round robin; NCCL
 refuses two ranks on one GPU, so their CUDA tensors go through gloo. A host
-without CUDA binds nothing and uses gloo.
+without CUDA binds nothing and uses gloo. A standby binds its GPU only when
+its agent admits it to a slot (until then it has no local rank).
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ def device_index(local_rank: int, device_count: int, shared: bool) -> int:
     return local_rank
 
 
+def is_standby() -> bool:
+    """Whether this process is a standby still waiting for a slot."""
+    return os.environ.get("ELASTIC_STANDBY") == "1"
+
+
 def bind_device() -> None:
     """Make this worker's GPU the current CUDA device; nothing outside an agent's worker or without CUDA."""
-    if not os.environ.get("ELASTIC_AGENT") or not torch.cuda.is_available():
+    if not os.environ.get("ELASTIC_AGENT") or is_standby() or not torch.cuda.is_available():
         return
     local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
     torch.cuda.set_device(device_index(local_rank, torch.cuda.device_count(), gpus_shared()))

@@ -16,6 +16,10 @@ hung peer) cannot be shut down without blocking until gloo's own timeout: it
 is detached and kept in `world.retired` until its collectives end, then
 released at a later join, so at most the rounds of one collective timeout are
 held at once (`retired_groups()` counts them).
+
+A standby process (started by `elastic-agent --standby N`) first waits in
+`join()` until its agent gives it the slot of a crashed worker; from then on
+it is that slot's worker: it binds the slot's GPU and joins like any other.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def _connect() -> AgentLink:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
     orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * world.timing.heartbeat)
-    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "0")), orphan_after)
+    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "-1")), orphan_after)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
     link.wait_subscribed(5.0)
@@ -173,10 +177,25 @@ def advertise_address() -> str:
     return os.environ.get("ELASTIC_ADVERTISE_ADDR", "127.0.0.1")
 
 
+def _wait_for_a_slot(link: AgentLink) -> None:
+    """A standby waits here, started and imported, until its agent admits it to a slot."""
+    try:
+        reply = link.requests.request("standby", {"pid": os.getpid()}, timeout=5.0, deadline=JOIN_DEADLINE)
+    except (Unreachable, ServiceError) as exc:
+        raise WorkerInternalError(f"standby was not admitted: {exc}") from None
+    local_rank = int(reply.body["local_rank"])
+    os.environ.update(ELASTIC_LOCAL_RANK=str(local_rank), LOCAL_RANK=str(local_rank))
+    del os.environ["ELASTIC_STANDBY"]
+    link.local_rank = local_rank
+    devices.bind_device()
+
+
 def join() -> None:
     """Join the next round: park at the rendezvous until it is complete, then set up torch.distributed."""
     if world.link is None:
         world.link = _connect()
+    if devices.is_standby():
+        _wait_for_a_slot(world.link)
     release_process_group()
     local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
     try:

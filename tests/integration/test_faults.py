@@ -11,14 +11,14 @@ from tests.harness import Cluster, read_events, wait_for
 from tests.integration.training import JOB, assert_training_invariants, host_row, start_training, steps, wait_for_size, worker_pid
 
 
-def test_kill_9_of_a_worker_resumes_from_the_last_commit(cluster: Cluster, tmp_path: Path) -> None:
-    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "600", "600")
+def test_kill_9_of_a_worker_with_horovods_rule_resumes_from_the_last_commit_and_blacklists_its_host(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "600", "600", "--max-restarts", "0")
     os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
     wait_for_size(log_dir, 2)
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
     host2 = host_row(cluster, "host-2")
-    assert host2["state"] == "blacklisted" and "round 1: rank 3 on host-2 exited with code -9" == host2["blacklist_reason"]
+    assert host2["state"] == "blacklisted" and host2["blacklist_reason"].startswith("round 1: rank 3 on host-2 exited with code -9; crashed; --max-restarts 0")
     assert "blacklisted" in cluster.elasticctl("status").stdout
 
 
@@ -92,7 +92,7 @@ def test_a_script_failing_everywhere_stops_with_all_hosts_failed(cluster: Cluste
 
 
 def test_a_blacklisted_host_returns_after_its_cooldown(cluster: Cluster, tmp_path: Path) -> None:
-    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "2", "2", epochs=4, step_delay=0.03)
+    job, log_dir = start_training(cluster, tmp_path, "--blacklist-cooldown", "2", "2", "--max-restarts", "0", epochs=4, step_delay=0.03)
     os.kill(worker_pid(cluster, "host-2", 0), signal.SIGKILL)
     wait_for_size(log_dir, 2)
     shrunk_at = min(e["time"] for e in steps(log_dir) if e["size"] == 2)
@@ -122,7 +122,7 @@ def test_workers_keep_training_while_the_control_plane_is_unreachable(cluster: C
 def test_when_every_host_is_blacklisted_the_job_stops(cluster: Cluster, tmp_path: Path) -> None:
     cluster.start_agent("host-1", 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--", *JOB, "--epochs", "50", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    job = cluster.submit("--max-restarts", "0", "--", *JOB, "--epochs", "50", "--step-delay", "0.02", "--log-dir", str(log_dir))
     wait_for_size(log_dir, 2)
     os.kill(worker_pid(cluster, "host-1", 1), signal.SIGKILL)
     assert cluster.wait_job_end(job, 60) != 0

@@ -1,0 +1,149 @@
+"""A crashed worker on a healthy host (issue 13): the job keeps training without its slot, the slot restarts in place
+and rejoins; a standby takes the slot at once; a slot that crashes on every start is given up and its host
+blacklisted, without ever stalling the job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from tests.harness import Cluster, processes_with_env, read_events, wait_for
+from tests.integration.training import JOB, assert_training_invariants, host_row, steps, wait_for_size, worker_pid
+
+HOSTS = ("host-1", "host-2", "host-3")
+
+
+CRASHING_JOB = [JOB[0], "tests/workers/crash_at_start.py"]
+
+
+def start_job(
+    cluster: Cluster, tmp_path: Path, *options: str, agent_args: tuple[str, ...] = (), epochs: int = 8, env: dict[str, str] | None = None, command: list[str] = JOB
+) -> tuple[subprocess.Popen[bytes], Path]:
+    for host in HOSTS:
+        cluster.start_agent(host, 1, list(agent_args))
+    log_dir = tmp_path / "train"
+    extra = [arg for key, value in (env or {}).items() for arg in ("--env", f"{key}={value}")]
+    job = cluster.submit(
+        "--min-np", "2", "--blacklist-cooldown", "600", "600", *options, *extra,
+        "--", *command, "--epochs", str(epochs), "--step-delay", "0.02", "--log-dir", str(log_dir),
+    )
+    wait_for_size(log_dir, 3)
+    return job, log_dir
+
+
+def rank0_step_times(log_dir: Path, after: float) -> list[float]:
+    return [e["time"] for e in steps(log_dir) if e["rank"] == 0 and e["time"] > after]
+
+
+def longest_gap(times: list[float]) -> float:
+    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+def assert_one_process_per_rank(log_dir: Path) -> None:
+    holders: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for event in steps(log_dir):
+        holders[(event["round"], event["rank"])].add(event["pid"])
+    shared = {key: pids for key, pids in holders.items() if len(pids) > 1}
+    assert not shared, f"(round, rank) held by more than one process: {shared}"
+
+
+def test_a_crashed_worker_costs_no_stall_and_its_slot_restarts_in_place(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path)
+    victim = worker_pid(cluster, "host-3", 0)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    wait_for_size(log_dir, 2, after=killed_at, timeout=30)
+    wait_for(lambda: any(e["size"] == 3 and e["host"] == "host-3" and e["pid"] != victim and e["time"] > killed_at for e in steps(log_dir)), 60, "host-3's replacement training at full size")
+    times = rank0_step_times(log_dir, killed_at - 1.0)
+    assert longest_gap(times) < 1.0, f"the job stalled {longest_gap(times):.2f}s around the crash"
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    assert_one_process_per_rank(log_dir)
+    host3 = host_row(cluster, "host-3")
+    assert host3["state"] == "active" and not host3["blacklisted"], host3
+
+
+def processes_of(cluster: Cluster, host: str) -> list[int]:
+    """Live processes started by `host`'s agent of this cluster."""
+    return processes_with_env(f"ELASTIC_AGENT=ipc://{cluster.workdir / 'run'}/agent-{host}.sock\0")
+
+
+def standbys_of(cluster: Cluster, host: str) -> list[int]:
+    """Live processes started as standbys by `host`'s agent (their environment says so even once admitted)."""
+    found = []
+    for pid in processes_of(cluster, host):
+        try:
+            if b"ELASTIC_STANDBY=1\0" in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_standby_takes_the_crashed_slot_and_the_job_is_back_at_full_size_within_a_second(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "1"))
+    wait_for(lambda: "standby_waiting" in cluster.output("agent-host-2"), 60, "host-2's standby to wait in init()")
+    first_standby = standbys_of(cluster, "host-2")
+    assert len(first_standby) == 1
+    os.kill(first_standby[0], signal.SIGKILL)
+    wait_for(lambda: cluster.output("agent-host-2").count("standby_waiting") >= 2, 60, "a standby that died while waiting to be replaced")
+    assert cluster.output("agent-host-2").count("standby_replaced") == 1
+    victim = worker_pid(cluster, "host-2", 0)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: any(e["size"] == 3 and e["host"] == "host-2" and e["pid"] != victim and e["time"] > killed_at for e in steps(log_dir)), 30, "the standby training in host-2's slot")
+    back_at = min(e["time"] for e in steps(log_dir) if e["size"] == 3 and e["host"] == "host-2" and e["pid"] != victim and e["time"] > killed_at)
+    assert back_at - killed_at < 1.0, f"full size again {back_at - killed_at:.2f}s after the crash"
+    assert "standby_admitted" in cluster.output("agent-host-2")
+    wait_for(lambda: cluster.output("agent-host-2").count("standby_started") >= 2, 30, "a new standby started in the background")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    assert_one_process_per_rank(log_dir)
+    wait_for(lambda: not cluster.leftover_workers(), 15, "standbys stopped with the job")
+
+
+def test_agent_shutdown_stops_its_standby(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "1"), epochs=4)
+    wait_for(lambda: standbys_of(cluster, "host-3"), 60, "host-3's standby")
+    assert cluster.stop("agent-host-3") == 0
+    assert not processes_of(cluster, "host-3")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+
+
+def test_more_standbys_than_slots_is_refused_with_one_line(cluster: Cluster) -> None:
+    agent = cluster.spawn("agent-host-9", [sys.executable, "-m", "agent.main", "--host", "host-9", "--slots", "1", "--standby", "2"])
+    assert agent.wait(timeout=30) == 2
+    lines = cluster.output("agent-host-9").strip().splitlines()
+    assert lines[-1] == "elastic-agent: --standby 2 is more than this host's 1 slot(s): a host keeps at most one standby per slot", lines
+
+
+def test_a_slot_that_crashes_on_every_start_backs_off_then_its_host_is_blacklisted(cluster: Cluster, tmp_path: Path) -> None:
+    crash_marker = tmp_path / "crash-at-start"
+    job, log_dir = start_job(cluster, tmp_path, "--max-restarts", "2", "--restart-window", "60", env={"CRASH_AT_START_IF": str(crash_marker), "CRASH_ON_HOST": "host-3"}, command=CRASHING_JOB)
+    crash_marker.touch()
+    killed_at = time.time()
+    os.kill(worker_pid(cluster, "host-3", 0), signal.SIGKILL)
+    wait_for(lambda: host_row(cluster, "host-3")["blacklisted"], 30, "host-3 blacklisted after its slot crash-looped")
+    row = host_row(cluster, "host-3")
+    assert "crashed 3 times within 60s" in row["blacklist_reason"], row
+    agent_log = cluster.output("agent-host-3")
+    assert agent_log.count("slot_restarting") == 2 and "slot_given_up" in agent_log
+    times = rank0_step_times(log_dir, killed_at - 1.0)
+    assert longest_gap(times) < 1.0, f"the job stalled {longest_gap(times):.2f}s while host-3's slot crash-looped"
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    assert "crashed 3 times" in cluster.elasticctl("status").stdout
+
+
+def test_max_restarts_zero_keeps_horovods_rule_a_crash_blacklists_the_host(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, "--max-restarts", "0", epochs=4)
+    os.kill(worker_pid(cluster, "host-2", 0), signal.SIGKILL)
+    wait_for(lambda: host_row(cluster, "host-2")["blacklisted"], 30, "host-2 blacklisted at the first crash")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert "exited with code -9; crashed; --max-restarts 0" in host_row(cluster, "host-2")["blacklist_reason"]
+    assert {e["host"] for e in read_events(log_dir) if e["event"] == "done"} == {"host-1", "host-3"}
