@@ -78,7 +78,7 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
         job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
         wait_for_size(log_dir, 4)
         os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
-        wait_for_size(log_dir, 2)
+        wait_for_size(log_dir, 3)
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
         wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")
