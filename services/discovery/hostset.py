@@ -175,6 +175,7 @@ class HostSet:
                     "host": record.name,
                     "slots": self._slots(record),
                     "down": sorted(record.down),
+                    "incarnation": record.incarnation,
                     "state": self.state(record),
                     "draining": record.draining,
                     "lost_for": None if record.lost_at is None else round(now - record.lost_at, 3),

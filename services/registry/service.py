@@ -67,6 +67,7 @@ class RegistryService(Service):
         self.round = 0
         self.reports: dict[Slot, SlotReport] = {}
         self.retired_pids: set[int] = set()
+        self.agents: dict[str, str] = {}
         self.hosts_timestamp = 0.0
         self.waiting_since = self.clock()
         self.first_report_at: float | None = None
@@ -170,9 +171,13 @@ class RegistryService(Service):
 
     def _observe(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> None:
         lost = set(hosts.get("lost", []))
+        agents = self._agent_incarnations(hosts)
         for slot, report in self.reports.items():
             if slot[0] in lost and report.state not in REPORTED:
                 self._fail_slot(slot, "host lost (missed heartbeats)")
+            elif report.state not in REPORTED and agents.get(slot[0], self.agents.get(slot[0])) != self.agents.get(slot[0]):
+                report.host_stays = True
+                self._fail_slot(slot, "its agent restarted (the workers died with the old one)")
         if rounds.get("round") == self.round and rounds.get("released"):
             for host, local_rank, pid in rounds.get("pids", []):
                 started = self.reports.get((host, local_rank))
@@ -186,6 +191,10 @@ class RegistryService(Service):
         self._check_hung()
         if barrier_complete(self.reports):
             self._apply(decide(self.reports, self.resets, self.spec.reset_limit if self.spec else None))
+
+    @staticmethod
+    def _agent_incarnations(hosts: dict[str, Any]) -> dict[str, str]:
+        return {h["host"]: h["incarnation"] for h in hosts.get("all", []) if isinstance(h.get("incarnation"), str)}
 
     def _fail_slot(self, slot: Slot, reason: str) -> None:
         report = self.reports[slot]
@@ -283,6 +292,7 @@ class RegistryService(Service):
         survivors = {slot: r.pid for slot, r in self.reports.items() if r.state == READY}
         self.retired_pids.update(r.pid for r in self.reports.values() if r.pid is not None and r.state != READY)
         self.round = reply["round"]
+        self.agents = self._agent_incarnations(hosts)
         self.reports = {
             (s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"], pid=survivors.get((s["hostname"], s["local_rank"])))
             for s in reply["slots"]

@@ -147,3 +147,17 @@ def test_max_restarts_zero_keeps_horovods_rule_a_crash_blacklists_the_host(clust
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert "exited with code -9; crashed; --max-restarts 0" in host_row(cluster, "host-2")["blacklist_reason"]
     assert {e["host"] for e in read_events(log_dir) if e["event"] == "done"} == {"host-1", "host-3"}
+
+
+def test_an_agent_killed_and_restarted_at_once_costs_its_slots_only_until_its_new_workers_are_ready(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path)
+    old_worker = worker_pid(cluster, "host-3", 0)
+    killed_at = time.time()
+    cluster.processes["agent-host-3"].send_signal(signal.SIGKILL)
+    cluster.processes["agent-host-3"].wait()
+    cluster.start_agent("host-3", 1)
+    wait_for_size(log_dir, 2, after=killed_at, timeout=30)
+    wait_for(lambda: any(e["size"] == 3 and e["host"] == "host-3" and e["pid"] != old_worker and e["time"] > killed_at for e in steps(log_dir)), 60, "host-3's new worker training at full size")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    assert not host_row(cluster, "host-3")["blacklisted"]
