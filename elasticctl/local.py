@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import click
 
-from bus.gpus import gpu_devices
+from bus.gpus import check_standby, gpu_devices
 from bus.config import Endpoints
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
@@ -57,6 +57,7 @@ class LocalCluster:
     log_dir: Path
     devices: list[str | None]
     share_gpus: bool = False
+    standby: int = 0
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
@@ -79,6 +80,7 @@ class LocalCluster:
                 self._wait(lambda s=service: plane.call(s, "ping"), f"the {service} service to answer")
             agent_env = {**env, "ELASTIC_LOG_LEVEL": os.environ.get("ELASTIC_LOG_LEVEL", "WARNING")}
             share = ["--share-gpus"] if self.share_gpus else []
+            share += ["--standby", str(self.standby)] if self.standby else []
             for i, devices in enumerate(self.devices, start=1):
                 own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
                 self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share], {**agent_env, **own_gpus}, log_to_file=False)
@@ -133,15 +135,19 @@ def _interrupted(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False) -> int:
+def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int = 0) -> int:
     gpus = gpu_devices()
     slots = default_local_slots(len(gpus), hosts) if slots is None else slots
+    try:
+        check_standby(standby, slots)
+    except ValueError as exc:
+        raise CommandError(str(exc), 2) from None
     devices = agent_devices(gpus, hosts, slots, share_gpus)
     endpoints = Endpoints.from_env()
     if already_running(endpoints):
         raise CommandError(f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker compose?); stop it first")
     log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
-    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus)
+    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus, standby)
     shown = f", {len(gpus)} GPU(s){' shared' if share_gpus else ''}" if gpus else ""
     click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s){shown}; service logs in {log_dir}", err=True)
     previous = signal.signal(signal.SIGTERM, _interrupted)

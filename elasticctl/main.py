@@ -142,11 +142,12 @@ _host_command("undrain", "Put HOST back into the job from the next round.", "und
 @click.option("--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N.")
 @click.option("--slots", type=click.IntRange(min=1), default=None, help="Slots per agent (default: the GPUs split among the agents, 2 without GPUs).")
 @click.option("--share-gpus", envvar="ELASTIC_GPU_SHARED", is_flag=True, help="Let workers share GPUs (more slots than GPUs; gloo, not NCCL, for CUDA tensors).")
+@click.option("--standby", type=int, default=0, show_default=True, help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once.")
 @job_options
-def local(hosts: int, slots: int | None, share_gpus: bool, **options: Any) -> None:
+def local(hosts: int, slots: int | None, share_gpus: bool, standby: int, **options: Any) -> None:
     """Run the whole system on this machine (services + agents on loopback) for one job."""
     spec = build_spec(options)
-    sys.exit(run_local(hosts, slots, spec, share_gpus))
+    sys.exit(run_local(hosts, slots, spec, share_gpus, standby))
 
 
 @cli.group()

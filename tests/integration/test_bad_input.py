@@ -94,6 +94,9 @@ def test_cli_errors_are_one_line_without_traceback() -> None:
     _assert_one_clear_line(_elasticctl("run", env=env), "Missing argument")
     _assert_one_clear_line(_elasticctl("run", "--min-np", "zero", "--", "true", env=env), "min-np")
     _assert_one_clear_line(_elasticctl("local", "--hosts", "0", "--", "true", env=env), "hosts")
+    _assert_one_clear_line(_elasticctl("local", "--slots", "1", "--standby", "2", "--", "true", env=env), "--standby 2 is more than this host's 1 slot(s)")
+    _assert_one_clear_line(_elasticctl("run", "--max-restarts", "-1", "--", "true", env=env), "--max-restarts must be at least 0")
+    _assert_one_clear_line(_elasticctl("run", "--restart-window", "0", "--", "true", env=env), "--restart-window must be a positive number")
     _assert_one_clear_line(_elasticctl("nonsense", env=env), "No such command")
 
 

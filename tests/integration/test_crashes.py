@@ -161,3 +161,24 @@ def test_an_agent_killed_and_restarted_at_once_costs_its_slots_only_until_its_ne
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
     assert not host_row(cluster, "host-3")["blacklisted"]
+
+
+def test_elasticctl_local_standby_gives_each_agent_a_standby_that_takes_a_crashed_slot(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    log_dir = tmp_path / "train"
+    local = cluster.spawn("elasticctl-local", [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--standby", "1", "--", *JOB, "--epochs", "4", "--step-delay", "0.02", "--log-dir", str(log_dir)])
+    try:
+        wait_for(lambda: len(standbys_of(cluster, "host-1")) == 1 and len(standbys_of(cluster, "host-2")) == 1, 90, "a standby per agent")
+        wait_for_size(log_dir, 2)
+        victim = next(e["pid"] for e in steps(log_dir) if e["host"] == "host-2")
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(e["host"] == "host-2" and e["pid"] != victim and e["size"] == 2 and e["time"] > killed_at for e in steps(log_dir)), 30, "the standby training in host-2's slot")
+        assert local.wait(timeout=180) == 0, cluster.output("elasticctl-local")
+        assert_training_invariants(log_dir)
+        assert_one_process_per_rank(log_dir)
+        assert not cluster.leftover_workers()
+    finally:
+        if local.poll() is None:
+            local.kill()
+            local.wait()
