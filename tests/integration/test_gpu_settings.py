@@ -23,7 +23,7 @@ def test_slots_default_to_the_gpus_the_agent_sees(cluster: Cluster) -> None:
     cluster.spawn("agent-gpu-host", [sys.executable, "-m", "agent.main", "--host", "gpu-host"], {**cluster.env, "CUDA_VISIBLE_DEVICES": "0,1,2"})
     cluster.spawn("agent-cpu-host", [sys.executable, "-m", "agent.main", "--host", "cpu-host"], {**cluster.env, "CUDA_VISIBLE_DEVICES": ""})
     available = wait_for(lambda: (hosts := dict(cluster.call("discovery", "hosts")["available"])) and len(hosts) == 2 and hosts, 20, "both agents to register")
-    assert available == {"gpu-host": 3, "cpu-host": 1}
+    assert available == {"gpu-host": [0, 1, 2], "cpu-host": [0]}
 
 
 def test_share_gpus_reaches_the_workers_of_that_agent_only(cluster: Cluster, tmp_path: Path) -> None:
