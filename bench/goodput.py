@@ -1,0 +1,313 @@
+"""Goodput under faults (issue 13): committed samples per second while faults strike, over the same fault-free.
+
+    python -m bench.goodput [--mode all|worker|agent|drain] [--standby both|0|1] [--duration 90]
+                            [--baseline-duration 45] [--fault-every 15] [--drain-seconds 5]
+
+The default run (a baseline and six chaos runs) takes about 13 minutes;
+`--duration 40` about 8.
+
+The job: 3 hosts x 1 slot, `examples/train_elastic.py` (batch 16 per rank,
+commit every 4 steps, `--step-delay 0.02`, epochs without end; a step takes
+~60 ms on an idle 2-core machine) with
+`--blacklist-cooldown 0 0 --max-restarts 1000 --restart-window 1`: the faults
+are random, not a crash loop, so no slot backs off and no host stays out.
+Intervals are the production defaults (heartbeat 1 s, 3 missed = lost,
+discovery poll 1 s, driver tick 0.1 s, collective timeout 60 s). Every run
+has a cluster of its own; it starts measuring once the job has trained 20
+steps at world size 3 (and, with standbys, once every agent's standby waits
+in `init()`), then measures for `--duration` seconds; a fault strikes every
+`--fault-every` seconds from the start of the window, each at a random host:
+  worker  SIGKILL of the host's worker; its agent restarts the slot in place
+  agent   SIGKILL of the host's agent (its workers die with it), then the
+          agent is started again at once under the same host name
+  drain   `elasticctl drain HOST`, then `elasticctl undrain HOST`
+          `--drain-seconds` later
+Each mode runs without and with `--standby 1` on every agent. The baseline
+is one fault-free run of the same job without standbys, measured for
+`--baseline-duration` seconds (45 by default: its rate is steady, so half
+the chaos window is enough).
+
+Committed samples: the samples of the steps that ended up committed inside
+the window. The committed step is rank 0's latest `commit` event, or its
+latest round entry (a round resumes from the last commit, which also covers
+a commit interrupted by a host update before it was logged). Every step
+number after the committed step at the window's start up to the committed
+step at its end counts once, with the samples of its last execution (a step
+rolled back and redone counts as redone): rank 0's batch length times the
+world size of that execution. Goodput ratio = chaos committed samples per
+second / baseline committed samples per second.
+
+Printed per run: `GOODPUT mode=M standby=S ratio=R baseline_sps=B
+chaos_sps=C faults=N longest_pause_s=P`, then the pauses (gaps between
+consecutive rank-0 steps longer than 3x the run's median step, as seconds
+into the window: length; a pause still going on when the window ends
+counts up to its end), then a load-corrected ratio: each run's committed
+samples per second over its rate at full size at its own median full-size
+step, the chaos run's over the baseline's (others share this machine's 2
+cores, so the baseline's pace and a chaos run's can differ twofold; this
+ratio factors that out), then
+`fault -> full size again` per fault: from the kill (worker, agent) or the
+undrain (drain) to rank 0's first step at world size 3 in a round started
+after the fault.
+
+Every process started here (restarted agents included) is stopped on the way
+out, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import JOB, cluster
+from bench.gpu_smoke import running_pid
+from bus.config import Timing
+from tests.harness import Cluster, wait_for
+
+HOSTS = ("host-1", "host-2", "host-3")
+FULL_SIZE = len(HOSTS)
+MODES = ("worker", "agent", "drain")
+WARM_UP_STEPS = 20
+PAUSE_FACTOR = 3.0
+POLL_INTERVAL = 0.2
+RESTART_IN_PLACE = ("--blacklist-cooldown", "0", "0", "--max-restarts", "1000", "--restart-window", "1")
+
+Event = dict[str, Any]
+
+
+class EventTail:
+    """The events the job's ranks log, read as they are written: each poll parses only the lines added since
+    the last one (the logs grow too large to read whole, again and again, on a busy 2-core machine)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[Event]:
+        """The complete lines added to every rank's log since the last poll, in time order."""
+        new: list[Event] = []
+        for path in sorted(self.log_dir.glob("*.jsonl")):
+            offset = self.offsets.get(path, 0)
+            if path.stat().st_size == offset:
+                continue
+            with open(path, "rb") as file:
+                file.seek(offset)
+                chunk = file.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[path] = offset + len(complete)
+            for line in complete.splitlines():
+                try:
+                    new.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut short by a kill
+        return sorted(new, key=lambda e: e["time"])
+
+    def wait(self, matches: Callable[[Event], bool], timeout: float, what: str, keep: Callable[[Event], None]) -> Event:
+        """Poll until an event `matches`; every event read on the way goes to `keep`. Returns the first match."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = None
+            for event in self.poll():
+                keep(event)
+                if found is None and matches(event):
+                    found = event
+            if found is not None:
+                return found
+            time.sleep(POLL_INTERVAL)
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def start_job(c: Cluster, standby: int, step_delay: float) -> tuple[subprocess.Popen[bytes], EventTail]:
+    """An agent with one slot (and `standby` spares) on each host, then the example job, logging its events."""
+    for host in HOSTS:
+        c.start_agent(host, 1, agent_args(standby))
+    log_dir = c.workdir / "train"
+    job = c.submit("--min-np", "2", *RESTART_IN_PLACE, "--", *JOB, "--epochs", "1000000", "--step-delay", str(step_delay), "--log-dir", str(log_dir))
+    return job, EventTail(log_dir)
+
+
+def agent_args(standby: int) -> list[str]:
+    return ["--standby", str(standby)] if standby else []
+
+
+def wait_for_standbys(c: Cluster) -> None:
+    wait_for(lambda: all("standby_waiting" in c.output(f"agent-{host}") for host in HOSTS), 120, "every agent's standby to wait in init()", interval=POLL_INTERVAL)
+
+
+def kill_worker(c: Cluster, host: str) -> None:
+    try:
+        os.kill(running_pid(c, host), signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it died on its own meanwhile: the fault happened anyway
+
+
+def restart_agent(c: Cluster, host: str, standby: int) -> None:
+    """SIGKILL the agent of `host` (its workers die with it) and start a new one under the same name; the old
+    process is reaped first, since `Cluster.processes` keeps only the newest process of a name."""
+    agent = c.processes[f"agent-{host}"]
+    agent.kill()
+    agent.wait()
+    c.start_agent(host, 1, agent_args(standby))
+
+
+def set_drained(c: Cluster, host: str, drained: bool) -> None:
+    command = "drain" if drained else "undrain"
+    result = c.elasticctl(command, host)
+    if result.returncode != 0:
+        raise AssertionError(f"elasticctl {command} {host} failed: {result.stderr or result.stdout}")
+
+
+@dataclass
+class Fault:
+    host: str
+    at: float  # the kill, or the undrain of a drain: where "back at full size" is measured from
+    round_before: int  # the job's round just before `at`
+
+
+@dataclass
+class Run:
+    mode: str
+    standby: int
+    start: float
+    end: float
+    events: list[Event] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def rank0(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e["rank"] == 0 and e["event"] == kind]
+
+    def committed_step(self, at: float) -> int:
+        """Rank 0's committed step at time `at`: its latest commit or round entry (which resumes from a commit)."""
+        marks = [e["step"] for e in self.events if e["rank"] == 0 and e["event"] in ("commit", "enter") and e["time"] <= at]
+        return max(marks, default=0)
+
+    def committed_samples(self) -> int:
+        last_execution: dict[int, int] = {}
+        for step in self.rank0("step"):
+            if step["time"] <= self.end:
+                last_execution[step["step"]] = len(step["indices"]) * step["size"]
+        first, last = self.committed_step(self.start), self.committed_step(self.end)
+        return sum(last_execution.get(n, 0) for n in range(first + 1, last + 1))
+
+    def samples_per_second(self) -> float:
+        return self.committed_samples() / (self.end - self.start)
+
+    def step_gaps(self) -> list[tuple[float, float]]:
+        """(time into the window, length) of every gap between consecutive rank-0 steps inside the window, the
+        window's edges counting as steps (a pause still going on at the end counts up to the end)."""
+        times = [self.start, *(e["time"] for e in self.rank0("step") if self.start <= e["time"] <= self.end), self.end]
+        return [(a - self.start, b - a) for a, b in zip(times, times[1:])]
+
+    def median_step(self) -> float:
+        gaps = self.step_gaps()
+        return statistics.median(length for _, length in gaps) if gaps else float("nan")
+
+    def full_size_rate(self) -> float:
+        """Samples per second at full size at this run's own pace: 3 batches per median full-size step. Dividing
+        by it factors out how busy the machine was during the run (others share its 2 cores)."""
+        steps = [e for e in self.rank0("step") if self.start <= e["time"] <= self.end]
+        gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if a["size"] == b["size"] == FULL_SIZE and a["round"] == b["round"]]
+        if not gaps:
+            return float("nan")
+        return FULL_SIZE * statistics.median(len(e["indices"]) for e in steps) / statistics.median(gaps)
+
+    def back_at_full_size(self, fault: Fault) -> float | None:
+        """Seconds from the fault to rank 0's first step at full size in a later round; None if not in the run."""
+        for step in self.rank0("step"):
+            if step["time"] > fault.at and step["round"] > fault.round_before and step["size"] == FULL_SIZE:
+                return step["time"] - fault.at
+        return None
+
+
+def measure(mode: str | None, standby: int, duration: float, fault_every: float, drain_seconds: float, step_delay: float, rng: random.Random) -> Run:
+    """One run in a cluster of its own: warm up, then `duration` seconds with a fault of `mode` every
+    `fault_every` seconds (none when `mode` is None)."""
+    with cluster(Timing().as_env()) as c:
+        job, tail = start_job(c, standby, step_delay)
+        events: list[Event] = []
+
+        def warmed_up(_: Event) -> bool:
+            return sum(e["event"] == "step" and e["rank"] == 0 and e["size"] == FULL_SIZE for e in events) >= WARM_UP_STEPS
+
+        tail.wait(warmed_up, 180, f"{WARM_UP_STEPS} steps at world size {FULL_SIZE}", events.append)
+        if standby:
+            wait_for_standbys(c)
+        start = time.time()
+        run = Run(mode or "none", standby, start, start + duration)
+        next_fault = run.start + fault_every
+        while mode is not None and next_fault < run.end:
+            time.sleep(max(0.0, next_fault - time.time()))
+            host = rng.choice(HOSTS)
+            round_before = c.job()["round"]
+            if mode == "worker":
+                run.faults.append(Fault(host, time.time(), round_before))
+                kill_worker(c, host)
+            elif mode == "agent":
+                run.faults.append(Fault(host, time.time(), round_before))
+                restart_agent(c, host, standby)
+            else:
+                set_drained(c, host, True)
+                time.sleep(drain_seconds)
+                run.faults.append(Fault(host, time.time(), c.job()["round"]))
+                set_drained(c, host, False)
+            next_fault += fault_every
+        time.sleep(max(0.0, run.end - time.time()))
+        run.events = events + tail.poll()
+        c.call("registry", "cancel", {"reason": "benchmark done"})
+        c.wait_job_end(job, 30)
+    return run
+
+
+def report(run: Run, baseline: Run) -> None:
+    gaps = run.step_gaps()
+    median_step = run.median_step()
+    pauses = [(at, length) for at, length in gaps if length > PAUSE_FACTOR * median_step]
+    sps, baseline_sps = run.samples_per_second(), baseline.samples_per_second()
+    longest = max((length for _, length in gaps), default=0.0)
+    print(f"GOODPUT mode={run.mode} standby={run.standby} ratio={sps / baseline_sps:.3f} baseline_sps={baseline_sps:.1f} chaos_sps={sps:.1f} faults={len(run.faults)} longest_pause_s={longest:.2f}")
+    print(f"  median step {median_step * 1000:.1f} ms; pauses > {PAUSE_FACTOR:g}x it (s into the window: length s): " + (", ".join(f"{at:.1f}: {length:.2f}" for at, length in pauses) or "none"))
+    pace, baseline_pace = sps / run.full_size_rate(), baseline_sps / baseline.full_size_rate()
+    print(f"  load-corrected ratio {pace / baseline_pace:.3f}: committed / full-size rate at the run's own median step {pace:.3f}, baseline's {baseline_pace:.3f}")
+    origin = "undrain" if run.mode == "drain" else "kill"
+    recoveries = [run.back_at_full_size(f) for f in run.faults]
+    print(f"  {origin} -> full size again (s): " + ", ".join(f"{f.host} {'not in the run' if r is None else f'{r:.2f}'}" for f, r in zip(run.faults, recoveries)))
+    measured = [r for r in recoveries if r is not None]
+    if measured:
+        print(f"  {origin} -> full size again: median {statistics.median(measured):.2f} s, max {max(measured):.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=("all", *MODES), default="all")
+    parser.add_argument("--standby", choices=("both", "0", "1"), default="both", help="Standby workers per agent in the chaos runs.")
+    parser.add_argument("--duration", type=float, default=90.0, help="Seconds measured per chaos run.")
+    parser.add_argument("--baseline-duration", type=float, default=45.0, help="Seconds measured in the fault-free run.")
+    parser.add_argument("--fault-every", type=float, default=15.0, help="Seconds between faults.")
+    parser.add_argument("--drain-seconds", type=float, default=5.0, help="Seconds a drained host stays drained.")
+    parser.add_argument("--step-delay", type=float, default=0.02, help="The job's --step-delay.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the choice of hosts to fault.")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
+    modes = MODES if args.mode == "all" else (args.mode,)
+    standbys = (0, 1) if args.standby == "both" else (int(args.standby),)
+    rng = random.Random(args.seed)
+    baseline = measure(None, 0, args.baseline_duration, args.fault_every, args.drain_seconds, args.step_delay, rng)
+    print(f"BASELINE sps={baseline.samples_per_second():.1f} median_step_ms={baseline.median_step() * 1000:.1f} duration_s={args.baseline_duration:g}")
+    for mode in modes:
+        for standby in standbys:
+            report(measure(mode, standby, args.duration, args.fault_every, args.drain_seconds, args.step_delay, rng), baseline)
+
+
+if __name__ == "__main__":
+    main()
