@@ -57,6 +57,7 @@ out, whatever happens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -65,7 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,24 @@ class EventTail:
                 return found
             time.sleep(POLL_INTERVAL)
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def chaos_cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """bench.common's `cluster()`, deaf to SIGTERM and SIGINT while it stops its processes: a job runner that
+    stops a process group signals this process twice (`timeout` passes its own SIGTERM on), and a second signal
+    inside the cleanup would cut it short, leaving services, agents and workers running."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with cluster(extra_env) as c:
+            try:
+                yield c
+            finally:
+                for sig in previous:
+                    signal.signal(sig, signal.SIG_IGN)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def start_job(c: Cluster, standby: int, step_delay: float) -> tuple[subprocess.Popen[bytes], EventTail]:
@@ -233,7 +252,7 @@ class Run:
 def measure(mode: str | None, standby: int, duration: float, fault_every: float, drain_seconds: float, step_delay: float, rng: random.Random) -> Run:
     """One run in a cluster of its own: warm up, then `duration` seconds with a fault of `mode` every
     `fault_every` seconds (none when `mode` is None)."""
-    with cluster(Timing().as_env()) as c:
+    with chaos_cluster(Timing().as_env()) as c:
         job, tail = start_job(c, standby, step_delay)
         events: list[Event] = []
 

@@ -27,8 +27,9 @@ pid) and the four services. Printed per process: the values at the first and
 last sample, the growth per reset as the least-squares slope over the samples
 and as (last - first) / resets. Then, per fault, the median and longest time
 from the fault to the job back at full size: a replacement process starts
-and imports torch, 10-20 s on a busy 2-core machine, so 1000 resets take
-hours (`--resets 30` checks the bench in ten minutes or so).
+and imports torch, 6 s a reset on this 2-core machine (more while other work
+runs), so 1000 resets take about two hours; `--resets 30` checks the bench
+in a few minutes.
 
 The last line: `SOAK resets=N rounds=R committed_step_lost=no|yes
 final_committed_step=S survivor_fds_per_reset=... survivor_threads_per_reset=...
@@ -52,8 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.common import cluster
-from bench.goodput import FULL_SIZE, Event, EventTail, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
+from bench.goodput import FULL_SIZE, Event, EventTail, chaos_cluster, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
 from bench.gpu_smoke import running_pid
 from tests.harness import SERVICES, Cluster
 
@@ -170,7 +170,7 @@ def main() -> None:
         parser.error("--resets must be at least --sample-every: growth needs two samples")
     sys.stdout.reconfigure(line_buffering=True)
     started = time.monotonic()
-    with cluster() as c:
+    with chaos_cluster() as c:
         print(f"logs in {c.workdir}")
         job, tail = start_job(c, args.standby, args.step_delay)
         soak = Soak(c, tail, args.standby, random.Random(args.seed))
