@@ -1,7 +1,9 @@
 """The process harness of the integration tests and benchmarks: real services, agents and workers on loopback.
 
 A `Cluster` starts the four services on free ports with shortened intervals;
-callers add agents and jobs; `close()` kills everything it started.
+callers add agents and jobs; `close()` kills everything it started, and
+whatever it started dies with the process that started it (a killed test run
+or benchmark leaves nothing behind).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 
 from bus.client import Client, incarnation_id
 from bus.config import Endpoints
+from bus.lifetime import die_with_parent
 from bus.sockets import Security
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +113,7 @@ class Cluster:
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log_path(name), "ab")
-        process = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        process = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True, preexec_fn=die_with_parent())
         log.close()
         self.processes[name] = process
         return process
