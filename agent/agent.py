@@ -435,7 +435,7 @@ class AgentService(Service):
         """Start standbys until `--standby` of them exist (while a job runs and the host is not draining)."""
         if self.plan is None or self.draining_since is not None or self.standbys_given_up or STANDBY in self.restart_at:
             return
-        while len(self.standbys) < self.standby:
+        for _ in range(self.standby - len(self.standbys)):
             self._spawn(STANDBY, self.plan, None)
 
     def _replace_standby(self, code: int) -> None:
@@ -446,7 +446,7 @@ class AgentService(Service):
         delay = self.crashes.record(STANDBY, time.monotonic(), self.policy)
         if delay is None:
             self.standbys_given_up = True
-            self.log.warning("standbys_given_up", exit_code=code, reason=give_up_reason(self.crashes.count(STANDBY), self.policy).split(";")[0])
+            self.log.warning("standbys_given_up", exit_code=code, crashes=self.crashes.count(STANDBY), window_s=self.policy.window)
             return
         self.log.info("standby_replaced", exit_code=code, delay_s=delay)
         self.restart_at[STANDBY] = time.monotonic() + delay

@@ -175,7 +175,7 @@ class RegistryService(Service):
         for slot, report in self.reports.items():
             if slot[0] in lost and report.state not in REPORTED:
                 self._fail_slot(slot, "host lost (missed heartbeats)")
-            elif report.state not in REPORTED and agents.get(slot[0], self.agents.get(slot[0])) != self.agents.get(slot[0]):
+            elif report.state not in REPORTED and slot[0] in agents and agents[slot[0]] != self.agents.get(slot[0]):
                 report.host_stays = True
                 self._fail_slot(slot, "its agent restarted (the workers died with the old one)")
         if rounds.get("round") == self.round and rounds.get("released"):

@@ -29,7 +29,7 @@ def test_discovery_script_changes_drive_the_world_size(cluster: Cluster, tmp_pat
     listing.write_text("host-1:2\n")
     wait_for_size(log_dir, 2)
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
-    assert sizes_in_order(log_dir) == [4, 6, 2]
+    assert sizes_in_order(steps(log_dir)) == [4, 6, 2]
     assert {e["host"] for e in steps(log_dir) if e["rank"] == 0} == {"host-1"}
     assert_training_invariants(log_dir)
     epochs = [e for e in read_events(log_dir) if e["event"] == "epoch_end" and e["rank"] == 0]
@@ -48,7 +48,7 @@ def test_every_sample_once_across_world_size_changes_within_an_epoch(cluster: Cl
     started = max(e["time"] for e in steps(log_dir))
     wait_for_size(log_dir, 4, after=started)
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
-    assert sizes_in_order(log_dir) == [4, 2, 4]
+    assert sizes_in_order(steps(log_dir)) == [4, 2, 4]
     seen = [i for e in steps(log_dir) for i in e["indices"]]
     assert sorted(seen) == list(range(600)), "every sample index exactly once in the epoch"
     assert_training_invariants(log_dir)
@@ -86,7 +86,7 @@ def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluste
     started = max(e["time"] for e in steps(log_dir))
     wait_for_size(log_dir, 2, after=started)
     assert cluster.wait_job_end(job, 180) == 0
-    assert sizes_in_order(log_dir) == [2, 4, 2]
+    assert sizes_in_order(steps(log_dir)) == [2, 4, 2]
     assert {e["host"] for e in steps(log_dir) if e["rank"] == 0} == {"host-1"}
     assert_training_invariants(log_dir)
 
@@ -128,7 +128,7 @@ def test_draining_the_host_of_rank_0_moves_rank_0_without_losing_state(cluster: 
     cluster.elasticctl("undrain", "host-1")
     wait_for_size(log_dir, 4, after=drained_at)
     assert cluster.wait_job_end(job, 180) == 0
-    assert sizes_in_order(log_dir) == [4, 2, 4]
+    assert sizes_in_order(steps(log_dir)) == [4, 2, 4]
     rank0_hosts = [e["host"] for e in steps(log_dir) if e["rank"] == 0]
     assert rank0_hosts[0] == "host-1" and rank0_hosts[-1] == "host-2", "rank 0 moved to the oldest surviving host and stayed"
     assert_training_invariants(log_dir)

@@ -9,17 +9,9 @@ import sys
 from pathlib import Path
 
 from tests.harness import Cluster, read_events, wait_for
-from tests.integration.training import JOB, worker_pid
+from tests.integration.training import JOB, sizes_in_order, worker_pid
 
 SCRIPT = [sys.executable, "examples/horovod_elastic.py"]
-
-
-def _sizes(log_dir: Path) -> list[int]:
-    sizes: list[int] = []
-    for event in read_events(log_dir):
-        if not sizes or sizes[-1] != event["size"]:
-            sizes.append(event["size"])
-    return sizes
 
 
 def test_horovod_script_trains_and_survives_kill_9_of_a_worker(cluster: Cluster, tmp_path: Path) -> None:
@@ -32,7 +24,7 @@ def test_horovod_script_trains_and_survives_kill_9_of_a_worker(cluster: Cluster,
     assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
     output = cluster.output("agent-host-1")
     assert re.search(r"parameters identical on all [34] ranks: True", output), output
-    assert _sizes(log_dir)[:2] == [4, 3], "the survivors went on without the crashed slot, which restarts in place"
+    assert sizes_in_order(read_events(log_dir))[:2] == [4, 3], "the survivors went on without the crashed slot, which restarts in place"
     losses = [float(v) for v in re.findall(r"Loss: ([0-9.]+)", output)]
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
     epochs = sorted({e["epoch"] for e in read_events(log_dir) if e["event"] == "epoch"})

@@ -27,9 +27,10 @@ def steps(log_dir: Path) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if e["event"] == "step"]
 
 
-def sizes_in_order(log_dir: Path) -> list[int]:
+def sizes_in_order(events: list[dict[str, Any]]) -> list[int]:
+    """The world sizes the events were logged at, each run of one size once."""
     sizes: list[int] = []
-    for event in steps(log_dir):
+    for event in events:
         if not sizes or sizes[-1] != event["size"]:
             sizes.append(event["size"])
     return sizes
