@@ -1,0 +1,62 @@
+"""A state tree (nested dicts, lists and tuples of tensors and plain values) split into a skeleton and its tensors.
+
+The skeleton holds everything but the tensors, each replaced by a `TensorRef`
+naming its place in the tensor list; it is small and picklable. Snapshots store
+the tensors as raw bytes and sync sends them as flat buffers: neither pickles
+tensor data. Mappings keep their class and a state_dict's `_metadata` (module
+versions that `load_state_dict` reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    index: int
+
+
+def split(tree: Any) -> tuple[Any, list[torch.Tensor]]:
+    """(skeleton, tensors): `join(skeleton, tensors)` rebuilds the tree."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors.append(node.detach())
+            return TensorRef(len(tensors) - 1)
+        if isinstance(node, Mapping):
+            return _same_mapping(node, {key: walk(value) for key, value in node.items()})
+        if type(node) in (list, tuple):
+            return type(node)(walk(item) for item in node)
+        return node
+
+    return walk(tree), tensors
+
+
+def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    def walk(node: Any) -> Any:
+        if isinstance(node, TensorRef):
+            return tensors[node.index]
+        if isinstance(node, Mapping):
+            return _same_mapping(node, {key: walk(value) for key, value in node.items()})
+        if type(node) in (list, tuple):
+            return type(node)(walk(item) for item in node)
+        return node
+
+    return walk(skeleton)
+
+
+def _same_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    try:
+        rebuilt = type(original)(items)
+    except TypeError:
+        rebuilt = dict(items)
+    metadata = getattr(original, "_metadata", None)
+    if metadata is not None:
+        rebuilt._metadata = metadata  # type: ignore[attr-defined]
+    return rebuilt
