@@ -11,6 +11,9 @@
   requests are forwarded with this host's name stamped on them, and each
   worker's event channel (`subscribe`) receives the relayed events;
 - reports every worker exit at once (SIGCHLD) to the registry;
+- owns the host's snapshot of the job's committed state (agent/snapshots.py):
+  creates it for each job, reports its commit counter with every heartbeat
+  and worker exit, flushes it to `--checkpoint-dir`, removes it at job end;
 - restarts a crashed worker's slot in place (agent/restarts.py): the slot is
   reported down to discovery first, so the survivors re-form without it at
   once, and up again when its replacement waits in `init()`; with
@@ -41,6 +44,7 @@ from bus.service import DEFERRED, Request, RequestError, Service, field, handles
 from bus.sockets import Security
 from agent.output import PrefixedPipe
 from agent.restarts import CrashHistory, RestartPolicy, give_up_reason
+from agent.snapshots import SnapshotKeeper
 from agent.workers import STANDBY, Worker, reap, spawn
 
 FORWARDED = ("rank_and_size", "kv_set", "kv_get")
@@ -112,6 +116,7 @@ class AgentService(Service):
         self.standbys: dict[int, Worker] = {}
         self.standbys_waiting: dict[int, Request] = {}
         self.standbys_given_up = False
+        self.snapshots = SnapshotKeeper(host, self.log)
         for msg_type in FORWARDED:
             self._handlers[msg_type] = self._forward
         self._install_signals()
@@ -144,6 +149,7 @@ class AgentService(Service):
             for worker in [*self.workers.values(), *self.standbys.values()]:
                 worker.process.wait()
             self._reap()
+            self.snapshots.close()
             self.close()
             self.log.info("stopped")
 
@@ -167,7 +173,7 @@ class AgentService(Service):
         self._reported_warm = self.warm
         self.discovery.send(
             msg_type,
-            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **body},
+            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **self.snapshots.report(), **body},
             on_reply=on_reply,
             on_timeout=self._heartbeat_lost,
             timeout=self.timing.heartbeat,
@@ -210,6 +216,7 @@ class AgentService(Service):
             self.log.warning("control_plane_reachable", endpoint=self.discovery.endpoint, silent_s=round(silent, 1))
 
     def _heartbeat(self) -> None:
+        self.snapshots.tick()
         if self.warming and time.monotonic() > self.warm_deadline:
             self.log.warning("warm_up_timeout", waiting_for=sorted(self.warming))
             self.warming.clear()
@@ -262,6 +269,7 @@ class AgentService(Service):
         if plan.get("job") != self.job:
             self.crashes.forget()
             self.standbys_given_up = False
+            self.snapshots.start_job(plan)
         self.job, self.plan, self.policy = plan.get("job"), plan, RestartPolicy.of_job(plan)
         self._keep_standbys()
 
@@ -289,6 +297,7 @@ class AgentService(Service):
         self.restart_at.clear()
         self._set_down(set())
         self._stop_standbys(signal.SIGTERM)
+        self.snapshots.end_job()
         if self.workers:
             self.log.info("job_finished_stopping_workers", workers=len(self.workers), state=body.get("state"))
             self._stop_all_workers(signal.SIGTERM)
@@ -314,6 +323,7 @@ class AgentService(Service):
             "ELASTIC_ADVERTISE_ADDR": self.advertise_address,
             "ELASTIC_GPU_SHARED": "1" if self.share_gpus else "0",
             "ELASTIC_JOB": str(job.get("job")),
+            **self.snapshots.worker_env(),
         }
         env.setdefault("PYTHONUNBUFFERED", "1")
         if local_rank == STANDBY:
@@ -378,6 +388,8 @@ class AgentService(Service):
 
     def _report_exit(self, local_rank: int, pid: int, code: int, **verdict: Any) -> None:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
+        newest = self.snapshots.newest()
+        verdict["snapshot_commit"] = newest.commit if newest is not None else 0
         self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, timeout=self.timing.request_timeout, deadline=300.0)
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
@@ -549,7 +561,7 @@ class AgentService(Service):
         if reply.error or job.get("state") not in ("waiting", "running") or not job.get("spec") or self.draining_since is not None:
             self._become_warm()
             return
-        plan = {**job["spec"], "job": job["job"], "round": job["round"]}
+        plan = {**job["spec"], "job": job["job"], "round": job["round"], "job_key": job.get("job_key")}
         self._adopt_job(plan)
         self.warming = set(range(self.slots))
         self.warm_deadline = time.monotonic() + WARM_UP_LIMIT

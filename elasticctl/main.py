@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ def job_options(fn: Any) -> Any:
             click.option("--hung-timeout", type=float, default=120.0, show_default=True, help="Seconds after a round's first report before silent workers count as hung."),
             click.option("--max-restarts", type=int, default=3, show_default=True, help="Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists its host (0: Horovod's rule, the first crash does)."),
             click.option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds over which a slot's crashes count toward --max-restarts."),
+            click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same path on every host."),
+            click.option("--checkpoint-interval", type=float, default=30.0, show_default=True, help="Seconds between flushes to --checkpoint-dir."),
             click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
             click.argument("command", nargs=-1, required=True),
         ]
@@ -56,6 +59,11 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         raise CommandError(f"--max-restarts must be at least 0 (got {options['max_restarts']})", 2)
     if options["restart_window"] <= 0:
         raise CommandError(f"--restart-window must be a positive number of seconds (got {options['restart_window']:g})", 2)
+    if options["checkpoint_interval"] <= 0:
+        raise CommandError(f"--checkpoint-interval must be a positive number of seconds (got {options['checkpoint_interval']:g})", 2)
+    checkpoint_dir = options["checkpoint_dir"]
+    if checkpoint_dir is not None and checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
+        raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
     env = {}
     for pair in options["env_pairs"]:
         key, sep, value = pair.partition("=")
@@ -73,6 +81,8 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         "hung_timeout": options["hung_timeout"],
         "max_restarts": options["max_restarts"],
         "restart_window": options["restart_window"],
+        "checkpoint_dir": str(checkpoint_dir.resolve()) if checkpoint_dir is not None else None,
+        "checkpoint_interval": options["checkpoint_interval"],
         "env": env,
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from elasticctl.control import ControlPlane
@@ -40,6 +41,11 @@ def render(view: dict[str, Any]) -> str:
     spec = job.get("spec") or {}
     if "max_restarts" in spec:
         lines.append(f"  crashed workers: {crash_policy(spec['max_restarts'], spec['restart_window'])}")
+    checkpoint = newest_checkpoint(view["hosts"])
+    if checkpoint is not None:
+        lines.append(f"  last durable checkpoint: commit {checkpoint['commit']}, {_size(checkpoint['bytes'])}, {_age(checkpoint['written_at'])} ago, {checkpoint.get('path', '')}")
+    if job.get("resumed_from"):
+        lines.append(f"  resumed from the snapshot of commit {job['resumed_from']} after every worker failed")
     lines.append("")
     host_rows = []
     for h in view["hosts"]:
@@ -52,14 +58,30 @@ def render(view: dict[str, Any]) -> str:
         if h.get("down"):
             restarting = f"slot {', '.join(map(str, h['down']))} restarting after a crash"
             note = f"{note}; {restarting}" if note else restarting
-        host_rows.append([h["host"], h["slots"], h["state"], note])
-    lines += _table(["HOST", "SLOTS", "STATE", "NOTE"], host_rows) if host_rows else ["no hosts"]
+        snapshot = h.get("snapshot")
+        held = f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'])} ago" if snapshot else None
+        host_rows.append([h["host"], h["slots"], h["state"], held, note])
+    lines += _table(["HOST", "SLOTS", "STATE", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
     lines.append("")
     worker_rows = [[w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]] for w in view["workers"]]
     lines += _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]
     if view["history"]:
         lines += ["", "recent rounds:"] + [f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]]
     return "\n".join(lines)
+
+
+def newest_checkpoint(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The job's last durable checkpoint: the newest any host's agent wrote."""
+    return max((h["checkpoint"] for h in hosts if h.get("checkpoint")), key=lambda c: (c["commit"], c["written_at"]), default=None)
+
+
+def _size(nbytes: int) -> str:
+    power = min(3, max(0, (nbytes.bit_length() - 1) // 10))
+    return f"{nbytes} B" if power == 0 else f"{nbytes / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
+
+
+def _age(written_at: float) -> str:
+    return f"{max(0.0, time.time() - written_at):.1f}s"
 
 
 def crash_policy(max_restarts: int, window: float) -> str:

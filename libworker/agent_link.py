@@ -74,17 +74,17 @@ class AgentLink:
         now = time.monotonic()
         silent = self.agent.silent_for(now)
         if silent > self.orphan_after:
-            _say(f"agent at {self.endpoint} silent for {silent:.0f}s; this worker exits")
+            say(f"agent at {self.endpoint} silent for {silent:.0f}s; this worker exits")
             os._exit(ORPHAN_EXIT_CODE)
         if self.agent.missed(now):
-            _say(f"no word from the agent at {self.endpoint} for {silent:.0f}s; still trying (this worker exits after {self.orphan_after:.0f}s of silence)")
+            say(f"no word from the agent at {self.endpoint} for {silent:.0f}s; still trying (this worker exits after {self.orphan_after:.0f}s of silence)")
 
     def _agent_heard(self) -> None:
         silent = self.agent.reached(time.monotonic())
         if silent is not None:
-            _say(f"the agent at {self.endpoint} answers again after {silent:.0f}s of silence")
+            say(f"the agent at {self.endpoint} answers again after {silent:.0f}s of silence")
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     sys.stderr.write(f"libworker: {line}\n")
     sys.stderr.flush()

@@ -100,10 +100,13 @@ class Cluster:
             **self.endpoints.as_env(),
             **FAST_TIMING,
             "ELASTIC_RUN_DIR": str(workdir / "run"),
+            "ELASTIC_SHM_DIR": str(workdir / "shm"),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
             **(extra_env or {}),
         }
+        workdir.mkdir(parents=True, exist_ok=True)
+        Path(self.env["ELASTIC_SHM_DIR"]).mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._client_id = incarnation_id("test")
         self._clients: dict[str, Client] = {}

@@ -3,11 +3,16 @@
 On entry the state is synced. On WorkerInternalError the state is restored to
 the last commit; on HostsUpdatedInterrupt it is kept. Either way the worker
 re-joins the next round, `state.on_reset()` runs (reset callbacks), and the
-ranks agree collectively whether to sync and from which rank: a sync happens
-unless every rank skips it (only hosts removed, nobody new), and the source is
-the lowest rank that holds the job's state (it trained or was synced in an
-earlier round), so a respawned worker never overwrites the job's state with
-its fresh one.
+ranks agree collectively whether to sync and from which rank.
+
+A process that holds no state yet (the job's start, a respawned worker, a
+whole job resuming) first restores the newest commit it finds on its host
+(the host's snapshot, or a `--checkpoint-dir` checkpoint). Then one allreduce
+compares every rank's commit counter: the source is the lowest rank holding
+the newest commit, and a sync happens only when some rank holds an older one
+(or nobody holds any state: the job's start, from rank 0). So a respawned
+worker never overwrites the job's state with its fresh one, and a worker that
+restored the current commit from its host needs no broadcast.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from libworker.elastic import snapshots
 from libworker.elastic.state import State
 from libworker.errors import HostsUpdatedInterrupt, WorkerInternalError
 from libworker.mpi_ops import Max, allreduce_
@@ -27,17 +33,25 @@ from libworker.world import join, world
 T = TypeVar("T")
 
 
-def _agreed_sync(state: State, skip_sync: bool) -> None:
-    """One allreduce decides for all ranks whether to sync and from whom: the lowest rank that holds the job's state
-    (it trained or was synced in an earlier round), or rank 0 when nobody does yet (the job's start)."""
-    size = dist.get_world_size()
-    wants_sync = 0.0 if skip_sync and world.holds_state else 1.0
-    candidate = float(dist.get_rank() if world.holds_state else size)
-    agreed = allreduce_(torch.tensor([wants_sync, -candidate], dtype=torch.float64), op=Max)
-    if agreed[0].item() > 0:
-        root = int(-agreed[1].item())
-        state.sync(root_rank=0 if root == size else root)
+def _agreed_sync(state: State) -> None:
+    """One allreduce of (newest commit, lowest rank holding it) and of the oldest commit decides for all ranks."""
+    size, rank = dist.get_world_size(), dist.get_rank()
+    held = state.commits if world.holds_state else -1
+    newest_first = (held + 1) * (size + 1) + (size - rank)
+    agreed = allreduce_(torch.tensor([newest_first, -(held + 1)], dtype=torch.int64), op=Max)
+    newest = int(agreed[0].item()) // (size + 1) - 1
+    root = size - int(agreed[0].item()) % (size + 1)
+    oldest = -int(agreed[1].item()) - 1
+    if newest < 0 or oldest < newest:
+        state.sync(root_rank=root)
     world.holds_state = True
+
+
+def _restore_from_host(state: State) -> None:
+    """A process that holds no state takes the newest commit found on its host, if its State can load one."""
+    found = snapshots.restorable()
+    if found is not None and state.load_snapshot(found):
+        world.holds_state = True
 
 
 def run(func: Callable[..., T]) -> Callable[..., T]:
@@ -46,20 +60,22 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         if not world.slot:
             join()
         world.listeners.append(state)
-        skip_sync, rejoin = False, False
+        rejoin = False
         try:
             while True:
                 try:
                     if rejoin:
                         join()
                         state.on_reset()
-                    _agreed_sync(state, skip_sync)
+                    state.on_joined()
+                    if not world.holds_state:
+                        _restore_from_host(state)
+                    _agreed_sync(state)
                     return func(state, *args, **kwargs)
                 except WorkerInternalError:
                     state.restore()
-                    skip_sync = False
-                except HostsUpdatedInterrupt as interrupt:
-                    skip_sync = interrupt.skip_sync
+                except HostsUpdatedInterrupt:
+                    pass
                 rejoin = True
         finally:
             world.listeners.remove(state)

@@ -5,6 +5,13 @@ host-update timestamp and the kinds of change it saw; an allreduce-max makes
 all ranks agree, so an update first seen by any rank counts, and all raise
 HostsUpdatedInterrupt at the same commit. Updates older than the host set the
 current round was built from are ignored (they are what made this round).
+
+Every State counts its commits (`commits`, part of the state: sync sends it).
+ObjectState and TorchState also write each commit into their host's snapshot
+when this process is the host's snapshot writer (libworker.elastic.snapshots);
+the writer keeps no second copy of its tensors in memory: its restore reads
+them back from the snapshot. Sync sends tensors as flat buffers
+(`broadcast_tree`), never pickled.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ from typing import Any
 
 import torch
 
-from libworker.functions import broadcast_object
-from libworker.mpi_ops import Max, allreduce_
+from libworker.elastic import snapshots
+from libworker.elastic.transfer import broadcast_tree
 from libworker.errors import HostsUpdatedInterrupt
+from libworker.mpi_ops import Max, allreduce_
 from libworker.world import HOST_ADDED, HOST_REMOVED, world
+from snapshot.store import Snapshot
 
 
 class State:
@@ -29,6 +38,7 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
         self._host_messages: queue.Queue[tuple[float, int]] = queue.Queue()
         self._last_updated_timestamp = 0.0
+        self.commits = 0
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
         self._reset_callbacks.extend(callbacks)
@@ -54,6 +64,7 @@ class State:
 
     def commit(self) -> None:
         self.save()
+        self.commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -83,6 +94,13 @@ class State:
     def reset(self) -> None:
         """Called after re-joining, before reset callbacks and sync."""
 
+    def load_snapshot(self, snapshot: Snapshot) -> bool:
+        """Take a snapshot's commit as this process's state (a fresh worker restoring); False: not supported."""
+        return False
+
+    def on_joined(self) -> None:
+        """Called after every join, before sync: the round may have changed who writes the host's snapshot."""
+
 
 class ObjectState(State):
     """Plain picklable Python objects, kept as attributes: `ObjectState(epoch=0, batch=0)`."""
@@ -97,37 +115,61 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
     def save(self) -> None:
+        self._capture(self.commits + 1)
+
+    def _capture(self, commit: int) -> None:
+        """Keep the live values as the committed state `commit`, and write it into the host's snapshot when this
+        process writes it (SnapshotError, e.g. a full /dev/shm, leaves the previous snapshot intact)."""
         self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}
+        out = snapshots.writer()
+        if out is not None:
+            out.write(commit, {"commits": commit, **self._committed_tree()})
+
+    def _committed_tree(self) -> dict[str, Any]:
+        return {"objects": self._saved_state}
+
+    def _live_tree(self) -> dict[str, Any]:
+        return {"objects": {name: getattr(self, name) for name in self._saved_state}}
+
+    def _load_tree(self, tree: dict[str, Any], commit: int) -> None:
+        """Make `tree` the live state, as of commit `commit` (the caller keeps it as committed)."""
+        self._saved_state = dict(tree["objects"])
+        self._set_attrs()
+        self.commits = commit
 
     def restore(self) -> None:
         self._set_attrs()
 
     def sync(self, root_rank: int = 0) -> None:
-        if self._saved_state:
-            self.save()
-            self._saved_state = broadcast_object(self._saved_state, root_rank)
-            self._set_attrs()
+        tree = broadcast_tree({"commits": self.commits, **self._live_tree()}, root_rank)
+        self._load_tree(tree, tree["commits"])
+        self._capture(self.commits)
+
+    def load_snapshot(self, snapshot: Snapshot) -> bool:
+        self._load_tree(snapshot.tree, snapshot.commit)
+        self._capture(snapshot.commit)
+        return True
 
 
 class _Handler:
-    """Save/restore/sync of one stateful object through its state_dict."""
+    """Save/restore of one stateful object through its state_dict. `saved` is None while the committed copy lives
+    only in the host's snapshot (this process writes it)."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self.saved = self._copy()
+        self.saved: Any = self._copy()
 
     def _copy(self) -> Any:
         return copy.deepcopy(self.value.state_dict())
 
-    def save(self) -> None:
-        self.saved = self._copy()
+    def save(self, in_snapshot: bool) -> None:
+        self.saved = None if in_snapshot else self._copy()
+
+    def committed(self) -> Any:
+        return self.value.state_dict() if self.saved is None else self.saved
 
     def restore(self) -> None:
         self.value.load_state_dict(self.saved)
-
-    def load(self, state: Any) -> None:
-        self.value.load_state_dict(state)
-        self.saved = self._copy()
 
     def reset(self) -> None:
         if hasattr(self.value, "reset"):
@@ -148,23 +190,51 @@ class TorchState(ObjectState):
             object.__setattr__(self, name, handler.value)
         super().__init__(**{k: v for k, v in kwargs.items() if k not in self._handlers})
 
-    def save(self) -> None:
+    def _capture(self, commit: int) -> None:
+        in_snapshot = snapshots.writer() is not None
         for handler in self._handlers.values():
-            handler.save()
-        super().save()
+            handler.save(in_snapshot)
+        super()._capture(commit)
+
+    def _committed_tree(self) -> dict[str, Any]:
+        return {**super()._committed_tree(), "torch": {name: h.committed() for name, h in self._handlers.items()}}
+
+    def _live_tree(self) -> dict[str, Any]:
+        return {**super()._live_tree(), "torch": {name: h.value.state_dict() for name, h in self._handlers.items()}}
+
+    def _load_tree(self, tree: dict[str, Any], commit: int) -> None:
+        for name, handler in self._handlers.items():
+            handler.value.load_state_dict(tree["torch"][name])
+        super()._load_tree(tree, commit)
 
     def restore(self) -> None:
+        """Back to the last commit; the snapshot writer reads its tensors back from the host's snapshot."""
+        if any(h.saved is None for h in self._handlers.values()):
+            self._restore_from_host_snapshot()
+            return
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
-    def sync(self, root_rank: int = 0) -> None:
+    def _restore_from_host_snapshot(self) -> None:
+        found = snapshots.host_snapshot()
+        if found is None:
+            raise RuntimeError("the committed state is lost: this process kept it only in the host's snapshot, which is gone")
+        self._load_tree(found.tree, found.commit)
         for handler in self._handlers.values():
-            handler.save()
-        saved = broadcast_object({name: h.saved for name, h in self._handlers.items()}, root_rank)
-        for name, handler in self._handlers.items():
-            handler.load(saved[name])
-        super().sync(root_rank)
+            handler.saved = None
+
+    def on_joined(self) -> None:
+        """A process that kept its committed tensors only in the host's snapshot and no longer writes it takes a
+        private copy now, before the new writer overwrites the slots."""
+        if snapshots.writer() is None and any(h.saved is None for h in self._handlers.values()):
+            found = snapshots.host_snapshot()
+            if found is None:
+                raise RuntimeError("the committed state is lost: the host's snapshot is gone")
+            if found.commit != self.commits:
+                self._load_tree(found.tree, found.commit)
+            for name, handler in self._handlers.items():
+                handler.saved = found.tree["torch"][name]
 
     def reset(self) -> None:
         for handler in self._handlers.values():

@@ -40,6 +40,7 @@ class HostRecord:
     warm: bool = True
     down: frozenset[int] = field(default_factory=frozenset)
     down_version: int = 0
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ class HostSet:
                     "blacklisted": record.blacklisted_until is not None,
                     "blacklist_reason": record.blacklist_reason,
                     "blacklist_count": record.blacklist_count,
+                    "snapshot": record.snapshots.get("snapshot"),
+                    "checkpoint": record.snapshots.get("checkpoint"),
                 }
             )
         return rows

@@ -1,8 +1,11 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
 Messages:
-  register {host, slots, incarnation, warm, down, down_version}   an agent (re)starts; warm=False while its workers start
-  heartbeat {host, incarnation, warm}      -> {status: ok | unknown | lost}
+  register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint}   an agent (re)starts;
+                                           warm=False while its workers start
+  heartbeat {host, incarnation, warm, snapshot, checkpoint}      -> {status: ok | unknown | lost}
+                                           snapshot {commit, bytes, written_at}: the host's snapshot;
+                                           checkpoint {commit, bytes, written_at, path}: its last durable copy
   slots {host, incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet
   unregister {host, incarnation}           an agent leaves cleanly
   hosts                                    -> {timestamp, available: [[name, [slot ids]]], all: [...], lost: [names]}
@@ -30,6 +33,9 @@ from bus.service import Request, RequestError, Service, field, handles
 from services.discovery.hostset import HostSet, compare, effective, parse_script_output
 
 
+MAX_PATH = 4096
+
+
 class DiscoveryService(Service):
     name = "discovery"
 
@@ -55,6 +61,7 @@ class DiscoveryService(Service):
             raise RequestError("bad_request", "slots must be at least 1")
         down, version = self._down(request) if "down" in request.body else ((), 0)
         self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request), down=down, down_version=version)
+        self.hostset.hosts[host].snapshots = self._snapshots(request)
         self.log.info("host_registered", host=host, slots=slots, down=list(down))
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
@@ -80,11 +87,34 @@ class DiscoveryService(Service):
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
         was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
+        snapshots = self._snapshots(request)
         status = self.hostset.heartbeat(host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
+        if status == "ok":
+            self.hostset.hosts[host].snapshots = snapshots
         if status == "ok" and not was_warm and self.hostset.hosts[host].warm:
             self.log.info("host_warm", host=host)
             self._changed()
         return {"status": status}
+
+    @staticmethod
+    def _snapshots(request: Request) -> dict[str, dict[str, Any]]:
+        """The agent's report of its snapshot and last checkpoint, checked field by field."""
+        found = {}
+        for kind in ("snapshot", "checkpoint"):
+            report = request.body.get(kind)
+            if report is None:
+                continue
+            if not isinstance(report, dict):
+                raise RequestError("bad_request", f"field {kind!r} must be a map")
+            commit, size, written_at, path = report.get("commit"), report.get("bytes"), report.get("written_at"), report.get("path", "")
+            if not (isinstance(commit, int) and isinstance(size, int) and commit >= 0 and size >= 0 and not isinstance(commit, bool)):
+                raise RequestError("bad_request", f"{kind}.commit and {kind}.bytes must be integers >= 0")
+            if not isinstance(written_at, (int, float)) or isinstance(written_at, bool):
+                raise RequestError("bad_request", f"{kind}.written_at must be a time in seconds")
+            if not isinstance(path, str) or len(path) > MAX_PATH:
+                raise RequestError("bad_request", f"{kind}.path must be a path of at most {MAX_PATH} characters")
+            found[kind] = {"commit": commit, "bytes": size, "written_at": float(written_at), **({"path": path} if path else {})}
+        return found
 
     @staticmethod
     def _warm(request: Request) -> bool:

@@ -5,9 +5,14 @@ SUCCESS (exit 0) or FAILURE (non-zero exit, lost host, hung). Then: any SUCCESS
 ends the job successfully; all FAILURE ends it with "all hosts failed"; hosts
 with a failure are blacklisted; the reset limit ends it; otherwise a new round.
 
-One departure from Horovod: a worker that crashed under a live agent which
-restarts its slot in place (`host_stays`) does not get its host blacklisted;
-the agent's restart policy decides when a crashing slot costs its host.
+Two departures from Horovod:
+- a worker that crashed under a live agent which restarts its slot in place
+  (`host_stays`) does not get its host blacklisted; the agent's restart policy
+  decides when a crashing slot costs its host;
+- when every worker failed but a host still holds a snapshot of a commit newer
+  than the one the job last resumed from, the job resumes from it (a reset,
+  within the reset limit) instead of failing; failing again with no commit
+  since ends it as Horovod would.
 """
 
 from __future__ import annotations
@@ -40,21 +45,30 @@ class Decision:
     reason: str = ""
     exit_code: int = 0
     blacklist: list[str] = field(default_factory=list)
+    resume_from: int = 0
 
 
 def barrier_complete(reports: dict[Slot, SlotReport]) -> bool:
     return bool(reports) and all(r.state in REPORTED for r in reports.values())
 
 
-def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None) -> Decision:
+def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0) -> Decision:
+    """`newest_snapshot`: the newest commit held in a live host's snapshot (0: none); `resumed_from`: the commit the
+    job last resumed from after every worker failed (0: never)."""
     failures = {slot: r for slot, r in reports.items() if r.state == FAILURE}
     if any(r.state == SUCCESS for r in reports.values()):
         return Decision("succeed", "job finished")
     details = "; ".join(r.describe(slot) for slot, r in sorted(failures.items(), key=lambda kv: kv[1].rank))
     first_code = next((r.exit_code for r in sorted(failures.values(), key=lambda r: r.failed_order) if r.exit_code), 1)
-    if failures and len(failures) == len(reports):
-        return Decision("fail", f"all hosts failed: {details}", exit_code=first_code if first_code > 0 else 1)
+    exit_code = first_code if first_code > 0 else 1
+    all_failed = bool(failures) and len(failures) == len(reports)
+    if all_failed and newest_snapshot <= resumed_from:
+        again = f" again at commit {resumed_from}, with no commit since the last resume" if resumed_from else ""
+        return Decision("fail", f"all hosts failed{again}: {details}", exit_code=exit_code)
     if reset_limit is not None and resets >= reset_limit:
         why = f" (last: {details})" if details else ""
-        return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=first_code if first_code > 0 else 1)
-    return Decision("resume", details, blacklist=sorted({slot[0] for slot, r in failures.items() if not r.host_stays}))
+        return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=exit_code)
+    blacklist = sorted({slot[0] for slot, r in failures.items() if not r.host_stays})
+    if all_failed:
+        return Decision("resume", f"every worker failed; resuming from the snapshot of commit {newest_snapshot}: {details}", blacklist=blacklist, resume_from=newest_snapshot)
+    return Decision("resume", details, blacklist=blacklist)

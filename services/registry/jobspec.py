@@ -28,6 +28,8 @@ class JobSpec:
     hung_timeout: float = 120.0
     max_restarts: int = 3
     restart_window: float = 60.0
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 30.0
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -59,7 +61,7 @@ class JobSpec:
         if not _is_int(max_restarts) or max_restarts < 0:
             raise bad("max_restarts must be an integer >= 0")
         numbers = {}
-        for name in ("elastic_timeout", "hung_timeout", "restart_window"):
+        for name in ("elastic_timeout", "hung_timeout", "restart_window", "checkpoint_interval"):
             value = raw.get(name, getattr(cls, name))
             if not _is_number(value) or value <= 0:
                 raise bad(f"{name} must be a positive number of seconds")
@@ -72,6 +74,9 @@ class JobSpec:
         script = raw.get("discovery_script")
         if script is not None and not isinstance(script, str):
             raise bad("discovery_script must be a path")
+        checkpoint_dir = raw.get("checkpoint_dir")
+        if checkpoint_dir is not None and not (isinstance(checkpoint_dir, str) and checkpoint_dir.startswith("/") and len(checkpoint_dir) <= 4096):
+            raise bad("checkpoint_dir must be an absolute path")
         env = raw.get("env", {})
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise bad("env must map strings to strings")
@@ -80,5 +85,5 @@ class JobSpec:
             raise bad("cwd must be a string")
         return cls(
             command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
-            cooldown=cooldown, max_restarts=max_restarts, cwd=cwd, env=env, **numbers,
+            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, **numbers,
         )

@@ -5,20 +5,28 @@ Messages:
   job                                 -> {state, round, size, resets, exit_code, reason}
   status                              -> job + every worker of the current round
   cancel {reason}                     stop the job (elasticctl run interrupted)
-  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up}   from agents: `restarting` means the
-                                      agent restarts the slot in place (the host stays); `gave_up` is the reason it
-                                      stopped restarting a crash-looping slot (the host is blacklisted)
+  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, snapshot_commit}   from agents:
+                                      `restarting` means the agent restarts the slot in place (the host stays);
+                                      `gave_up` is the reason it stopped restarting a crash-looping slot (the host
+                                      is blacklisted); `snapshot_commit` the commit in the host's snapshot
 
 On every tick the driver reads the host set (discovery) and the rounds
 (rendezvous): it starts a round when enough slots exist, records READY /
 RUNNING / FAILURE from what it reads, and once every slot of the round has
 reported, applies `decisions.decide`. Events go to agents through the notifier:
 `round`, `abort`, `kill_worker`, `job_finished`.
+
+Each job has a random key, handed to the agents with every `round`: host
+snapshots are tagged with it, so a snapshot of another job is never restored.
+The newest commit in a live host's snapshot (from the agents' heartbeats, via
+discovery, and from their exit reports) lets a job whose every worker failed
+resume from it.
 """
 
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 from bus.client import Client, ServiceError, Unreachable
@@ -60,6 +68,9 @@ class RegistryService(Service):
     def _new_job(self, spec: JobSpec | None) -> None:
         self.spec = spec
         self.job_id = next(self.job_ids) if spec else 0
+        self.job_key = uuid.uuid4().hex[:16] if spec else ""
+        self.snapshot_commits: dict[str, int] = {}
+        self.resumed_from = 0
         self.state = WAITING if spec else NO_JOB
         self.exit_code: int | None = None
         self.reason = ""
@@ -114,6 +125,9 @@ class RegistryService(Service):
         body = request.body
         slot = (field(body, "host", str), field(body, "local_rank", int))
         pid, code = field(body, "pid", int), body.get("exit_code")
+        snapshot_commit = body.get("snapshot_commit")
+        if isinstance(snapshot_commit, int) and not isinstance(snapshot_commit, bool) and snapshot_commit > 0:
+            self.snapshot_commits[slot[0]] = max(snapshot_commit, self.snapshot_commits.get(slot[0], 0))
         restarting, gave_up = body.get("restarting") is True, body.get("gave_up")
         gave_up = gave_up if isinstance(gave_up, str) and gave_up else None
         report = self.reports.get(slot)
@@ -152,6 +166,8 @@ class RegistryService(Service):
             "exit_code": self.exit_code,
             "reason": self.reason,
             "spec": self.spec.to_dict() if self.spec else None,
+            "job_key": self.job_key,
+            "resumed_from": self.resumed_from,
         }
 
     # -- the driver ----------------------------------------------------------------------------
@@ -190,7 +206,17 @@ class RegistryService(Service):
                 self._note_report()
         self._check_hung()
         if barrier_complete(self.reports):
-            self._apply(decide(self.reports, self.resets, self.spec.reset_limit if self.spec else None))
+            newest = self._newest_snapshot(hosts)
+            self._apply(decide(self.reports, self.resets, self.spec.reset_limit if self.spec else None, newest, self.resumed_from))
+
+    def _newest_snapshot(self, hosts: dict[str, Any]) -> int:
+        """The newest commit held in the snapshot of a host that is not lost (its agent keeps it)."""
+        for host in hosts.get("all", []):
+            snapshot = host.get("snapshot") or {}
+            if isinstance(snapshot.get("commit"), int):
+                self.snapshot_commits[host["host"]] = max(snapshot["commit"], self.snapshot_commits.get(host["host"], 0))
+        lost = set(hosts.get("lost", []))
+        return max((commit for host, commit in self.snapshot_commits.items() if host not in lost), default=0)
 
     @staticmethod
     def _agent_incarnations(hosts: dict[str, Any]) -> dict[str, str]:
@@ -236,6 +262,8 @@ class RegistryService(Service):
         for host in decision.blacklist:
             what = "; ".join(r.describe(slot) for slot, r in self.reports.items() if slot[0] == host and r.state == FAILURE)
             self._blacklist(host, f"round {self.round}: {what}")
+        if decision.resume_from:
+            self.resumed_from = decision.resume_from
         self.log.info("round_reset", round=self.round, reason=decision.reason or "hosts changed")
         self.state = WAITING
         self.waiting_since = self.clock()
@@ -304,7 +332,8 @@ class RegistryService(Service):
             "round",
             {
                 "round": self.round, "slots": reply["slots"], "command": self.spec.command, "cwd": self.spec.cwd, "env": self.spec.env, "job": self.job_id,
-                "max_restarts": self.spec.max_restarts, "restart_window": self.spec.restart_window,
+                "max_restarts": self.spec.max_restarts, "restart_window": self.spec.restart_window, "job_key": self.job_key,
+                "checkpoint_dir": self.spec.checkpoint_dir, "checkpoint_interval": self.spec.checkpoint_interval,
             },
         )
 

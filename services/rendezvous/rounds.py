@@ -12,6 +12,7 @@ the next round.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,12 +45,22 @@ class Round:
     def prefix(self) -> str:
         return f"round/{self.number}/"
 
+    @functools.cached_property
+    def snapshot_writers(self) -> frozenset[int]:
+        """The ranks that write their host's snapshot at each commit: the lowest rank on each host."""
+        lowest: dict[str, int] = {}
+        for info in self.slots.values():
+            lowest[info.hostname] = min(info.rank, lowest.get(info.hostname, info.rank))
+        return frozenset(lowest.values())
+
     def answer(self, slot: Slot) -> dict[str, Any]:
+        info = self.slots[slot]
         return {
             "round": self.number,
             "prefix": self.prefix,
             "hosts_timestamp": self.hosts_timestamp,
-            **self.slots[slot].to_dict(),
+            "snapshot_writer": info.rank in self.snapshot_writers,
+            **info.to_dict(),
         }
 
 

@@ -43,21 +43,30 @@ def test_complete_round_releases_every_join_together_with_its_slot_info():
     answers = by_ticket(rounds.settle())
     assert answers == {
         "a:0:9": {
-            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5,
+            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5, "snapshot_writer": True,
             "hostname": "a", "rank": 0, "local_rank": 0, "cross_rank": 0, "size": 3, "local_size": 2, "cross_size": 2,
         },
         "a:1:8": {
-            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5,
+            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5, "snapshot_writer": False,
             "hostname": "a", "rank": 1, "local_rank": 1, "cross_rank": 0, "size": 3, "local_size": 2, "cross_size": 1,
         },
         "b:0:7": {
-            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5,
+            "round": 1, "prefix": "round/1/", "hosts_timestamp": 42.5, "snapshot_writer": True,
             "hostname": "b", "rank": 2, "local_rank": 0, "cross_rank": 1, "size": 3, "local_size": 1, "cross_size": 2,
         },
     }
     assert rounds.parked == {}
     assert rounds.current.released is True
     assert rounds.current.pids == {("a", 0): 9, ("a", 1): 8, ("b", 0): 7}
+
+
+def test_the_lowest_rank_of_each_host_writes_its_snapshot_even_with_a_hole():
+    rounds = Rounds()
+    new_round(rounds, [("a", [1, 2]), ("b", [0])])
+    for j in (join("a", 1), join("a", 2), join("b", 0)):
+        rounds.park(j)
+    writers = {(a["hostname"], a["local_rank"]) for _, a in rounds.settle() if a["snapshot_writer"]}
+    assert writers == {("a", 1), ("b", 0)}
 
 
 def test_settle_after_release_answers_nothing_more():

@@ -1,0 +1,136 @@
+"""The agent's part in snapshots: it owns the host's snapshot slots, reports them, flushes them to disk, removes them.
+
+For each job the agent creates two empty slot files in shared memory
+(`ELASTIC_SHM_DIR`, default /dev/shm), named after its own pid, and hands
+their prefix to every worker it starts; they outlive every worker and go when
+the job ends or the agent stops. Slots left by an agent that died without
+cleaning up (SIGKILL) are removed by the next agent that starts on the host.
+
+With `--checkpoint-dir`, a background thread copies the newest snapshot there
+(snapshot/durable.py) at most every `checkpoint_interval` seconds, one flush at
+a time: training never waits for the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from snapshot import durable, layout
+
+_SLOT_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")
+
+
+def shm_dir() -> Path:
+    return Path(os.environ.get("ELASTIC_SHM_DIR", "/dev/shm"))
+
+
+def remove_orphans(directory: Path, log: Any) -> None:
+    """Remove snapshot slots whose agent is gone (it was killed before it could remove them)."""
+    for path in directory.glob("elastic-snapshot-*"):
+        match = _SLOT_NAME.match(path.name)
+        if match and not _alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
+            log.info("snapshot_orphan_removed", path=str(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SnapshotKeeper:
+    def __init__(self, host: str, log: Any) -> None:
+        self.host, self.log = host, log
+        self.directory = shm_dir()
+        self.prefix = str(self.directory / f"elastic-snapshot-{os.getpid()}-{host}")
+        self.job_key = ""
+        self.checkpoint_dir: Path | None = None
+        self.checkpoint_interval = 30.0
+        self.last_checkpoint: durable.Checkpoint | None = None
+        self._next_flush_at = 0.0
+        self._flushing: Future[durable.Checkpoint | None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        remove_orphans(self.directory, log)
+
+    def start_job(self, plan: dict[str, Any]) -> None:
+        """Fresh, empty slots for a new job (a worker of the previous one can no longer be restored from them)."""
+        self.job_key = str(plan.get("job_key") or "")
+        directory = plan.get("checkpoint_dir")
+        self.checkpoint_dir = Path(directory) if directory else None
+        self.checkpoint_interval = float(plan.get("checkpoint_interval") or 30.0)
+        self.last_checkpoint = None
+        self._flushing = None
+        try:
+            layout.create(self.prefix)
+        except OSError as exc:
+            self.log.error("snapshot_unavailable", path=self.prefix, reason=exc.strerror)
+
+    def worker_env(self) -> dict[str, str]:
+        env = {"ELASTIC_SNAPSHOT": self.prefix, "ELASTIC_JOB_KEY": self.job_key}
+        if self.checkpoint_dir is not None:
+            env["ELASTIC_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
+        return env
+
+    def end_job(self) -> None:
+        self.job_key = ""
+        self.checkpoint_dir = None
+        layout.remove(self.prefix)
+
+    def newest(self) -> layout.SlotHeader | None:
+        header = layout.newest_header(layout.slot_paths(self.prefix))
+        return header if header is not None and header.job == self.job_key else None
+
+    def report(self) -> dict[str, Any]:
+        """What the agent tells the control plane: the snapshot's commit, size and time, and the last checkpoint."""
+        header = self.newest()
+        report: dict[str, Any] = {}
+        if header is not None:
+            report["snapshot"] = {"commit": header.commit, "bytes": header.payload_length, "written_at": header.written_at}
+        if self.last_checkpoint is not None:
+            checkpoint = self.last_checkpoint
+            report["checkpoint"] = {"commit": checkpoint.commit, "bytes": checkpoint.nbytes, "path": str(checkpoint.path), "written_at": checkpoint.written_at}
+        return report
+
+    def tick(self) -> None:
+        """Collect a finished flush; start the next one when it is due and there is a newer commit."""
+        if self._flushing is not None:
+            if not self._flushing.done():
+                return
+            self._collect(self._flushing)
+            self._flushing = None
+        if self.checkpoint_dir is None or time.monotonic() < self._next_flush_at:
+            return
+        header = self.newest()
+        done = self.last_checkpoint.commit if self.last_checkpoint else 0
+        if header is None or header.commit <= done:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._next_flush_at = time.monotonic() + self.checkpoint_interval
+        self._flushing = self._executor.submit(durable.flush, layout.slot_paths(self.prefix), self.checkpoint_dir, self.host, done)
+
+    def _collect(self, flushing: Future[durable.Checkpoint | None]) -> None:
+        try:
+            checkpoint = flushing.result()
+        except OSError as exc:
+            self.log.warning("checkpoint_failed", directory=str(self.checkpoint_dir), reason=f"{exc.strerror or exc}")
+            return
+        if checkpoint is not None:
+            self.last_checkpoint = checkpoint
+            self.log.info("checkpoint_written", path=str(checkpoint.path), commit=checkpoint.commit, bytes=checkpoint.nbytes, seconds=round(checkpoint.seconds, 3))
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        layout.remove(self.prefix)

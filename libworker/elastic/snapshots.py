@@ -1,0 +1,63 @@
+"""The worker's side of its host's snapshot: whether this process writes it, and what a fresh worker restores from.
+
+The agent creates the host's two snapshot slots for the job and names them in
+the worker's environment (`ELASTIC_SNAPSHOT`, the slots' path prefix;
+`ELASTIC_JOB_KEY`, the job they belong to). In each round the lowest rank on
+each host writes them at every commit (`snapshot_writer` in its slot info):
+data-parallel ranks hold the same committed state, so one copy per host is
+enough. A fresh worker restores the newest of its host's snapshot and, with
+`--checkpoint-dir` (`ELASTIC_CHECKPOINT_DIR`), the newest complete checkpoint
+there; a checkpoint resumes a new job, so it is not checked against the job.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from libworker.agent_link import say
+from libworker.world import world
+from snapshot.durable import checkpoint_files
+from snapshot.layout import newest_header, slot_paths
+from snapshot.store import Snapshot, SnapshotWriter, read_newest
+
+_writer: SnapshotWriter | None = None
+
+
+def writer() -> SnapshotWriter | None:
+    """The host snapshot's writer when this process writes it this round, else None."""
+    global _writer
+    prefix, job = os.environ.get("ELASTIC_SNAPSHOT"), os.environ.get("ELASTIC_JOB_KEY", "")
+    if not prefix or not world.slot.get("snapshot_writer"):
+        return None
+    if _writer is None:
+        _writer = SnapshotWriter(prefix, job)
+    return _writer
+
+
+def host_snapshot() -> Snapshot | None:
+    """This job's newest verified snapshot on this host, or None."""
+    prefix = os.environ.get("ELASTIC_SNAPSHOT")
+    return read_newest(slot_paths(prefix), os.environ.get("ELASTIC_JOB_KEY", ""), _rejected) if prefix else None
+
+
+def restorable() -> Snapshot | None:
+    """What a worker that holds no state restores from: the newer of the host's snapshot and the newest checkpoint
+    (either falls back to the other when it fails verification), or None."""
+    prefix, directory = os.environ.get("ELASTIC_SNAPSHOT"), os.environ.get("ELASTIC_CHECKPOINT_DIR")
+    host_paths = list(slot_paths(prefix)) if prefix else []
+    durable_paths = checkpoint_files(Path(directory)) if directory else []
+    host_newest, durable_newest = newest_header(host_paths), newest_header(durable_paths)
+    durable_first = durable_newest is not None and (host_newest is None or durable_newest.commit > host_newest.commit)
+    sources = [(durable_paths, None), (host_paths, os.environ.get("ELASTIC_JOB_KEY", ""))]
+    for paths, job in sources if durable_first else reversed(sources):
+        found = read_newest(paths, job, _rejected) if paths else None
+        if found is not None:
+            if job is None:
+                say(f"resuming from checkpoint {found.path} (commit {found.commit})")
+            return found
+    return None
+
+
+def _rejected(path: str, reason: str) -> None:
+    say(f"not restoring {path}: {reason}")

@@ -1,0 +1,83 @@
+"""Durable copies of a host's snapshot (`--checkpoint-dir`): flushed atomically, verified, the last two kept.
+
+A checkpoint is a slot's bytes as they are (same header, payload and
+checksum), at `DIR/<host>/commit-<N>.snap`. The agent flushes in a background
+thread: it copies the newest slot out of shared memory, verifies the copy
+(the slot may be overwritten while it is read; then the flush is skipped and
+retried at the next commit), writes it to a temporary file, fsyncs it, renames
+it into place and fsyncs the directory, then removes all but the newest two.
+A crash at any point leaves the earlier checkpoints complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from snapshot import copying
+from snapshot.layout import PAYLOAD_START, SlotHeader, newest_header, read_header
+
+KEEP = 2
+_NAME = re.compile(r"^commit-(\d+)\.snap$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    commit: int
+    nbytes: int
+    seconds: float
+    written_at: float
+
+
+def checkpoint_files(directory: Path, host: str = "*") -> list[Path]:
+    """Every checkpoint file under `directory` (of all hosts, or of `host`), newest commit first."""
+    found = [(int(m.group(1)), path) for path in directory.glob(f"{host}/commit-*.snap") if (m := _NAME.match(path.name))]
+    return [path for _, path in sorted(found, key=lambda cp: -cp[0])]
+
+
+def flush(slots: tuple[str, str], directory: Path, host: str, after_commit: int) -> Checkpoint | None:
+    """Write the newest slot newer than `after_commit` to `directory/host/`; None when there is nothing newer or the
+    slot changed while it was read. OSError (disk full, permissions) reaches the caller."""
+    started = time.monotonic()
+    header = newest_header(slots)
+    if header is None or header.commit <= after_commit:
+        return None
+    path = next(p for p in slots if read_header(p) == header)
+    data = _read_verified(path, header)
+    if data is None:
+        return None
+    target_dir = directory / host
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / f"commit-{header.commit:012d}.snap"
+    partial = target_dir / f".{target.name}.{os.getpid()}.partial"
+    with open(partial, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, target)
+    _fsync_dir(target_dir)
+    for old in checkpoint_files(directory, host)[KEEP:]:
+        old.unlink(missing_ok=True)
+    return Checkpoint(target, header.commit, len(data), time.monotonic() - started, time.time())
+
+
+def _read_verified(path: str, header: SlotHeader) -> bytes | None:
+    with open(path, "rb") as file:
+        data = file.read(header.file_bytes)
+    if len(data) < header.file_bytes or SlotHeader.parse(data) != header:
+        return None
+    if copying.checksum(memoryview(data)[PAYLOAD_START:], header.payload_length) != header.checksum:
+        return None
+    return data
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

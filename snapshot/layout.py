@@ -1,0 +1,102 @@
+"""The snapshot file layout, without torch: slot headers, slot files, and reading which commit a slot holds.
+
+A host's snapshot is two slot files in shared memory (`<prefix>.0`,
+`<prefix>.1`), created by the agent; a durable checkpoint is one file with
+the same layout. Each file is a header page, then the payload: the tensors'
+raw bytes (64-byte aligned, in the order of the tree's tensor list), then the
+metadata (the tree's skeleton and each tensor's dtype, shape, offset and size,
+cloudpickled: no tensor data is pickled).
+
+The header names the job, the commit counter, the payload's length and a
+checksum over every payload byte (`snapshot.copying`), and carries a CRC of
+its own fields; a header whose CRC does not match, or whose commit is 0 (a
+slot being written), marks no complete snapshot. The agent reads headers to
+report its host's commit; writing and restoring is `snapshot.store`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"ELSNAP01"
+PAYLOAD_START = 4096
+ALIGN = 64
+FIELDS = struct.Struct("<8s32sQQQQId")
+HEADER = struct.Struct(f"<{FIELDS.size}sI")
+HEADER_BYTES = HEADER.size
+
+
+@dataclass(frozen=True)
+class SlotHeader:
+    job: str
+    commit: int
+    payload_length: int
+    meta_offset: int
+    meta_length: int
+    checksum: int
+    written_at: float
+
+    def pack(self) -> bytes:
+        fields = FIELDS.pack(MAGIC, self.job.encode()[:32], self.commit, self.payload_length, self.meta_offset, self.meta_length, self.checksum, self.written_at)
+        return HEADER.pack(fields, zlib.crc32(fields))
+
+    @classmethod
+    def parse(cls, raw: bytes) -> SlotHeader | None:
+        """The header of a complete slot, or None (never written, being written, or damaged)."""
+        if len(raw) < HEADER.size:
+            return None
+        fields, crc = HEADER.unpack_from(raw)
+        if zlib.crc32(fields) != crc:
+            return None
+        magic, job, commit, length, meta_offset, meta_length, checksum, written_at = FIELDS.unpack(fields)
+        if magic != MAGIC or commit == 0 or meta_offset + meta_length != length:
+            return None
+        return cls(job.rstrip(b"\0").decode(errors="replace"), commit, length, meta_offset, meta_length, checksum, written_at)
+
+    @property
+    def file_bytes(self) -> int:
+        return PAYLOAD_START + self.payload_length
+
+
+INVALID = bytes(HEADER_BYTES)
+
+
+def slot_paths(prefix: str) -> tuple[str, str]:
+    return f"{prefix}.0", f"{prefix}.1"
+
+
+def create(prefix: str) -> None:
+    """The agent's part: two empty slot files, readable and writable by this user only."""
+    for path in slot_paths(prefix):
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, PAYLOAD_START)
+        finally:
+            os.close(fd)
+
+
+def remove(prefix: str) -> None:
+    for path in slot_paths(prefix):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def read_header(path: str | Path) -> SlotHeader | None:
+    try:
+        with open(path, "rb") as file:
+            return SlotHeader.parse(file.read(HEADER.size))
+    except OSError:
+        return None
+
+
+def newest_header(paths: Sequence[str | Path]) -> SlotHeader | None:
+    """The newest complete slot's header (its checksum is not verified: for reporting, not restoring)."""
+    headers = [h for h in map(read_header, paths) if h is not None]
+    return max(headers, key=lambda h: h.commit, default=None)

@@ -1,0 +1,195 @@
+"""Writing a committed state tree into a host's snapshot so no crash can tear it, and reading the newest back.
+
+The layout is `snapshot.layout`. A writer first zeroes the header of the slot
+it overwrites (the older one), then writes the payload and checksums it while
+copying, and writes the header last: a writer that dies at any point leaves
+that slot invalid and the other slot intact. A reader takes the valid slot
+with the highest commit whose checksum matches; a slot with a bad checksum or
+of another job is rejected with a log line, never restored.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+
+from snapshot import copying
+from snapshot.layout import ALIGN, HEADER_BYTES, INVALID, PAYLOAD_START, SlotHeader, read_header, slot_paths
+from snapshot.tree import join, split
+
+_GROWTH = 1 << 20
+Reject = Callable[[str, str], None]
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot could not be written (e.g. shared memory is full); the previous one is intact."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    commit: int
+    tree: Any
+    written_at: float
+    nbytes: int
+    path: str
+
+
+class SnapshotWriter:
+    """The writing side of a host's snapshot, kept by the one worker that writes it: the slots stay mapped."""
+
+    def __init__(self, prefix: str, job: str) -> None:
+        self.paths = slot_paths(prefix)
+        self.job = job
+        self._maps: list[tuple[int, mmap.mmap] | None] = [None, None]
+        self._pinned: set[int] = set()
+
+    def write(self, commit: int, tree: Any) -> int:
+        """Write `tree` as commit `commit` into the older slot; returns the bytes written. Raises SnapshotError
+        (with both slots as they were) when the slot cannot be grown."""
+        skeleton, tensors = split(tree)
+        specs, offset = [], 0
+        for tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            specs.append((str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
+            offset = _aligned(offset + nbytes)
+        meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": specs})
+        length = offset + len(meta)
+        index = self._older_slot()
+        mapping = self._mapping(index, PAYLOAD_START + length)
+        mapping[: HEADER_BYTES] = INVALID
+        mapping[PAYLOAD_START + offset : PAYLOAD_START + length] = meta
+        with memoryview(mapping) as view, view[PAYLOAD_START : PAYLOAD_START + length] as payload:
+            self._copy_from_devices(index, mapping, payload, tensors, specs)
+            sources = [(spec[2], copying.tensor_bytes(t.contiguous())) for t, spec in zip(tensors, specs) if not t.is_cuda and spec[3]]
+            checksum = copying.copy_checksum(payload, sources, length)
+            del sources
+        mapping[: HEADER_BYTES] = SlotHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
+        return length
+
+    def _copy_from_devices(self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[Any]) -> None:
+        """CUDA tensors go device-to-host into the slot, asynchronously (pinned when the slot is registered), then
+        one synchronize; the checksum that follows covers their bytes too."""
+        on_device = [(t, spec) for t, spec in zip(tensors, specs) if t.is_cuda and spec[3]]
+        if not on_device:
+            return
+        if index not in self._pinned and copying.register_pinned(mapping):
+            self._pinned.add(index)
+        whole = torch.frombuffer(payload, dtype=torch.uint8)
+        for tensor, (_, _, offset, nbytes) in on_device:
+            whole[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
+        torch.cuda.synchronize()
+        del whole
+
+    def _older_slot(self) -> int:
+        commits = [header.commit if (header := self._header(i)) is not None else 0 for i in (0, 1)]
+        return 0 if commits[0] <= commits[1] else 1
+
+    def _header(self, index: int) -> SlotHeader | None:
+        held = self._maps[index]
+        if held is not None:
+            return SlotHeader.parse(held[1][: HEADER_BYTES])
+        return read_header(self.paths[index])
+
+    def _mapping(self, index: int, size: int) -> mmap.mmap:
+        """The slot's mapping, at least `size` bytes: the file grows with posix_fallocate, so a full tmpfs fails
+        here with ENOSPC instead of with SIGBUS while copying."""
+        held = self._maps[index]
+        if held is not None and len(held[1]) >= size:
+            return held[1]
+        self._unmap(index)
+        path = self.paths[index]
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise SnapshotError(f"cannot open the host's snapshot {path}: {exc.strerror} (is the agent running?)") from None
+        target = max(os.fstat(fd).st_size, -(-(size + size // 8) // _GROWTH) * _GROWTH)
+        try:
+            os.posix_fallocate(fd, 0, target)
+        except OSError as exc:
+            os.close(fd)
+            free = _free_bytes(os.path.dirname(path))
+            raise SnapshotError(
+                f"cannot grow snapshot {path} to {target} bytes: {exc.strerror} ({free} bytes free in {os.path.dirname(path)}); "
+                "the previous commit's snapshot is intact"
+            ) from None
+        mapping = mmap.mmap(fd, target)
+        self._maps[index] = (fd, mapping)
+        return mapping
+
+    def _unmap(self, index: int) -> None:
+        held = self._maps[index]
+        if held is None:
+            return
+        fd, mapping = held
+        if index in self._pinned:
+            copying.unregister_pinned(mapping)
+            self._pinned.discard(index)
+        mapping.close()
+        os.close(fd)
+        self._maps[index] = None
+
+    def close(self) -> None:
+        for index in (0, 1):
+            self._unmap(index)
+
+
+def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) -> Snapshot | None:
+    """The newest complete, verified snapshot among `paths` (slots or checkpoint files), or None. `job` None accepts
+    any job (a checkpoint directory); `reject(path, reason)` hears of every complete file passed over."""
+    headers = [(h, str(p)) for p in paths if (h := read_header(p)) is not None]
+    for header, path in sorted(headers, key=lambda hp: -hp[0].commit):
+        if job is not None and header.job != job:
+            reject(path, f"it belongs to job {header.job!r}, not {job!r}")
+            continue
+        try:
+            loaded = _load(path, header)
+        except (OSError, ValueError) as exc:
+            reject(path, f"unreadable: {exc}")
+            continue
+        if isinstance(loaded, str):
+            reject(path, loaded)
+            continue
+        return loaded
+    return None
+
+
+def _load(path: str, header: SlotHeader) -> Snapshot | str:
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+        if len(mapping) < header.file_bytes:
+            return f"truncated: {len(mapping)} bytes, the header says {header.file_bytes}"
+        with memoryview(mapping) as view, view[PAYLOAD_START : header.file_bytes] as payload:
+            checksum = copying.checksum(payload, header.payload_length)
+            if checksum != header.checksum or SlotHeader.parse(view[: HEADER_BYTES].tobytes()) != header:
+                return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
+            meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
+            tensors = [_tensor(payload, *spec) for spec in meta["tensors"]]
+    return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
+
+
+def _tensor(payload: memoryview, dtype_name: str, shape: tuple[int, ...], offset: int, nbytes: int) -> torch.Tensor:
+    """A private copy of one tensor's bytes (never a view of the mapping, which the next commits overwrite)."""
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        out.numpy()[:] = np.frombuffer(payload, dtype=np.uint8, count=nbytes, offset=offset)
+    return out.view(getattr(torch, dtype_name)).view(shape)
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def _free_bytes(directory: str) -> int:
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return -1
+    return stat.f_bavail * stat.f_frsize

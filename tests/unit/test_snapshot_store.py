@@ -1,0 +1,187 @@
+"""The snapshot store: round trips, the newer complete slot wins, torn and damaged slots and other jobs are never
+restored, a full tmpfs fails the write with the previous snapshot intact, durable copies keep the last two."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from snapshot import durable, layout
+from snapshot.layout import PAYLOAD_START, read_header, slot_paths
+from snapshot.store import SnapshotError, SnapshotWriter, read_newest
+
+
+def model_state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": seed, "names": ["a", ("b", 1)],
+            "odd": [torch.tensor(3.5, dtype=torch.bfloat16), torch.zeros(0, 3), torch.tensor([True, False]), torch.arange(6).reshape(2, 3).t()]}
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b)
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.fixture
+def prefix(tmp_path: Path) -> str:
+    path = str(tmp_path / "elastic-snapshot-1-h")
+    layout.create(path)
+    return path
+
+
+def rejections() -> tuple[list[tuple[str, str]], object]:
+    heard: list[tuple[str, str]] = []
+    return heard, lambda path, reason: heard.append((path, reason))
+
+
+def test_a_written_commit_reads_back_bit_identical_with_its_structure(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    state = model_state(1)
+    writer.write(7, state)
+    heard, reject = rejections()
+    found = read_newest(slot_paths(prefix), "job-a", reject)
+    assert found is not None and found.commit == 7 and heard == []
+    assert_same(state, found.tree)
+    assert found.tree["model"]._metadata == state["model"]._metadata
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16))
+    model.load_state_dict(found.tree["model"])
+    writer.close()
+
+
+def test_commits_alternate_slots_and_the_newest_wins(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    for commit in (1, 2, 3):
+        writer.write(commit, model_state(commit))
+    commits = sorted(read_header(p).commit for p in slot_paths(prefix))
+    assert commits == [2, 3]
+    assert read_newest(slot_paths(prefix), "job-a", print).tree["epoch"] == 3
+    writer.close()
+
+
+def test_a_slot_torn_mid_write_is_invalid_and_the_other_slot_is_restored(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, model_state(1))
+    writer.write(2, model_state(2))
+    newest = next(p for p in slot_paths(prefix) if read_header(p).commit == 2)
+    with open(newest, "r+b") as file:
+        file.write(bytes(64))  # what a writer that died after invalidating the header leaves
+    found = read_newest(slot_paths(prefix), "job-a", print)
+    assert found.commit == 1
+    assert_same(model_state(1), found.tree)
+    writer.close()
+
+
+def test_a_bad_checksum_is_rejected_with_a_reason_and_the_other_slot_wins(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, model_state(1))
+    writer.write(2, model_state(2))
+    newest = next(p for p in slot_paths(prefix) if read_header(p).commit == 2)
+    with open(newest, "r+b") as file:
+        file.seek(PAYLOAD_START + 100)
+        byte = file.read(1)
+        file.seek(PAYLOAD_START + 100)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    heard, reject = rejections()
+    found = read_newest(slot_paths(prefix), "job-a", reject)
+    assert found.commit == 1
+    assert heard == [(newest, "bad checksum (commit 2): the slot is torn or damaged")]
+    writer.close()
+
+
+def test_a_snapshot_of_another_job_is_never_restored(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(5, model_state(5))
+    heard, reject = rejections()
+    assert read_newest(slot_paths(prefix), "job-b", reject) is None
+    assert heard and "belongs to job 'job-a'" in heard[0][1]
+    writer.close()
+
+
+def test_the_slots_grow_when_the_state_grows(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, {"w": torch.zeros(10)})
+    writer.write(2, {"w": torch.zeros(10)})
+    big = {"w": torch.arange(3_000_000, dtype=torch.float32)}
+    writer.write(3, big)
+    assert_same(big, read_newest(slot_paths(prefix), "job-a", print).tree)
+    writer.close()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_tmpfs_fails_the_commit_clearly_and_keeps_the_previous_snapshot(small_tmpfs: Path) -> None:
+    prefix = str(small_tmpfs / "elastic-snapshot-1-h")
+    layout.create(prefix)
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, {"w": torch.ones(1000)})
+    with pytest.raises(SnapshotError, match=r"cannot grow snapshot .* bytes free .*previous commit's snapshot is intact"):
+        writer.write(2, {"w": torch.ones(2_000_000)})
+    found = read_newest(slot_paths(prefix), "job-a", print)
+    assert found.commit == 1 and torch.equal(found.tree["w"], torch.ones(1000))
+    writer.close()
+
+
+def test_durable_copies_are_verified_atomic_and_only_the_last_two_are_kept(prefix: str, tmp_path: Path) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    directory = tmp_path / "checkpoints"
+    done = 0
+    for commit in (1, 2, 3):
+        writer.write(commit, model_state(commit))
+        checkpoint = durable.flush(slot_paths(prefix), directory, "host-1", done)
+        assert checkpoint is not None and checkpoint.commit == commit
+        done = commit
+    assert durable.flush(slot_paths(prefix), directory, "host-1", done) is None
+    files = durable.checkpoint_files(directory)
+    assert [f.name for f in files] == ["commit-000000000003.snap", "commit-000000000002.snap"]
+    assert not list(directory.glob("host-1/.*partial"))
+    found = read_newest(files, None, print)
+    assert found.commit == 3
+    assert_same(model_state(3), found.tree)
+    writer.close()
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(prefix: str, tmp_path: Path) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    directory = tmp_path / "checkpoints"
+    for commit in (1, 2):
+        writer.write(commit, model_state(commit))
+        durable.flush(slot_paths(prefix), directory, "host-1", commit - 1)
+    newest = durable.checkpoint_files(directory)[0]
+    newest.write_bytes(newest.read_bytes()[:-10])
+    heard, reject = rejections()
+    found = read_newest(durable.checkpoint_files(directory), None, reject)
+    assert found.commit == 1 and "truncated" in heard[0][1]
+    writer.close()
