@@ -47,8 +47,8 @@ class SnapshotWriter:
     """The writing side of a host's snapshot, kept by the one worker that writes it: the slots stay mapped."""
 
     def __init__(self, prefix: str, job: str) -> None:
+        self.prefix, self.job = prefix, job
         self.paths = slot_paths(prefix)
-        self.job = job
         self._maps: list[tuple[int, mmap.mmap] | None] = [None, None]
         self._pinned: set[int] = set()
 

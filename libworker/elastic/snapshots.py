@@ -30,7 +30,9 @@ def writer() -> SnapshotWriter | None:
     prefix, job = os.environ.get("ELASTIC_SNAPSHOT"), os.environ.get("ELASTIC_JOB_KEY", "")
     if not prefix or not world.slot.get("snapshot_writer"):
         return None
-    if _writer is None:
+    if _writer is None or (_writer.prefix, _writer.job) != (prefix, job):
+        if _writer is not None:
+            _writer.close()
         _writer = SnapshotWriter(prefix, job)
     return _writer
 
@@ -53,8 +55,7 @@ def restorable() -> Snapshot | None:
     for paths, job in sources if durable_first else reversed(sources):
         found = read_newest(paths, job, _rejected) if paths else None
         if found is not None:
-            if job is None:
-                say(f"resuming from checkpoint {found.path} (commit {found.commit})")
+            say(f"resuming from checkpoint {found.path} (commit {found.commit})" if job is None else f"restored commit {found.commit} from this host's snapshot {found.path}")
             return found
     return None
 

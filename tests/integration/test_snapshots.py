@@ -41,11 +41,11 @@ def start(cluster: Cluster, log_dir: Path, *options: str) -> subprocess.Popen[by
     return cluster.submit("--min-np", "2", "--max-restarts", "3", *options, "--", *COUNTER_JOB, "--log-dir", str(log_dir))
 
 
-def assert_finished_exactly(log_dir: Path) -> None:
+def assert_finished_exactly(log_dir: Path, ranks: int = 2) -> None:
     done = events(log_dir, "done")
-    assert len(done) == 2, done
+    assert len(done) == ranks, done
     assert {(e["batch"], e["total"]) for e in done} == {(BATCHES, EXPECTED_TOTAL)}
-    assert done[0]["weights"] == done[1]["weights"]
+    assert all(e["weights"] == done[0]["weights"] for e in done)
 
 
 def test_every_worker_killed_at_once_resumes_from_the_snapshots_with_no_batch_lost_or_repeated(tmp_path: Path) -> None:
@@ -107,3 +107,29 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         wait_for(lambda: not agent_slots(second), 10, "the agents to remove their snapshots at job end")
     finally:
         second.close()
+
+
+def test_a_job_whose_workers_all_die_again_at_the_same_commit_stops(cluster: Cluster, tmp_path: Path) -> None:
+    log_dir = tmp_path / "train"
+    for host in ("host-1", "host-2"):
+        cluster.start_agent(host, 1)
+    job = cluster.submit("--min-np", "2", "--", *COUNTER_JOB, "--crash-at", "30", "--log-dir", str(log_dir))
+    assert cluster.wait_job_end(job, 90) == 1
+    summary = cluster.job()
+    assert summary["resumed_from"] == 30
+    assert "all hosts failed again at commit 30, with no commit since the last resume" in summary["reason"]
+    assert len({e["pid"] for e in events(log_dir, "enter")}) == 4, "one resume, then the job stops"
+
+
+def test_a_respawned_worker_restores_from_its_hosts_snapshot(cluster: Cluster, tmp_path: Path) -> None:
+    log_dir = tmp_path / "train"
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent("host-2", 1)
+    job = cluster.submit("--min-np", "2", "--", *COUNTER_JOB, "--log-dir", str(log_dir))
+    wait_for(lambda: committed(log_dir) >= 20, 60, "20 commits")
+    victim = worker_pid(cluster, "host-1", 1)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len({e["pid"] for e in events(log_dir, "enter")}) == 4, 60, "the replacement to enter training")
+    assert cluster.wait_job_end(job, 120) == 0
+    assert "[host-1:1] libworker: restored commit" in cluster.output("agent-host-1")
+    assert_finished_exactly(log_dir, ranks=3)

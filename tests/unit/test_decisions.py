@@ -215,6 +215,45 @@ def test_a_crash_whose_agent_restarts_the_slot_resumes_without_blacklisting_its_
     assert decision.blacklist == ["c"]
 
 
-def test_every_worker_crashing_still_fails_the_job_even_when_their_slots_restart():
+def test_every_worker_crashing_with_no_snapshot_still_fails_the_job_even_when_their_slots_restart():
     reports = {("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
     assert decide(reports, resets=0, reset_limit=None).action == "fail"
+
+
+# -- every worker failed, with snapshots -----------------------------------------------------------
+
+
+def all_crashed() -> dict:
+    return {("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+
+
+def test_every_worker_failing_resumes_from_the_newest_snapshot_as_a_reset():
+    decision = decide(all_crashed(), resets=0, reset_limit=None, newest_snapshot=42)
+    assert (decision.action, decision.resume_from, decision.blacklist) == ("resume", 42, [])
+    assert decision.reason.startswith("every worker failed; resuming from the snapshot of commit 42")
+
+
+def test_failing_again_with_no_commit_since_the_last_resume_stops_the_job():
+    decision = decide(all_crashed(), resets=1, reset_limit=None, newest_snapshot=42, resumed_from=42)
+    assert decision.action == "fail"
+    assert "all hosts failed again at commit 42, with no commit since the last resume" in decision.reason
+
+
+def test_progress_since_the_last_resume_allows_another():
+    assert decide(all_crashed(), resets=1, reset_limit=None, newest_snapshot=50, resumed_from=42).resume_from == 50
+
+
+def test_the_reset_limit_still_holds_for_a_resume_from_a_snapshot():
+    decision = decide(all_crashed(), resets=3, reset_limit=3, newest_snapshot=42)
+    assert decision.action == "fail" and "reset limit 3 reached" in decision.reason
+
+
+def test_a_resume_from_a_snapshot_still_blacklists_hosts_that_do_not_stay():
+    reports = {("a", 0): SlotReport(0, FAILURE, exit_code=1), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    decision = decide(reports, resets=0, reset_limit=None, newest_snapshot=7)
+    assert (decision.action, decision.blacklist) == ("resume", ["a"])
+
+
+def test_a_partial_failure_is_not_a_resume_from_a_snapshot():
+    reports = {("a", 0): SlotReport(0, READY), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    assert decide(reports, resets=0, reset_limit=None, newest_snapshot=7).resume_from == 0

@@ -61,3 +61,84 @@ def test_on_reset_keeps_updates_that_arrived_while_rejoining(one_rank_world: Non
     assert calls == ["reset"]
     with pytest.raises(elastic.HostsUpdatedInterrupt):
         state.check_host_updates()
+
+
+@pytest.fixture
+def host_snapshot(one_rank_world: None, tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """This process as its host's snapshot writer, with the agent's slots in tmp_path."""
+    from libworker.world import world
+    from snapshot import layout
+
+    prefix = str(tmp_path / "elastic-snapshot-1-h")
+    layout.create(prefix)
+    monkeypatch.setenv("ELASTIC_SNAPSHOT", prefix)
+    monkeypatch.setenv("ELASTIC_JOB_KEY", "job-test")
+    monkeypatch.setitem(world.slot, "snapshot_writer", True)
+    return prefix
+
+
+def trained_state() -> tuple[torch.nn.Module, torch.optim.Optimizer, elastic.TorchState]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    state = elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
+    return model, optimizer, state
+
+
+def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+
+
+def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_from_it(host_snapshot: str) -> None:
+    from snapshot.store import read_newest
+    from snapshot.layout import slot_paths
+
+    model, optimizer, state = trained_state()
+    step(model, optimizer)
+    state.epoch = 3
+    state.commit()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    exp_avg = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    assert state.commits == 1 and all(h.saved is None for h in state._handlers.values())
+    assert read_newest(slot_paths(host_snapshot), "job-test", print).commit == 1
+    step(model, optimizer)
+    state.epoch = 4
+    state.restore()
+    assert all(torch.equal(committed[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], exp_avg)
+    assert state.epoch == 3
+
+
+def test_a_writer_that_stops_writing_takes_a_private_copy_before_the_slots_are_reused(host_snapshot: str) -> None:
+    from libworker.world import world
+    from snapshot import layout
+
+    model, optimizer, state = trained_state()
+    step(model, optimizer)
+    state.commit()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    world.slot["snapshot_writer"] = False
+    state.on_joined()
+    layout.remove(host_snapshot)
+    step(model, optimizer)
+    state.restore()
+    assert all(torch.equal(committed[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_fresh_state_loads_a_snapshot_with_its_commit_counter(host_snapshot: str) -> None:
+    from libworker.elastic import snapshots
+
+    model, optimizer, state = trained_state()
+    step(model, optimizer)
+    state.epoch = 7
+    for _ in range(5):
+        state.commit()
+    found = snapshots.restorable()
+    fresh_model, fresh_optimizer, fresh = trained_state()
+    with torch.no_grad():
+        fresh_model.weight.zero_()
+    assert fresh.load_snapshot(found)
+    assert (fresh.commits, fresh.epoch) == (5, 7)
+    assert torch.equal(fresh_model.weight, model.weight)
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])

@@ -1,6 +1,8 @@
 """A job that commits after every batch: a batch counter and a sum of batch numbers, which end exactly at the totals
 of a run without failures when no committed batch is lost or repeated. Every batch trains on data fixed by its
-number, so the parameters end the same too."""
+number, so the parameters end the same too. `--crash-at N` makes every rank die at batch N, every time: a job
+that cannot get past a commit. `--mib N` adds an N-MiB buffer (not trained) to the model: a bigger state to
+snapshot, restore and sync."""
 
 import argparse
 import time
@@ -14,10 +16,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--batches", type=int, default=200)
 parser.add_argument("--step-delay", type=float, default=0.02)
 parser.add_argument("--log-dir")
+parser.add_argument("--crash-at", type=int, default=0, help="Every rank exits 1 on reaching this batch, every time.")
+parser.add_argument("--mib", type=int, default=0, help="MiB of extra model state, a buffer the training leaves alone.")
 args = parser.parse_args()
 
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
+if args.mib:
+    model.register_buffer("ballast", torch.zeros(args.mib << 18))
 optimizer = elastic.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
 elastic.init()
 log = EventLog(args.log_dir)
@@ -33,6 +39,8 @@ def train(state: elastic.TorchState) -> None:
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+        if args.crash_at and state.batch == args.crash_at:
+            raise SystemExit(1)
         state.total += state.batch
         state.batch += 1
         time.sleep(args.step_delay)
