@@ -1,0 +1,30 @@
+"""`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint."""
+
+from __future__ import annotations
+
+import time
+
+from elasticctl.status import render
+
+
+def host(name: str, snapshot: dict | None, checkpoint: dict | None) -> dict:
+    return {"host": name, "slots": 1, "state": "active", "down": [], "blacklisted": False, "snapshot": snapshot, "checkpoint": checkpoint}
+
+
+def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint() -> None:
+    now = time.time()
+    view = {
+        "job": {"job": 1, "state": "running", "round": 2, "size": 2, "resets": 1, "exit_code": None, "reason": "", "spec": {}, "resumed_from": 40},
+        "hosts": [
+            host("host-1", {"commit": 57, "bytes": 3 << 20, "written_at": now - 0.5}, {"commit": 50, "bytes": 3 << 20, "written_at": now - 4, "path": "/ckpt/host-1/commit-000000000050.snap"}),
+            host("host-2", None, {"commit": 45, "bytes": 3 << 20, "written_at": now - 9, "path": "/ckpt/host-2/commit-000000000045.snap"}),
+        ],
+        "workers": [],
+        "history": [],
+    }
+    text = render(view)
+    assert "last durable checkpoint: commit 50, 3.0 MiB, 4." in text and "/ckpt/host-1/commit-000000000050.snap" in text
+    assert "resumed from the snapshot of commit 40 after every worker failed" in text
+    row = next(line for line in text.splitlines() if line.startswith("host-1"))
+    assert "commit 57, 3.0 MiB, 0.5s ago" in row
+    assert next(line for line in text.splitlines() if line.startswith("host-2")).split()[3] == "-"
