@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet torch==2.13.0
+# The editable install also builds the optional native snapshot copy (snapshot/_snapcopy*.so) when a C compiler and zlib are there.
 python -m pip install --quiet -e '.[test]'
