@@ -17,6 +17,7 @@ COPY services/ services/
 COPY agent/ agent/
 COPY libworker/ libworker/
 COPY elasticctl/ elasticctl/
+COPY snapshot/ snapshot/
 RUN pip install . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 --user-group elastic

@@ -54,6 +54,7 @@ class SnapshotKeeper:
         self.directory = shm_dir()
         self.prefix = str(self.directory / f"elastic-snapshot-{os.getpid()}-{host}")
         self.job_key = ""
+        self.created = False
         self.checkpoint_dir: Path | None = None
         self.checkpoint_interval = 30.0
         self.last_checkpoint: durable.Checkpoint | None = None
@@ -72,17 +73,20 @@ class SnapshotKeeper:
         self._flushing = None
         try:
             layout.create(self.prefix)
+            self.created = True
         except OSError as exc:
-            self.log.error("snapshot_unavailable", path=self.prefix, reason=exc.strerror)
+            self.created = False
+            self.log.error("snapshot_unavailable", path=self.prefix, reason=exc.strerror, effect="this job's commits are not snapshotted on this host")
 
     def worker_env(self) -> dict[str, str]:
-        env = {"ELASTIC_SNAPSHOT": self.prefix, "ELASTIC_JOB_KEY": self.job_key}
+        env = {"ELASTIC_SNAPSHOT": self.prefix, "ELASTIC_JOB_KEY": self.job_key} if self.created else {}
         if self.checkpoint_dir is not None:
             env["ELASTIC_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
         return env
 
     def end_job(self) -> None:
         self.job_key = ""
+        self.created = False
         self.checkpoint_dir = None
         layout.remove(self.prefix)
 

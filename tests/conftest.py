@@ -1,5 +1,6 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
-fails), and the `slow` marker (skipped unless ELASTIC_SLOW=1)."""
+fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), and a check that the run leaves no snapshot slot in
+/dev/shm."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from tests.harness import Cluster
 
+SHM = Path("/dev/shm")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("ELASTIC_SLOW") == "1":
@@ -19,6 +22,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_snapshot_left_in_shared_memory() -> Iterator[None]:
+    before = set(SHM.glob("elastic-snapshot-*"))
+    yield
+    left = sorted(str(p) for p in set(SHM.glob("elastic-snapshot-*")) - before)
+    assert not left, f"snapshot slots left in {SHM} by this test run: {left}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

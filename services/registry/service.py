@@ -210,13 +210,15 @@ class RegistryService(Service):
             self._apply(decide(self.reports, self.resets, self.spec.reset_limit if self.spec else None, newest, self.resumed_from))
 
     def _newest_snapshot(self, hosts: dict[str, Any]) -> int:
-        """The newest commit held in the snapshot of a host that is not lost (its agent keeps it)."""
+        """The newest commit held in a snapshot that an agent keeps now: a host that is not lost and whose agent
+        reports one (an agent that restarted starts with an empty snapshot). Its exit reports may be newer than
+        its last heartbeat."""
+        newest = 0
         for host in hosts.get("all", []):
             snapshot = host.get("snapshot") or {}
-            if isinstance(snapshot.get("commit"), int):
-                self.snapshot_commits[host["host"]] = max(snapshot["commit"], self.snapshot_commits.get(host["host"], 0))
-        lost = set(hosts.get("lost", []))
-        return max((commit for host, commit in self.snapshot_commits.items() if host not in lost), default=0)
+            if host.get("state") != "lost" and isinstance(snapshot.get("commit"), int) and snapshot["commit"] > 0:
+                newest = max(newest, snapshot["commit"], self.snapshot_commits.get(host["host"], 0))
+        return newest
 
     @staticmethod
     def _agent_incarnations(hosts: dict[str, Any]) -> dict[str, str]:
