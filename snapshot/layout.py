@@ -99,4 +99,4 @@ def read_header(path: str | Path) -> SlotHeader | None:
 def newest_header(paths: Sequence[str | Path]) -> SlotHeader | None:
     """The newest complete slot's header (its checksum is not verified: for reporting, not restoring)."""
     headers = [h for h in map(read_header, paths) if h is not None]
-    return max(headers, key=lambda h: h.commit, default=None)
+    return max(headers, key=lambda h: (h.commit, h.written_at), default=None)

@@ -90,8 +90,8 @@ class SnapshotWriter:
         del whole
 
     def _older_slot(self) -> int:
-        commits = [header.commit if (header := self._header(i)) is not None else 0 for i in (0, 1)]
-        return 0 if commits[0] <= commits[1] else 1
+        ages = [(header.commit, header.written_at) if (header := self._header(i)) is not None else (0, 0.0) for i in (0, 1)]
+        return 0 if ages[0] <= ages[1] else 1
 
     def _header(self, index: int) -> SlotHeader | None:
         held = self._maps[index]
@@ -146,7 +146,7 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
     """The newest complete, verified snapshot among `paths` (slots or checkpoint files), or None. `job` None accepts
     any job (a checkpoint directory); `reject(path, reason)` hears of every complete file passed over."""
     headers = [(h, str(p)) for p in paths if (h := read_header(p)) is not None]
-    for header, path in sorted(headers, key=lambda hp: -hp[0].commit):
+    for header, path in sorted(headers, key=lambda hp: (hp[0].commit, hp[0].written_at), reverse=True):
         if job is not None and header.job != job:
             reject(path, f"it belongs to job {header.job!r}, not {job!r}")
             continue

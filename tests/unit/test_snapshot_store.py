@@ -185,3 +185,13 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(prefix: str, tmp_pa
     found = read_newest(durable.checkpoint_files(directory), None, reject)
     assert found.commit == 1 and "truncated" in heard[0][1]
     writer.close()
+
+
+def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slot_is_overwritten_next(prefix: str) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(4, {"w": torch.zeros(3)})
+    writer.write(4, {"w": torch.ones(3)})
+    assert torch.equal(read_newest(slot_paths(prefix), "job-a", print).tree["w"], torch.ones(3))
+    writer.write(5, {"w": torch.full((3,), 2.0)})
+    assert sorted(read_header(p).commit for p in slot_paths(prefix)) == [4, 5]
+    writer.close()
