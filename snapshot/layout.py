@@ -4,7 +4,7 @@ A host's snapshot is two slot files in shared memory (`<prefix>.0`,
 `<prefix>.1`), created by the agent; a durable checkpoint is one file with
 the same layout. Each file is a header page, then the payload: the tensors'
 raw bytes (64-byte aligned, in the order of the tree's tensor list), then the
-metadata (the tree's skeleton and each tensor's dtype, shape, offset and size,
+metadata (the tree's skeleton and each tensor's dtype, shape, offset, size and device kind,
 cloudpickled: no tensor data is pickled).
 
 The header names the job, the commit counter, the payload's length and a

@@ -59,7 +59,7 @@ class SnapshotWriter:
         specs, offset = [], 0
         for tensor in tensors:
             nbytes = tensor.numel() * tensor.element_size()
-            specs.append((str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
+            specs.append((str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda))
             offset = _aligned(offset + nbytes)
         meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": specs})
         length = offset + len(meta)
@@ -175,12 +175,14 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
     return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
 
 
-def _tensor(payload: memoryview, dtype_name: str, shape: tuple[int, ...], offset: int, nbytes: int) -> torch.Tensor:
-    """A private copy of one tensor's bytes (never a view of the mapping, which the next commits overwrite)."""
+def _tensor(payload: memoryview, dtype_name: str, shape: tuple[int, ...], offset: int, nbytes: int, cuda: bool) -> torch.Tensor:
+    """A private copy of one tensor's bytes (never a view of the mapping, which the next commits overwrite), back on
+    the current CUDA device when it was a CUDA tensor and this process has one."""
     out = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
         out.numpy()[:] = np.frombuffer(payload, dtype=np.uint8, count=nbytes, offset=offset)
-    return out.view(getattr(torch, dtype_name)).view(shape)
+    tensor = out.view(getattr(torch, dtype_name)).view(shape)
+    return tensor.to(torch.device("cuda", torch.cuda.current_device())) if cuda and torch.cuda.is_available() else tensor
 
 
 def _aligned(offset: int) -> int:
