@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -170,8 +171,11 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
             checksum = copying.checksum(payload, header.payload_length)
             if checksum != header.checksum or SlotHeader.parse(view[: HEADER_BYTES].tobytes()) != header:
                 return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
-            meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
-            tensors = [_tensor(payload, *spec) for spec in meta["tensors"]]
+            try:
+                meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
+                tensors = [_tensor(payload, *spec) for spec in meta["tensors"]]
+            except (pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+                return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
     return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
 
 

@@ -107,7 +107,7 @@ class DiscoveryService(Service):
             if not isinstance(report, dict):
                 raise RequestError("bad_request", f"field {kind!r} must be a map")
             commit, size, written_at, path = report.get("commit"), report.get("bytes"), report.get("written_at"), report.get("path", "")
-            if not (isinstance(commit, int) and isinstance(size, int) and commit >= 0 and size >= 0 and not isinstance(commit, bool)):
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (commit, size)):
                 raise RequestError("bad_request", f"{kind}.commit and {kind}.bytes must be integers >= 0")
             if not isinstance(written_at, (int, float)) or isinstance(written_at, bool):
                 raise RequestError("bad_request", f"{kind}.written_at must be a time in seconds")

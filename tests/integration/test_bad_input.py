@@ -10,6 +10,7 @@ import msgpack
 import pytest
 import zmq
 
+from bus.client import ServiceError
 from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
 from tests.harness import REPO, SERVICES, Cluster, free_ports, wait_for
 
@@ -72,6 +73,22 @@ def test_registry_keeps_its_job_through_garbage(cluster: Cluster) -> None:
     cluster.wait_job_end(job, 30)
 
 
+@pytest.mark.parametrize(
+    "report",
+    ["not a map", {"commit": -1, "bytes": 1, "written_at": 1.0}, {"commit": 1, "bytes": True, "written_at": 1.0},
+     {"commit": 1, "bytes": 1, "written_at": "now"}, {"commit": 1, "bytes": 1, "written_at": 1.0, "path": "x" * 5000}],
+)
+def test_discovery_refuses_a_malformed_snapshot_report_and_keeps_the_last_good_one(cluster: Cluster, report: object) -> None:
+    cluster.call("discovery", "register", {"host": "h1", "slots": 1, "incarnation": "i1"})
+    good = {"commit": 3, "bytes": 10, "written_at": 1.0}
+    cluster.call("discovery", "heartbeat", {"host": "h1", "incarnation": "i1", "snapshot": good})
+    with pytest.raises(ServiceError) as refused:
+        cluster.call("discovery", "heartbeat", {"host": "h1", "incarnation": "i1", "snapshot": report})
+    assert refused.value.code == "bad_request" and "snapshot" in refused.value.message
+    host = next(h for h in cluster.call("discovery", "hosts")["all"] if h["host"] == "h1")
+    assert host["snapshot"] == good
+
+
 def _elasticctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
 
@@ -97,6 +114,9 @@ def test_cli_errors_are_one_line_without_traceback() -> None:
     _assert_one_clear_line(_elasticctl("local", "--slots", "1", "--standby", "2", "--", "true", env=env), "--standby 2 is more than this host's 1 slot(s)")
     _assert_one_clear_line(_elasticctl("run", "--max-restarts", "-1", "--", "true", env=env), "--max-restarts must be at least 0")
     _assert_one_clear_line(_elasticctl("run", "--restart-window", "0", "--", "true", env=env), "--restart-window must be a positive number")
+    _assert_one_clear_line(_elasticctl("run", "--checkpoint-interval", "0", "--", "true", env=env), "--checkpoint-interval must be a positive number")
+    _assert_one_clear_line(_elasticctl("local", "--checkpoint-interval", "-1", "--", "true", env=env), "--checkpoint-interval must be a positive number")
+    _assert_one_clear_line(_elasticctl("run", "--checkpoint-dir", "/etc/hostname", "--", "true", env=env), "is a file")
     _assert_one_clear_line(_elasticctl("nonsense", env=env), "No such command")
 
 

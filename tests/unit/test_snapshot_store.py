@@ -195,3 +195,15 @@ def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slo
     writer.write(5, {"w": torch.full((3,), 2.0)})
     assert sorted(read_header(p).commit for p in slot_paths(prefix)) == [4, 5]
     writer.close()
+
+
+def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import snapshot.store as store_module
+
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, {"w": torch.ones(2)})
+    monkeypatch.setattr(store_module, "_tensor", lambda payload, *spec: (_ for _ in ()).throw(TypeError("unexpected spec")))
+    heard, reject = rejections()
+    assert read_newest(slot_paths(prefix), "job-a", reject) is None
+    assert "its metadata cannot be read by this version (TypeError: unexpected spec)" in heard[0][1]
+    writer.close()
