@@ -9,9 +9,10 @@ cloudpickled: no tensor data is pickled).
 
 The header names the job, the commit counter, the payload's length and a
 checksum over every payload byte (`snapshot.copying`), and carries a CRC of
-its own fields; a header whose CRC does not match, or whose commit is 0 (a
-slot being written), marks no complete snapshot. The agent reads headers to
-report its host's commit; writing and restoring is `snapshot.store`.
+its own fields; a header that is zeroed (a slot being written) or whose CRC
+does not match marks no complete snapshot. Commit 0 is the state the job
+started from (written at the first sync). The agent reads headers to report
+its host's commit; writing and restoring is `snapshot.store`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class SlotHeader:
         if zlib.crc32(fields) != crc:
             return None
         magic, job, commit, length, meta_offset, meta_length, checksum, written_at = FIELDS.unpack(fields)
-        if magic != MAGIC or commit == 0 or meta_offset + meta_length != length:
+        if magic != MAGIC or meta_offset + meta_length != length:
             return None
         return cls(job.rstrip(b"\0").decode(errors="replace"), commit, length, meta_offset, meta_length, checksum, written_at)
 

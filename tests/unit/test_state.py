@@ -142,3 +142,13 @@ def test_a_fresh_state_loads_a_snapshot_with_its_commit_counter(host_snapshot: s
     assert (fresh.commits, fresh.epoch) == (5, 7)
     assert torch.equal(fresh_model.weight, model.weight)
     assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_the_writer_restores_the_state_it_was_synced_to_before_its_first_commit(host_snapshot: str) -> None:
+    model, optimizer, state = trained_state()
+    state.sync(root_rank=0)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    step(model, optimizer)
+    state.restore()
+    assert state.commits == 0
+    assert all(torch.equal(initial[k], v) for k, v in model.state_dict().items())
