@@ -6,7 +6,10 @@ all ranks agree, so an update first seen by any rank counts, and all raise
 HostsUpdatedInterrupt at the same commit. Updates older than the host set the
 current round was built from are ignored (they are what made this round).
 
-Every State counts its commits (`commits`, part of the state: sync sends it).
+Every State counts its commits (`commits`, part of the state: sync sends it),
+and knows whether its live state may be ahead of the last commit
+(`live_ahead`: it was interrupted by a `check_host_updates()` called between
+commits, so it keeps training state that no commit holds).
 ObjectState and TorchState also write each commit into their host's snapshot
 when this process is the host's snapshot writer (libworker.elastic.snapshots);
 the writer keeps no second copy of its tensors in memory: its restore reads
@@ -39,6 +42,8 @@ class State:
         self._host_messages: queue.Queue[tuple[float, int]] = queue.Queue()
         self._last_updated_timestamp = 0.0
         self.commits = 0
+        self.live_ahead = False
+        self._committing = False
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
         self._reset_callbacks.extend(callbacks)
@@ -65,7 +70,12 @@ class State:
     def commit(self) -> None:
         self.save()
         self.commits += 1
-        self.check_host_updates()
+        self.live_ahead = False
+        self._committing = True
+        try:
+            self.check_host_updates()
+        finally:
+            self._committing = False
 
     def check_host_updates(self) -> None:
         seen_since = max(self._last_updated_timestamp, float(world.slot.get("hosts_timestamp", 0.0)))
@@ -80,6 +90,7 @@ class State:
         if agreed[0].item() > seen_since:
             self._last_updated_timestamp = agreed[0].item()
             added, removed = agreed[1].item() > 0, agreed[2].item() > 0
+            self.live_ahead = self.live_ahead or not self._committing
             raise HostsUpdatedInterrupt(skip_sync=removed and not added)
 
     def save(self) -> None:

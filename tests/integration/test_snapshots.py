@@ -63,10 +63,11 @@ def test_every_worker_killed_at_once_resumes_from_the_snapshots_with_no_batch_lo
         assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run")
         entries = events(log_dir, "enter")
         resumed = [e for e in entries if e["pid"] not in victims]
-        assert resumed and all(e["batch"] == last_before for e in resumed), (last_before, resumed)
+        assert len({e["batch"] for e in resumed}) == 1, resumed
+        assert last_before <= resumed[0]["batch"] <= last_before + 1, "resumed at the newest commit (a kill may cut off the log line of the last one)"
         assert_finished_exactly(log_dir)
         status = cluster.status()
-        assert status["job"]["resumed_from"] == last_before
+        assert status["job"]["resumed_from"] == resumed[0]["batch"]
         assert any("every worker failed; resuming from the snapshot" in h["reason"] for h in status["history"])
         wait_for(lambda: not agent_slots(cluster), 10, "the agents to remove their snapshots at job end")
     finally:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from tests.sockets.ranks import run_ranks
 
 
-def _decide(held_by_rank: list[int]) -> tuple[int | None, int]:
-    """Run `_agreed_sync` with this rank holding commit `held_by_rank[rank]` (-1: no state); return (the root the
-    sync came from, or None without a sync, and the commit this rank holds after)."""
+def _decide(held_by_rank: list[int | str]) -> tuple[int | None, int]:
+    """Run `_agreed_sync` with this rank holding commit `held_by_rank[rank]` (-1: no state; "5+": commit 5 and live
+    state trained past it); return (the root the sync came from, or None without a sync, and the commit this rank
+    holds after)."""
     import torch.distributed as dist
 
     import libworker as elastic
@@ -17,8 +18,9 @@ def _decide(held_by_rank: list[int]) -> tuple[int | None, int]:
 
     held = held_by_rank[dist.get_rank()]
     state = elastic.ObjectState(marker=dist.get_rank())
-    state.commits = max(held, 0)
-    world.holds_state = held >= 0
+    state.live_ahead = isinstance(held, str)
+    state.commits = max(int(str(held).rstrip("+")), 0)
+    world.holds_state = state.commits > 0 or held == 0
     synced_from: list[int] = []
     real_sync = state.sync
 
@@ -37,15 +39,19 @@ CASES = [
     ([5, 3, 5], 0, 5),  # one rank behind: the lowest rank holding the newest commit sends it
     ([2, 4, 4], 1, 4),
     ([-1, 7, 7], 1, 7),  # a fresh worker with nothing restored
+    ([7, "7+", "7+"], 1, 7),  # survivors interrupted between commits hold newer state than a worker restored at 7
+    (["7+", "7+"], None, 7),  # ... and among themselves they agree
 ]
 
 
-def _decide_all(cases: list[list[int]]) -> list[tuple[int | None, int]]:
+def _decide_all(cases: list[list[int | str]]) -> list[tuple[int | None, int]]:
     return [_decide(held) for held in cases]
 
 
 def test_the_newest_commit_wins_and_equal_commits_skip_the_broadcast() -> None:
-    per_rank = run_ranks(3, _decide_all, [held for held, _, _ in CASES])
-    for index, (held, root, after) in enumerate(CASES):
-        outcomes = {results[index] for results in per_rank}
-        assert outcomes == {(root, after)}, f"commits {held}: {outcomes}"
+    for size in (2, 3):
+        cases = [case for case in CASES if len(case[0]) == size]
+        per_rank = run_ranks(size, _decide_all, [held for held, _, _ in cases])
+        for index, (held, root, after) in enumerate(cases):
+            outcomes = {results[index] for results in per_rank}
+            assert outcomes == {(root, after)}, f"commits {held}: {outcomes}"

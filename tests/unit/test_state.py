@@ -152,3 +152,32 @@ def test_the_writer_restores_the_state_it_was_synced_to_before_its_first_commit(
     state.restore()
     assert state.commits == 0
     assert all(torch.equal(initial[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_interrupt_between_commits_marks_the_live_state_ahead_of_the_last_commit(one_rank_world: None) -> None:
+    state = elastic.ObjectState(step=0)
+    state.on_hosts_updated(150.0, HOST_ADDED)
+    with pytest.raises(elastic.HostsUpdatedInterrupt):
+        state.commit()
+    assert not state.live_ahead, "interrupted right after a commit: the live state is that commit"
+    state.step = 1
+    state.on_hosts_updated(160.0, HOST_ADDED)
+    with pytest.raises(elastic.HostsUpdatedInterrupt):
+        state.check_host_updates()
+    assert state.live_ahead
+    state.commit()
+    assert not state.live_ahead
+
+
+def test_a_worker_restored_from_its_host_goes_through_the_reset_the_others_did(host_snapshot: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from libworker.elastic.runner import _restore_from_host
+    from libworker.world import world
+
+    model, optimizer, state = trained_state()
+    state.commit()
+    fresh_model, fresh_optimizer, fresh = trained_state()
+    resets: list[int] = []
+    fresh.register_reset_callbacks([lambda: resets.append(fresh.commits)])
+    monkeypatch.setattr(world, "holds_state", False)
+    _restore_from_host(fresh)
+    assert world.holds_state and resets == [1]

@@ -1,6 +1,7 @@
 """A job that commits after every batch: a batch counter and a sum of batch numbers, which end exactly at the totals
 of a run without failures when no committed batch is lost or repeated. Every batch trains on data fixed by its
-number, so the parameters end the same too. `--crash-at N` makes every rank die at batch N, every time: a job
+number, so the parameters end the same on every rank (a reset callback scales the learning rate to the world
+size, as Horovod scripts do). `--crash-at N` makes every rank die at batch N, every time: a job
 that cannot get past a commit. `--mib N` adds an N-MiB buffer (not trained) to the model: a bigger state to
 snapshot, restore and sync."""
 
@@ -28,6 +29,16 @@ optimizer = elastic.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr
 elastic.init()
 log = EventLog(args.log_dir)
 state = elastic.TorchState(model=model, optimizer=optimizer, batch=0, total=0)
+
+
+def scale_lr() -> None:
+    """A reset callback, as Horovod scripts have: the learning rate follows the world size."""
+    for group in optimizer.param_groups:
+        group["lr"] = 0.01 * elastic.size()
+
+
+scale_lr()
+state.register_reset_callbacks([scale_lr])
 
 
 @elastic.run
