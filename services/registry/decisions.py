@@ -10,9 +10,11 @@ Two departures from Horovod:
   (`host_stays`) does not get its host blacklisted; the agent's restart policy
   decides when a crashing slot costs its host;
 - when every worker failed but a host still holds a snapshot of a commit newer
-  than the one the job last resumed from, the job resumes from it (a reset,
-  within the reset limit) instead of failing; failing again with no commit
-  since ends it as Horovod would.
+  than the one the job last resumed from, and a host whose slots restart in
+  place (so its agent keeps its snapshot) is among them, the job resumes
+  from it (a reset, within the reset limit) instead of failing; failing again
+  with no commit since ends it as Horovod would. With `--max-restarts 0`
+  every failed host is given up, so the job fails as in Horovod.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None
     first_code = next((r.exit_code for r in sorted(failures.values(), key=lambda r: r.failed_order) if r.exit_code), 1)
     exit_code = first_code if first_code > 0 else 1
     all_failed = bool(failures) and len(failures) == len(reports)
-    if all_failed and newest_snapshot <= resumed_from:
+    keeps_a_snapshot = any(r.host_stays for r in failures.values())
+    if all_failed and (newest_snapshot <= resumed_from or not keeps_a_snapshot):
         again = f" again at commit {resumed_from}, with no commit since the last resume" if resumed_from else ""
         return Decision("fail", f"all hosts failed{again}: {details}", exit_code=exit_code)
     if reset_limit is not None and resets >= reset_limit:

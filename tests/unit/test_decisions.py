@@ -257,3 +257,9 @@ def test_a_resume_from_a_snapshot_still_blacklists_hosts_that_do_not_stay():
 def test_a_partial_failure_is_not_a_resume_from_a_snapshot():
     reports = {("a", 0): SlotReport(0, READY), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
     assert decide(reports, resets=0, reset_limit=None, newest_snapshot=7).resume_from == 0
+
+
+def test_every_worker_failing_on_hosts_given_up_fails_as_in_horovod_even_with_a_snapshot():
+    reports = {("a", 0): SlotReport(0, FAILURE, exit_code=1), ("b", 0): SlotReport(1, FAILURE, exit_code=1)}
+    decision = decide(reports, resets=0, reset_limit=None, newest_snapshot=7)
+    assert decision.action == "fail" and decision.reason.startswith("all hosts failed")
