@@ -25,5 +25,7 @@ USER elastic
 
 # discovery, rendezvous, registry, notifier (ingest), notifier events (XPUB)
 EXPOSE 5550-5554
+# their Prometheus metrics (HTTP), in the same order, with --metrics-port
+EXPOSE 9550-9553
 
 # No CMD of our own: docker-compose.yml sets `python -m services.<name>` per service.

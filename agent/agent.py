@@ -23,7 +23,10 @@
   the agent unregisters and exits;
 - joining a running job, it starts its workers first and reports itself warm
   (available) only when they all wait for a round, so the job's running
-  workers are not held up by process start-up.
+  workers are not held up by process start-up;
+- keeps its metrics (bus/metrics.py serves them): its workers by state, set
+  every second from the loop, and the seconds each commit of the host's
+  snapshot writer took, which the writer reports (`committed`, one-way).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import Gauge, Histogram
 
 from bus.client import AsyncClient, incarnation_id
 from bus.config import Endpoints, Timing, unresolved_hosts
@@ -53,6 +58,20 @@ RELAYED_EVENTS = ("hosts_updated", "abort")
 STOP_GRACE = 5.0
 WARM_UP_LIMIT = 120.0
 SLOT_REPORT_DEADLINE = 1.0
+METRICS_INTERVAL = 1.0
+WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
+WORKERS_BY_STATE = Gauge(
+    "elastic_agent_workers",
+    "Worker processes of this host by state (set every second): running (joined a round), starting (started, not "
+    "joined yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its back-off).",
+    ["host", "state"],
+)
+COMMIT_SECONDS = Histogram(
+    "elastic_commit_seconds",
+    "Seconds the host's snapshot writer took to save a commit (copy and snapshot write), as it reports them.",
+    ["host"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
 
 
 def agent_endpoint(run_dir: Path, host: str) -> str:
@@ -125,6 +144,7 @@ class AgentService(Service):
         self.every(0.2, self._check_drain)
         self.every(0.2, self._escalate)
         self.every(0.05, self._restart_due)
+        self.every(METRICS_INTERVAL, self._update_metrics)
         self._register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
@@ -590,6 +610,15 @@ class AgentService(Service):
         self.event_routes[pid] = request.route
         return {"host": self.host, "heartbeat": self.timing.heartbeat}
 
+    @handles("committed")
+    def on_committed(self, request: Request) -> dict[str, Any]:
+        """The host's snapshot writer saved a commit in `seconds` (one-way: the worker never reads this reply)."""
+        seconds = field(request.body, "seconds", float)
+        if seconds < 0:
+            raise RequestError("bad_request", "seconds must be at least 0")
+        COMMIT_SECONDS.labels(self.host).observe(seconds)
+        return {}
+
     def _forward(self, request: Request) -> Any:
         body = {**request.body, "host": self.host}
         if request.msg.type == "rank_and_size" and isinstance(body.get("local_rank"), int):
@@ -611,6 +640,14 @@ class AgentService(Service):
             deadline=None if parked else 30.0,
         )
         return DEFERRED
+
+    # -- metrics -------------------------------------------------------------------------------
+    def _update_metrics(self) -> None:
+        """Count workers by state here, in the loop: the thread serving metrics must not iterate the agent's dicts."""
+        states = ["stopping" if w.stop_requested else "running" if rank in self.joined else "starting" for rank, w in self.workers.items()]
+        states += ["standby"] * len(self.standbys) + ["restarting"] * sum(rank != STANDBY for rank in self.restart_at)
+        for state in WORKER_STATES:
+            WORKERS_BY_STATE.labels(self.host, state).set(states.count(state))
 
     def close(self) -> None:
         self.events.close()

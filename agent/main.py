@@ -11,6 +11,7 @@ import click
 from click.core import ParameterSource
 
 from agent.agent import AgentService
+from bus import metrics
 from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus.config import Endpoints, Timing
 from bus.logs import setup_logging
@@ -30,7 +31,8 @@ def default_run_dir() -> Path:
 @click.option("--advertise-addr", envvar="ELASTIC_ADVERTISE_ADDR", default=None, help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this host's name).")
 @click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="On SIGTERM, seconds to wait for workers to leave at a commit.")
 @click.option("--standby", envvar="ELASTIC_STANDBY_WORKERS", type=int, default=0, show_default=True, help="Spare worker processes kept waiting in init(); one takes a crashed worker's slot at once.")
-def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float, standby: int) -> None:
+@click.option("--metrics-port", metavar="PORT", default=None, help="Serve Prometheus metrics over HTTP on this port, on the advertised address (default: off).")
+def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float, standby: int, metrics_port: str | None) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
     if not host or "/" in host or host.startswith("."):
@@ -44,6 +46,8 @@ def main(host: str, slots: int | None, share_gpus: bool, control: str | None, ke
     try:
         check_slots(slots, gpus, share_gpus)
         check_standby(standby, slots)
+        if metrics_port is not None:
+            metrics.serve("--metrics-port", advertise_addr, metrics.metrics_port("--metrics-port", metrics_port))
         agent = AgentService(
             host, slots, Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control"), Timing.from_env(),
             run_dir=default_run_dir(), share_gpus=share_gpus, security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, standby=standby, log=log,
@@ -54,6 +58,7 @@ def main(host: str, slots: int | None, share_gpus: bool, control: str | None, ke
     except Exception as exc:
         click.echo(f"elastic-agent: cannot start: {exc}", err=True)
         sys.exit(2)
+    metrics.watch_service(agent)
     agent.serve_forever()
 
 

@@ -140,14 +140,20 @@ class _Pending:
 
 
 class AsyncClient:
-    """Non-blocking requests from inside a Service loop; resends until a reply or the deadline."""
+    """Non-blocking requests from inside a Service loop; resends until a reply or the deadline. The number of
+    requests without a reply yet is the metric `elastic_client_requests_in_flight` (bus/metrics.py)."""
 
     def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
+        # Imported here, not at the top: elasticctl and libworker import this module but never make an AsyncClient,
+        # and importing prometheus-client would add some 70 ms to their start.
+        from bus.metrics import CLIENT_REQUESTS_IN_FLIGHT
+
         self.endpoint = endpoint
         self.sender = sender
         self._service = service
         self._sock = client_socket(service.ctx, zmq.DEALER, endpoint, security)
         self._pending: dict[str, _Pending] = {}
+        self._in_flight_gauge = CLIENT_REQUESTS_IN_FLIGHT.labels(service.name, endpoint)
         service.watch(self._sock, self._on_readable)
         service.every(0.05, self._resend_due)
 
@@ -168,6 +174,7 @@ class AsyncClient:
         frames = encode(msg)
         now = time.monotonic()
         self._pending[msg_id] = _Pending(frames, on_reply, on_timeout, timeout, now + timeout, None if deadline is None else now + deadline)
+        self._in_flight_gauge.set(len(self._pending))
         self._sock.send_multipart(frames, zmq.NOBLOCK)
         return msg_id
 
@@ -186,6 +193,7 @@ class AsyncClient:
             except WireError:
                 continue
             pending = self._pending.pop(reply.id, None)
+            self._in_flight_gauge.set(len(self._pending))
             if pending is not None and pending.on_reply is not None:
                 pending.on_reply(reply)
 
@@ -194,6 +202,7 @@ class AsyncClient:
         for msg_id, pending in list(self._pending.items()):
             if pending.give_up_at is not None and now >= pending.give_up_at:
                 del self._pending[msg_id]
+                self._in_flight_gauge.set(len(self._pending))
                 if pending.on_timeout is not None:
                     pending.on_timeout()
             elif now >= pending.resend_at:

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 import zmq
 
+from bus import metrics
 from bus.envelope import Message, WireError, decode, encode, error_body, reply_to
 from bus.sockets import Security, server_socket, stop_authenticator
 
@@ -186,6 +187,7 @@ class Service:
         try:
             msg = decode(payload)
         except WireError as exc:
+            metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.MALFORMED)
             self.log.warning("bad_message", code=exc.code, reason=exc.message, frames=len(payload))
             self._send(route, encode(Message(type="error", body=error_body(exc.code, exc.message), reply=True, sender=self.sender_id)))
             return
@@ -202,19 +204,23 @@ class Service:
         handler = self._handlers.get(msg.type)
         request = Request(self, msg, route, key)
         if handler is None:
+            metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.REFUSED)
             self.log.warning("unknown_type", type=msg.type, sender=msg.sender)
             request.fail("unknown_type", f"{self.name} does not handle message type {msg.type!r}")
             return
         try:
             result = handler(request)
         except RequestError as exc:
+            metrics.count_message(self.name, msg.type, metrics.REFUSED)
             self.log.info("request_refused", type=msg.type, code=exc.code, reason=exc.message, sender=msg.sender)
             request.fail(exc.code, exc.message)
             return
         except Exception as exc:
+            metrics.count_message(self.name, msg.type, metrics.FAILED)
             self.log.exception("handler_failed", type=msg.type, sender=msg.sender)
             request.fail("internal", f"{self.name} failed on {msg.type}: {type(exc).__name__}: {exc}")
             return
+        metrics.count_message(self.name, msg.type, metrics.HANDLED)
         if result is DEFERRED:
             if not request.answered:
                 self._parked[request.parking_key] = request

@@ -1,4 +1,5 @@
-"""The worker's two channels to its agent over ipc: requests (any thread, one at a time) and events (a daemon thread).
+"""The worker's channels to its agent over ipc: requests (any thread, one at a time), events (a daemon thread),
+and one-way notices (`notify`, from the training thread; nothing waits for their replies).
 
 The event thread subscribes once, then hands each event to the listener
 callbacks. It also watches the agent's heartbeat: a worker dies with its agent
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -41,11 +43,28 @@ class AgentLink:
         self.agent = Reachability(max(WARN_AFTER_MIN, Timing.from_env().lost_after), time.monotonic())
         self.orphan_after = orphan_after
         self._subscribed = threading.Event()
+        self._notices: zmq.Socket | None = None
         self._thread = threading.Thread(target=self._events_loop, name="libworker-events", daemon=True)
         self._thread.start()
 
     def wait_subscribed(self, timeout: float) -> bool:
         return self._subscribed.wait(timeout)
+
+    def notify(self, msg_type: str, body: dict[str, Any]) -> None:
+        """Send the agent a message and go on: never blocks (with the agent gone, a full queue drops it), and the
+        agent's replies are dropped unread before the next one. One thread only calls it: zmq sockets are not
+        thread-safe."""
+        if self._notices is None:
+            self._notices = client_socket(self.ctx, zmq.DEALER, self.endpoint)
+        try:
+            while True:
+                self._notices.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        try:
+            self._notices.send_multipart(encode(Message(type=msg_type, body=body, sender=self.sender + ":notices")), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def _events_loop(self) -> None:
         sock = client_socket(self.ctx, zmq.DEALER, self.endpoint)

@@ -1,4 +1,4 @@
-"""The command line shared by the four services: endpoints, intervals, keys, logging."""
+"""The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from bus.config import Endpoints, Timing, check_host, tcp_endpoint
+from bus import metrics
+from bus.config import DEFAULT_HOST, Endpoints, Timing, check_host, endpoint_host, tcp_endpoint
 from bus.logs import setup_logging
 from bus.service import Service
 from bus.sockets import Security, SecurityError
@@ -29,7 +30,7 @@ def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> E
 
 
 def service_command(name: str, factory: Factory) -> click.Command:
-    def run(bind: str | None, keys: Path | None, insecure: bool) -> None:
+    def run(bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None) -> None:
         log = setup_logging(name)
         try:
             timing = Timing.from_env()
@@ -37,6 +38,8 @@ def service_command(name: str, factory: Factory) -> click.Command:
             from_env = click.get_current_context().get_parameter_source("bind") is ParameterSource.ENVIRONMENT
             bind_to = bind_endpoints(connect, bind, "ELASTIC_BIND" if from_env else "--bind")
             security = Security(keys_dir=keys, insecure=insecure)
+            if metrics_port is not None:
+                metrics.serve("--metrics-port", endpoint_host(getattr(bind_to, name)) or DEFAULT_HOST, metrics.metrics_port("--metrics-port", metrics_port))
             service = factory(bind_to, connect, timing, security, log)
         except (SecurityError, ValueError, OSError) as exc:
             click.echo(f"{name}: {exc}", err=True)
@@ -44,11 +47,13 @@ def service_command(name: str, factory: Factory) -> click.Command:
         except Exception as exc:  # zmq.ZMQError on bind, mostly
             click.echo(f"{name}: cannot start: {exc}", err=True)
             sys.exit(2)
+        metrics.watch_service(service)
         service.serve_forever()
 
     params: list[click.Parameter] = [
         click.Option(["--bind"], envvar="ELASTIC_BIND", default=None, help="Interface to bind (default: the host of the endpoint)."),
         click.Option(["--keys"], envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory (elasticctl keys generate DIR)."),
         click.Option(["--insecure"], is_flag=True, envvar="ELASTIC_INSECURE", help="Allow binding beyond loopback without keys."),
+        click.Option(["--metrics-port"], metavar="PORT", default=None, help="Serve Prometheus metrics over HTTP on this port, on the interface the service binds (default: off)."),
     ]
     return click.Command(name, callback=run, params=params, help=f"Run the {name} service.")

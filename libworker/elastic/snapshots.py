@@ -8,6 +8,8 @@ data-parallel ranks hold the same committed state, so one copy per host is
 enough. A fresh worker restores the newest of its host's snapshot and, with
 `--checkpoint-dir` (`ELASTIC_CHECKPOINT_DIR`), the newest complete checkpoint
 there; a checkpoint resumes a new job, so it is not checked against the job.
+The writer tells its agent how long each commit's save took (`report_commit`),
+for the agent's metric `elastic_commit_seconds`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ def writer() -> SnapshotWriter | None:
             _writer.close()
         _writer = SnapshotWriter(prefix, job)
     return _writer
+
+
+def report_commit(seconds: float) -> None:
+    """Tell the agent that this commit's save took `seconds`, when this process wrote it into the host's snapshot
+    (a one-way message: the commit does not wait for the agent)."""
+    if _writer is not None and world.slot.get("snapshot_writer") and world.link is not None:
+        world.link.notify("committed", {"seconds": seconds})
 
 
 def host_snapshot() -> Snapshot | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,9 @@ class State:
         self._host_messages.put((timestamp, update))
 
     def commit(self) -> None:
+        started = time.monotonic()
         self.save()
+        snapshots.report_commit(time.monotonic() - started)
         self.commits += 1
         self.live_ahead = False
         self._committing = True

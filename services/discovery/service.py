@@ -19,6 +19,9 @@ counts: every live host gets a fresh start instead of being declared lost.
 
 When the slots an assignment would use change, `hosts_updated {timestamp, added,
 removed, hosts}` goes out through the notifier; a change beyond max_np sends nothing.
+
+Metrics (bus/metrics.py serves them): `elastic_discovery_hosts{state}`, set
+every second from the loop, and `elastic_discovery_heartbeats_total{status}`.
 """
 
 from __future__ import annotations
@@ -27,13 +30,18 @@ import subprocess
 import time
 from typing import Any
 
+from prometheus_client import Counter, Gauge
+
 from bus.client import Client, Unreachable
 from bus.config import Timing
 from bus.service import Request, RequestError, Service, field, handles
-from services.discovery.hostset import HostSet, compare, effective, parse_script_output
+from services.discovery.hostset import ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, compare, effective, parse_script_output
 
 
 MAX_PATH = 4096
+METRICS_INTERVAL = 1.0
+HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
+HEARTBEATS = Counter("elastic_discovery_heartbeats", "Agent heartbeats received, by answer: ok, unknown (register again), lost.", ["status"])
 
 
 class DiscoveryService(Service):
@@ -52,6 +60,7 @@ class DiscoveryService(Service):
         self._last_expire_check = self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
         self.every(timing.discovery_poll, self._poll_script)
+        self.every(METRICS_INTERVAL, self._update_metrics)
 
     # -- agents --------------------------------------------------------------------------------
     @handles("register")
@@ -89,6 +98,7 @@ class DiscoveryService(Service):
         was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
         snapshots = self._snapshots(request)
         status = self.hostset.heartbeat(host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
+        HEARTBEATS.labels(status).inc()
         if status == "ok":
             self.hostset.hosts[host].snapshots = snapshots
         if status == "ok" and not was_warm and self.hostset.hosts[host].warm:
@@ -257,6 +267,12 @@ class DiscoveryService(Service):
             self.notifier.request("publish", {"event": "hosts_updated", "data": event})
         except Unreachable as exc:
             self.log.warning("notifier_unreachable", reason=str(exc))
+
+    def _update_metrics(self) -> None:
+        """Count hosts by state here, in the loop: the thread serving metrics must not iterate the host set."""
+        states = [self.hostset.state(record) for record in self.hostset.hosts.values()]
+        for state in (ACTIVE, LOST, DRAINING, BLACKLISTED, WARMING, UNLISTED):
+            HOSTS_BY_STATE.labels(state).set(states.count(state))
 
     def close(self) -> None:
         self.notifier.close()

@@ -3,8 +3,9 @@
 The compose file is checked for shape (services, commands, healthchecks, ports,
 dependencies, environment). Then every service's `command` runs as a local
 process with the compose environment, except that endpoints point at
-127.0.0.1 on free ports and the bind host is 127.0.0.1; each must answer a
-ping, and each compose healthcheck (its port rewritten) must exit 0.
+127.0.0.1 on free ports and the bind host is 127.0.0.1 (metrics ports too);
+each must answer a ping and serve its metrics, and each compose healthcheck
+(its port rewritten) must exit 0.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bus.client import Client, Unreachable, incarnation_id
 
@@ -31,7 +34,9 @@ SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 # The ROUTER port each service binds (and its healthcheck pings), per bus/config.py.
 PORT_OF = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553}
 EVENTS_PORT = 5554
-PUBLISHED = {"discovery": {5550}, "rendezvous": {5551}, "registry": {5552}, "notifier": {5553, EVENTS_PORT}}
+# The Prometheus port each service serves on (its --metrics-port).
+METRICS_PORT_OF = {"discovery": 9550, "rendezvous": 9551, "registry": 9552, "notifier": 9553}
+PUBLISHED = {"discovery": {5550, 9550}, "rendezvous": {5551, 9551}, "registry": {5552, 9552}, "notifier": {5553, EVENTS_PORT, 9553}}
 ENDPOINT_VARS = {
     "ELASTIC_DISCOVERY_ENDPOINT": ("discovery", 5550),
     "ELASTIC_RENDEZVOUS_ENDPOINT": ("rendezvous", 5551),
@@ -97,9 +102,14 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def local_argv(argv: list[str]) -> list[str]:
-    """A compose command for this machine: "python" is the interpreter running the tests."""
-    return [sys.executable if arg in ("python", "python3") else arg for arg in argv]
+def local_argv(argv: list[str], port_map: dict[int, int] | None = None) -> list[str]:
+    """A compose command for this machine: "python" is the interpreter running the tests, and a
+    `--metrics-port` is moved to its free port in `port_map`."""
+    out = [sys.executable if arg in ("python", "python3") else arg for arg in argv]
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--metrics-port" and port_map is not None:
+            out[i + 1] = str(port_map[int(out[i + 1])])
+    return out
 
 
 def rewrite_port(argv: list[str], port_map: dict[int, int]) -> list[str]:
@@ -185,7 +195,7 @@ def test_four_services_with_their_commands(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         service = services[name]
         assert service["build"] == "."
-        assert service["command"] == ["python", "-m", f"services.{name}"]
+        assert service["command"] == ["python", "-m", f"services.{name}", "--metrics-port", str(METRICS_PORT_OF[name])]
         assert service["restart"] == "unless-stopped"
 
 
@@ -203,7 +213,7 @@ def test_ports_published(compose: dict[str, Any]) -> None:
             host, _, container = str(entry).rpartition(":")
             assert host == container, f"{name}: publish {entry!r} on the same host port"
     every = set().union(*(published_ports(s) for s in compose["services"].values()))
-    assert every == {5550, 5551, 5552, 5553, 5554}
+    assert every == {5550, 5551, 5552, 5553, 5554, 9550, 9551, 9552, 9553}
 
 
 def test_environment_binds_everywhere_and_connects_by_service_name(compose: dict[str, Any]) -> None:
@@ -245,7 +255,7 @@ def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
     """Start every compose command locally in depends_on order, each healthy before its dependents."""
     services = compose["services"]
     logs = tmp_path_factory.mktemp("compose-logs")
-    compose_ports = sorted({port for _, port in ENDPOINT_VARS.values()})
+    compose_ports = sorted({port for _, port in ENDPOINT_VARS.values()} | set(METRICS_PORT_OF.values()))
     port_map = dict(zip(compose_ports, free_ports(len(compose_ports)), strict=True))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     log_files = []
@@ -256,7 +266,7 @@ def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
             log_path = logs / f"{name}.log"
             log_files.append(log_path.open("wb"))
             procs[name] = subprocess.Popen(
-                local_argv(services[name]["command"]),
+                local_argv(services[name]["command"], port_map),
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -287,6 +297,20 @@ def test_every_service_answers_ping(running: tuple[dict[str, str], dict[int, int
     deadline = time.monotonic() + START_DEADLINE
     for name in SERVICES:
         assert ping(endpoints[name], deadline) == {"service": name}
+
+
+def test_every_service_serves_metrics(running: tuple[dict[str, str], dict[int, int]]) -> None:
+    _, port_map = running
+    for name in SERVICES:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port_map[METRICS_PORT_OF[name]]}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        pings = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "elastic_messages_total" and sample.labels == {"service": name, "type": "ping", "outcome": "handled"}
+        ]
+        assert pings and pings[0] >= 1, name
 
 
 def test_compose_healthchecks_pass(compose: dict[str, Any], running: tuple[dict[str, str], dict[int, int]]) -> None:

@@ -1,0 +1,75 @@
+"""Prometheus metrics of a process: the ones every Service has, and the HTTP endpoint that serves them all.
+
+Each service and the agent serves its metrics on `--metrics-port PORT` (off
+by default), on the interface the service binds (loopback by default; the
+agent, which binds only ipc, on its `--advertise-addr`): `serve` starts prometheus-client's
+HTTP server (a daemon thread) on prometheus-client's default registry, which
+holds the metrics below, the ones a process defines next to the code that
+updates them (services/discovery/service.py, services/registry/metrics.py,
+agent/agent.py) and prometheus-client's process metrics.
+
+Every Service counts the requests it dispatches (`count_message`, called by
+`bus/service.py`) in `elastic_messages_total{service, type, outcome}`; `type`
+is one of the message types the service handles, or `unknown` for any other
+type and for a message that cannot be decoded, so no peer can add label
+values. `watch_service` adds the service's queue depths, parked requests and
+reply-cache entries, read by the HTTP thread with `len()` only (the service
+loop mutates those dicts meanwhile: iterating them from the HTTP thread could
+fail). `AsyncClient` (bus/client.py) keeps `elastic_client_requests_in_flight`
+up to date from the service loop itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+from bus.config import ConfigError
+
+if TYPE_CHECKING:
+    from bus.service import Service
+
+UNKNOWN_TYPE = "unknown"
+HANDLED, REFUSED, FAILED, MALFORMED = "handled", "refused", "failed", "malformed"
+
+MESSAGES = Counter(
+    "elastic_messages",
+    "Requests a service dispatched, by outcome: handled (answered or parked by its handler), refused (an error "
+    "reply the handler chose, or a type the service does not handle), failed (the handler raised: an internal "
+    "error reply), malformed (not a valid message; type is unknown).",
+    ["service", "type", "outcome"],
+)
+PARKED_REQUESTS = Gauge("elastic_parked_requests", "Requests parked by a service, waiting for their answer.", ["service"])
+REPLY_CACHE_ENTRIES = Gauge("elastic_reply_cache_entries", "Answers a service keeps to answer a retried request again.", ["service"])
+CLIENT_REQUESTS_IN_FLIGHT = Gauge(
+    "elastic_client_requests_in_flight", "Requests a service's non-blocking client sent and has no reply for yet.", ["service", "endpoint"]
+)
+
+
+def count_message(service: str, msg_type: str, outcome: str) -> None:
+    MESSAGES.labels(service, msg_type, outcome).inc()
+
+
+def metrics_port(setting: str, value: str) -> int:
+    """`value` as a TCP port (1-65535), else `ConfigError` naming `setting`."""
+    if not value.isdigit():
+        raise ConfigError(setting, value, "not a port number")
+    if not 1 <= int(value) <= 65535:
+        raise ConfigError(setting, value, f"port {int(value)} is out of range (1-65535)")
+    return int(value)
+
+
+def serve(setting: str, host: str, port: int) -> None:
+    """Serve this process's metrics over HTTP on `host`:`port` (given by `setting`) from a daemon thread;
+    `ConfigError` when the port cannot be bound (taken, or `host` is not an interface of this machine)."""
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(setting, str(port), f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def watch_service(service: Service) -> None:
+    """Export the queue depths of the process's service, read when scraped (`len()` only)."""
+    PARKED_REQUESTS.labels(service.name).set_function(lambda: len(service._parked))
+    REPLY_CACHE_ENTRIES.labels(service.name).set_function(lambda: len(service._replied))

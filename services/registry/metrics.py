@@ -1,0 +1,83 @@
+"""The registry's Prometheus metrics and the functions its driver calls to keep them (bus/metrics.py serves them).
+
+Every function is called from the registry's loop (a handler or a tick), never
+from the thread that serves metrics, and takes plain values, so nothing here
+reads the registry's dicts while the loop changes them. Label values are
+fixed sets, each series there from the start; a value outside its set is a
+programming error (ValueError). Worker states are labelled in lower case.
+
+- `job_state(state)`: each time the job's state changes (`_new_job`,
+  `_start_round`, `_apply` when it goes back to waiting, `_finish`).
+- `round_started()`: once per round the rendezvous accepted (`_start_round`,
+  right after `self.round = reply["round"]`).
+- `reset(cause)`: once per reset, where the driver decides on a new round
+  (`_apply`, when it goes back to waiting), with why: `worker_failed` (a
+  worker exited non-zero or hung), `host_lost` (missed heartbeats),
+  `agent_restarted` (the workers died with their agent), `drain` (a host was
+  drained), `hosts_changed` (hosts added or removed, no failure), `resume`
+  (every worker failed; the job resumes from a host's snapshot).
+- `recovered(seconds)`: when the round after a failure is released (`_observe`,
+  the first tick that sees `released` for the new round), with the seconds
+  since the failure was first seen (the first FAILURE of the failed round,
+  `_fail_slot` with `first`, or a failing `worker_exited`).
+- `workers(states)`: on every driver tick, with the state of each slot of the
+  current round (`r.state for r in self.reports.values()`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.registry.decisions import FAILURE, PENDING, READY, RUNNING, SUCCESS
+
+JOB_STATES = ("none", "waiting", "running", "succeeded", "failed")
+RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "drain", "hosts_changed", "resume")
+WORKER_STATES = (PENDING, RUNNING, READY, SUCCESS, FAILURE)
+
+JOB_STATE = Gauge("elastic_registry_job_state", "1 for the state the job is in, 0 for the others.", ["state"])
+ROUNDS_STARTED = Counter("elastic_registry_rounds_started", "Rounds the registry started (the first one and every reset).")
+RESETS = Counter("elastic_registry_resets", "Resets (a new round of a running job), by cause.", ["cause"])
+RECOVERY_SECONDS = Histogram(
+    "elastic_registry_recovery_seconds",
+    "Seconds from a failure seen by the registry to the release of the next round.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
+)
+WORKERS = Gauge("elastic_registry_workers", "Slots of the current round by worker state.", ["state"])
+
+
+def job_state(state: str) -> None:
+    _check("job state", state, JOB_STATES)
+    for each in JOB_STATES:
+        JOB_STATE.labels(each).set(1 if each == state else 0)
+
+
+def round_started() -> None:
+    ROUNDS_STARTED.inc()
+
+
+def reset(cause: str) -> None:
+    RESETS.labels(_check("reset cause", cause, RESET_CAUSES)).inc()
+
+
+def recovered(seconds: float) -> None:
+    RECOVERY_SECONDS.observe(seconds)
+
+
+def workers(states: Iterable[str]) -> None:
+    counted = [_check("worker state", state, WORKER_STATES) for state in states]
+    for state in WORKER_STATES:
+        WORKERS.labels(state.lower()).set(counted.count(state))
+
+
+def _check(what: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+job_state("none")
+workers(())
+for _cause in RESET_CAUSES:
+    RESETS.labels(_cause)
