@@ -13,13 +13,9 @@ from click.core import ParameterSource
 from agent.agent import AgentService
 from bus import metrics
 from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
-from bus.config import Endpoints, Timing
+from bus.config import Endpoints, Timing, default_run_dir
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
-
-
-def default_run_dir() -> Path:
-    return Path(os.environ.get("ELASTIC_RUN_DIR") or f"/tmp/elastic-{os.getuid()}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

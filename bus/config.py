@@ -19,6 +19,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORTS = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553, "events": 5554}
@@ -170,3 +171,8 @@ class Timing:
 
     def as_env(self) -> dict[str, str]:
         return {f"ELASTIC_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+
+
+def default_run_dir() -> Path:
+    """Where agents put their sockets and services their state by default: ELASTIC_RUN_DIR, else /tmp/elastic-UID."""
+    return Path(os.environ.get("ELASTIC_RUN_DIR") or f"/tmp/elastic-{os.getuid()}")

@@ -71,7 +71,7 @@ class LocalCluster:
         self.processes.append((name, process))
 
     def start(self) -> None:
-        env = {**os.environ, **self.endpoints.as_env()}
+        env = {**os.environ, **self.endpoints.as_env(), "ELASTIC_STATE_DIR": str(self.log_dir / "state")}
         for service in SERVICES:
             self._start(service, ["-m", f"services.{service}"], env, log_to_file=True)
         plane = ControlPlane(self.endpoints, timeout=0.5)

@@ -1,4 +1,5 @@
-"""The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint."""
+"""The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint, and for
+a service that keeps state on disk (the registry), its state directory."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import click
 from click.core import ParameterSource
 
 from bus import metrics
-from bus.config import DEFAULT_HOST, Endpoints, Timing, check_host, endpoint_host, tcp_endpoint
+from bus.config import DEFAULT_HOST, Endpoints, Timing, check_host, default_run_dir, endpoint_host, tcp_endpoint
 from bus.logs import setup_logging
 from bus.service import Service
 from bus.sockets import Security, SecurityError
+from services.registry.store import StoreError
 
-Factory = Callable[[Endpoints, Endpoints, Timing, Security, Any], Service]
+Factory = Callable[..., Service]  # (bind, connect, timing, security, log), and state_dir for a service with state
 
 
 def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> Endpoints:
@@ -29,8 +31,8 @@ def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> E
     )
 
 
-def service_command(name: str, factory: Factory) -> click.Command:
-    def run(bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None) -> None:
+def service_command(name: str, factory: Factory, keeps_state: bool = False) -> click.Command:
+    def run(bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None, state_dir: Path | None = None) -> None:
         log = setup_logging(name)
         try:
             timing = Timing.from_env()
@@ -40,8 +42,9 @@ def service_command(name: str, factory: Factory) -> click.Command:
             security = Security(keys_dir=keys, insecure=insecure)
             if metrics_port is not None:
                 metrics.serve("--metrics-port", endpoint_host(getattr(bind_to, name)) or DEFAULT_HOST, metrics.metrics_port("--metrics-port", metrics_port))
-            service = factory(bind_to, connect, timing, security, log)
-        except (SecurityError, ValueError, OSError) as exc:
+            state = {"state_dir": state_dir or default_run_dir() / "state" / name} if keeps_state else {}
+            service = factory(bind_to, connect, timing, security, log, **state)
+        except (SecurityError, ValueError, OSError, StoreError) as exc:
             click.echo(f"{name}: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # zmq.ZMQError on bind, mostly
@@ -56,4 +59,11 @@ def service_command(name: str, factory: Factory) -> click.Command:
         click.Option(["--insecure"], is_flag=True, envvar="ELASTIC_INSECURE", help="Allow binding beyond loopback without keys."),
         click.Option(["--metrics-port"], metavar="PORT", default=None, help="Serve Prometheus metrics over HTTP on this port, on the interface the service binds (default: off)."),
     ]
+    if keeps_state:
+        params.append(
+            click.Option(
+                ["--state-dir"], envvar="ELASTIC_STATE_DIR", type=click.Path(path_type=Path, file_okay=False), default=None,
+                help=f"Directory of the {name}'s durable state (default: $ELASTIC_RUN_DIR/state/{name}, /tmp/elastic-UID/state/{name}).",
+            )
+        )
     return click.Command(name, callback=run, params=params, help=f"Run the {name} service.")

@@ -121,10 +121,11 @@ class Cluster:
         self.processes[name] = process
         return process
 
-    def start_services(self, extra_args: dict[str, list[str]] | None = None) -> None:
-        for service in SERVICES:
+    def start_services(self, extra_args: dict[str, list[str]] | None = None, services: tuple[str, ...] = SERVICES) -> None:
+        """Start services (all four by default, or restart some that were killed) and wait until each answers."""
+        for service in services:
             self.spawn(service, [sys.executable, "-m", f"services.{service}", *(extra_args or {}).get(service, [])])
-        for service in SERVICES:
+        for service in services:
             wait_for(lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
 
     def start_agent(self, host: str, slots: int = 2, extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:

@@ -12,6 +12,11 @@ reports the slots it has taken *down*: their worker crashed and its
 replacement is not ready yet. An available host offers the ids of its other
 slots, so the job re-forms without a crashed slot and gets it back, at the
 same local rank, once its replacement waits in `init()`.
+
+A discovery that restarted knows nothing; the registry gives it back the
+drains and blacklists it held (`restore`): a mark for a host that has not
+registered again yet waits for it. Hosts of the job's round that never
+register again are recorded as lost (`record_missing`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,25 @@ class HostRecord:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """What a discovery held against a host: draining, blacklisted until `until` (this clock; inf: for good)."""
+
+    draining: bool = False
+    blacklisted: bool = False
+    until: float = float("inf")
+    count: int = 0
+    reason: str = ""
+
+    def apply(self, record: HostRecord) -> None:
+        """Add the mark to a host's record; what the record holds already (a newer decision) is kept."""
+        record.draining = record.draining or self.draining
+        if self.blacklisted and record.blacklisted_until is None:
+            record.blacklisted_until = self.until
+        record.blacklist_count = max(record.blacklist_count, self.count)
+        record.blacklist_reason = record.blacklist_reason or self.reason
+
+
+@dataclass(frozen=True)
 class HostsChange:
     added: bool
     removed: bool
@@ -61,6 +85,7 @@ class HostSet:
         self.order: list[str] = []
         self.script_hosts: dict[str, int | None] | None = None
         self.cooldown_range: tuple[float, float] | None = (60.0, 600.0)
+        self.pending_marks: dict[str, Mark] = {}
         self._rng = rng or random.Random()
 
     # -- agents --------------------------------------------------------------------------------
@@ -68,6 +93,9 @@ class HostSet:
         record = self.hosts.get(name)
         if record is None:
             self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version)
+            mark = self.pending_marks.pop(name, None)
+            if mark is not None:
+                mark.apply(self.hosts[name])
             return
         if record.incarnation != incarnation:
             record.down_version = -1
@@ -131,6 +159,22 @@ class HostSet:
         else:
             record.blacklisted_until = now + cooldown(record.blacklist_count, *self.cooldown_range, self._rng)
         return None if record.blacklisted_until == float("inf") else record.blacklisted_until
+
+    def restore(self, marks: dict[str, Mark]) -> None:
+        """Marks given back after a restart: applied to a registered host now, to another when it registers."""
+        for name, mark in marks.items():
+            if name in self.hosts:
+                mark.apply(self.hosts[name])
+            else:
+                self.pending_marks[name] = mark
+
+    def record_missing(self, expected: Sequence[tuple[str, Sequence[int]]], now: float) -> list[str]:
+        """Hosts of the job's round that did not register again: lost, as if their heartbeats had stopped here."""
+        missing = [name for name, _ in expected if name not in self.hosts]
+        for name, slots in expected:
+            if name in missing:
+                self.hosts[name] = HostRecord(name, max(slots, default=0) + 1, "", now, lost_at=now)
+        return missing
 
     def lift_cooldowns(self, now: float) -> list[str]:
         lifted = []

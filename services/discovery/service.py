@@ -11,11 +11,23 @@ Messages:
   hosts                                    -> {timestamp, available: [[name, [slot ids]]], all: [...], lost: [names]}
   drain {host} / undrain {host}            operator
   blacklist {host, reason}                 registry, after a failure on the host
-  configure {discovery_script, max_np, cooldown}   registry, when a job is submitted
+  configure {discovery_script, max_np, cooldown}   registry, when a job is submitted -> {incarnation}
+  restore {discovery_script, max_np, cooldown, marks, expected}   registry, to a discovery that restarted
+                                           during a job: marks {host: {draining, blacklisted, until (wall-clock
+                                           seconds, or null: for good), count, reason}}; expected [[host, [slot ids]]]:
+                                           the hosts of the job's current round
 
 A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery
 itself was stalled (stopped, starved) for half that long, nobody's silence
 counts: every live host gets a fresh start instead of being declared lost.
+
+A discovery that starts is *settling* (`hosts` says so) until the agents have
+registered again: for `lost_after` (at least SETTLE_MIN seconds), or less
+once the registry restored it and every host of the job's round is back.
+Meanwhile it publishes nothing: the agents' registrations rebuild the host set
+the job runs on and are no news to its workers. When it settles, the hosts of
+the round that never came back are lost, and the host set is compared with
+the round's (never restored: taken as it is).
 
 When the slots an assignment would use change, `hosts_updated {timestamp, added,
 removed, hosts}` goes out through the notifier; a change beyond max_np sends nothing.
@@ -28,17 +40,22 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from bus.client import Client, Unreachable
+from bus.client import incarnation_id
 from bus.config import Timing
+from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
-from services.discovery.hostset import ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, compare, effective, parse_script_output
+from services.discovery.hostset import (
+    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, parse_script_output, slot_ids,
+)
 
 
 MAX_PATH = 4096
+SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 METRICS_INTERVAL = 1.0
 HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
 HEARTBEATS = Counter("elastic_discovery_heartbeats", "Agent heartbeats received, by answer: ok, unknown (register again), lost.", ["status"])
@@ -51,7 +68,10 @@ class DiscoveryService(Service):
         super().__init__(endpoint, **kw)
         self.timing = timing
         self.hostset = HostSet()
-        self.notifier = Client(notifier_endpoint, self.name, security=self.security, ctx=self.ctx, timeout=1.0, deadline=2.0)
+        self.incarnation = uuid.uuid4().hex
+        self.settle_until: float | None = self.clock() + max(SETTLE_MIN, timing.lost_after)
+        self.expected: list[tuple[str, tuple[int, ...]]] | None = None
+        self.outbox = Outbox(self, notifier_endpoint, incarnation_id(self.name), self.security)
         self.max_np: int | None = None
         self.script: str | None = None
         self._script_proc: subprocess.Popen[str] | None = None
@@ -158,12 +178,30 @@ class DiscoveryService(Service):
             self.log.info("blacklist_lifted", host=host)
         if lost or lifted:
             self._changed()
+        if self.settle_until is not None and (now >= self.settle_until or self._all_expected_back()):
+            self._settle(now)
+
+    def _all_expected_back(self) -> bool:
+        return self.expected is not None and all(
+            name in self.hostset.hosts and self.hostset.hosts[name].lost_at is None for name, _ in self.expected
+        )
+
+    def _settle(self, now: float) -> None:
+        """The agents had their time to register again: the round's hosts still missing are lost, and only what
+        differs from the round's host set (or, never restored, nothing) is news."""
+        self.settle_until = None
+        missing = self.hostset.record_missing(self.expected or [], now)
+        self.published = list(self.expected) if self.expected is not None else effective(self.hostset.available(), self.max_np)
+        self.log.info("settled", hosts=len(self.hostset.hosts), missing=missing, restored=self.expected is not None)
+        self._changed()
 
     # -- queries and commands ------------------------------------------------------------------
     @handles("hosts")
     def on_hosts(self, request: Request) -> dict[str, Any]:
         available = self.hostset.available()
         return {
+            "incarnation": self.incarnation,
+            "settling": self.settle_until is not None,
             "timestamp": self.timestamp,
             "available": [[name, list(slots)] for name, slots in available],
             "all": self.hostset.describe(self.clock()),
@@ -201,7 +239,32 @@ class DiscoveryService(Service):
 
     @handles("configure")
     def on_configure(self, request: Request) -> dict[str, Any]:
-        body = request.body
+        self._settings(request.body)
+        self.hostset.pending_marks.clear()
+        for record in self.hostset.hosts.values():
+            record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
+        if self.script:
+            self._run_script(wait=True)
+        self.settle_until, self.expected = None, None
+        self.published = effective(self.hostset.available(), self.max_np)
+        return {"incarnation": self.incarnation}
+
+    @handles("restore")
+    def on_restore(self, request: Request) -> dict[str, Any]:
+        marks, expected = self._marks(request.body.get("marks")), self._expected(request.body.get("expected"))
+        self._settings(request.body)
+        self.hostset.restore(marks)
+        self.expected = expected
+        if self.script:
+            self._run_script(wait=True)
+        self.log.info("restored", marks=sorted(marks), expected=[name for name, _ in expected], settling=self.settle_until is not None)
+        if self.settle_until is None:
+            missing = self.hostset.record_missing(expected, self.clock())
+            self.log.info("restored_after_settling", missing=missing)
+            self._changed()
+        return {"incarnation": self.incarnation}
+
+    def _settings(self, body: dict[str, Any]) -> None:
         max_np, script, cooldown = body.get("max_np"), body.get("discovery_script"), body.get("cooldown")
         if max_np is not None and not isinstance(max_np, int):
             raise RequestError("bad_request", "max_np must be an integer or null")
@@ -212,12 +275,33 @@ class DiscoveryService(Service):
         self.max_np, self.script = max_np, script
         self.hostset.cooldown_range = None if cooldown is None else (float(cooldown[0]), float(cooldown[1]))
         self.hostset.script_hosts = None
-        for record in self.hostset.hosts.values():
-            record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
-        if script:
-            self._run_script(wait=True)
-        self.published = effective(self.hostset.available(), self.max_np)
-        return {}
+
+    def _marks(self, raw: Any) -> dict[str, Mark]:
+        """The registry's marks, with each blacklist's end turned from wall-clock time into this clock."""
+        if not isinstance(raw, dict):
+            raise RequestError("bad_request", "marks must map host names to marks")
+        marks = {}
+        for host, mark in raw.items():
+            until = mark.get("until") if isinstance(mark, dict) else None
+            if not (
+                isinstance(host, str) and isinstance(mark, dict) and isinstance(mark.get("draining"), bool) and isinstance(mark.get("blacklisted"), bool)
+                and isinstance(mark.get("count"), int) and isinstance(mark.get("reason"), str)
+                and (until is None or isinstance(until, (int, float)) and not isinstance(until, bool))
+            ):
+                raise RequestError("bad_request", f"bad mark for {host!r}: want {{draining, blacklisted, until, count, reason}}")
+            local_until = float("inf") if until is None else self.clock() + (until - time.time())
+            marks[host] = Mark(mark["draining"], mark["blacklisted"], local_until, mark["count"], mark["reason"])
+        return marks
+
+    @staticmethod
+    def _expected(raw: Any) -> list[tuple[str, tuple[int, ...]]]:
+        if not isinstance(raw, list) or not all(
+            isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], list)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in item[1])
+            for item in raw
+        ):
+            raise RequestError("bad_request", "expected must be a list of [host, [slot ids]]")
+        return [(name, slot_ids(ids)) for name, ids in raw]
 
     # -- discovery script ----------------------------------------------------------------------
     def _poll_script(self) -> None:
@@ -255,6 +339,8 @@ class DiscoveryService(Service):
 
     # -- publishing ----------------------------------------------------------------------------
     def _changed(self) -> None:
+        if self.settle_until is not None:
+            return
         now_used = effective(self.hostset.available(), self.max_np)
         change = compare(self.published, now_used)
         if change is None:
@@ -263,10 +349,8 @@ class DiscoveryService(Service):
         self.published = now_used
         event = {"timestamp": self.timestamp, "added": change.added, "removed": change.removed, "hosts": [[name, list(slots)] for name, slots in now_used]}
         self.log.info("hosts_updated", added=change.added, removed=change.removed, hosts=event["hosts"])
-        try:
-            self.notifier.request("publish", {"event": "hosts_updated", "data": event})
-        except Unreachable as exc:
-            self.log.warning("notifier_unreachable", reason=str(exc))
+        self.outbox.put("hosts_updated", event)
+        self.outbox.flush()
 
     def _update_metrics(self) -> None:
         """Count hosts by state here, in the loop: the thread serving metrics must not iterate the host set."""
@@ -275,7 +359,6 @@ class DiscoveryService(Service):
             HOSTS_BY_STATE.labels(state).set(states.count(state))
 
     def close(self) -> None:
-        self.notifier.close()
         if self._script_proc is not None:
             self._script_proc.kill()
             self._script_proc.wait()

@@ -21,17 +21,33 @@ snapshots are tagged with it, so a snapshot of another job is never restored.
 The newest commit in a live host's snapshot (from the agents' heartbeats, via
 discovery, and from their exit reports) lets a job whose every worker failed
 resume from it.
+
+Durable. The registry keeps the job in a SQLite database under `--state-dir`
+(services/registry/store.py), saved after every change and before it
+answers or publishes what the change caused; events wait in an outbox (saved
+with the job) until the notifier takes them. A registry killed and started
+again carries on with the same job, round and resets. The other services keep
+nothing on disk, and the registry rebuilds them from what it saved and what it
+reads: a discovery with a new incarnation is told the job's settings, the
+drains and blacklists it had, and the hosts of the current round
+(`restore`); a rendezvous behind the job's round is given that round back
+(`restore_round`). While a restarted discovery is still hearing from the
+agents (`settling`), the driver neither starts rounds nor judges hosts.
 """
 
 from __future__ import annotations
 
-import itertools
+import time
 import uuid
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from bus.client import Client, ServiceError, Unreachable
+from bus.client import Client, ServiceError, Unreachable, incarnation_id
 from bus.config import Endpoints, Timing
+from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
+from services.registry import metrics
 from services.registry.decisions import (
     FAILURE,
     PENDING,
@@ -46,6 +62,10 @@ from services.registry.decisions import (
     decide,
 )
 from services.registry.jobspec import JobSpec
+from services.registry.store import JobStore
+
+HISTORY_KEPT = 100  # decisions kept with the job (status shows the last 20): bounded however many resets
+RETIRED_PIDS_KEPT = 4096  # pids of earlier rounds' workers, to tell a leftover's exit from a current worker's
 
 NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"
 
@@ -53,21 +73,32 @@ NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", 
 class RegistryService(Service):
     name = "registry"
 
-    def __init__(self, endpoint: str, peers: Endpoints, timing: Timing, **kw: Any) -> None:
+    def __init__(self, endpoint: str, peers: Endpoints, timing: Timing, state_dir: Path, **kw: Any) -> None:
         super().__init__(endpoint, **kw)
         self.timing = timing
+        sender = incarnation_id(self.name)
 
         def client(address: str) -> Client:
-            return Client(address, self.name, security=self.security, ctx=self.ctx, timeout=1.0, deadline=2.0)
+            return Client(address, sender, security=self.security, ctx=self.ctx, timeout=0.5, deadline=1.0)
 
-        self.discovery, self.rendezvous, self.notifier = client(peers.discovery), client(peers.rendezvous), client(peers.notifier)
-        self.job_ids = itertools.count(1)
+        self.discovery, self.rendezvous = client(peers.discovery), client(peers.rendezvous)
+        self.store = JobStore(state_dir)
+        saved = self.store.load()
+        self.outbox = Outbox(self, peers.notifier, sender, self.security, ((e, d) for e, d in (saved or {}).get("outbox", [])))
+        self.last_job_id = 0
+        self.discovery_incarnation: str | None = None
         self._new_job(None)
+        if saved is not None:
+            self._load(saved)
+        metrics.job_state(self.state)
+        self.outbox.flush()
         self.every(timing.driver_tick, self._tick)
 
     def _new_job(self, spec: JobSpec | None) -> None:
         self.spec = spec
-        self.job_id = next(self.job_ids) if spec else 0
+        if spec:
+            self.last_job_id += 1
+        self.job_id = self.last_job_id if spec else 0
         self.job_key = uuid.uuid4().hex[:16] if spec else ""
         self.snapshot_commits: dict[str, int] = {}
         self.resumed_from = 0
@@ -76,13 +107,58 @@ class RegistryService(Service):
         self.reason = ""
         self.resets = 0
         self.round = 0
+        self.round_slots: list[dict[str, Any]] = []
+        self.round_hosts_timestamp = 0.0
         self.reports: dict[Slot, SlotReport] = {}
-        self.retired_pids: set[int] = set()
+        self.retired_pids: dict[int, None] = {}
         self.agents: dict[str, str] = {}
-        self.hosts_timestamp = 0.0
+        self.host_marks: dict[str, dict[str, Any]] = {}
         self.waiting_since = self.clock()
         self.first_report_at: float | None = None
+        self.failure_seen_at: float | None = None
         self.history: list[dict[str, Any]] = []
+
+    # -- durability ----------------------------------------------------------------------------
+    def _wall(self, instant: float | None) -> float | None:
+        """A time of this process's clock as wall-clock seconds, which mean the same to the next registry."""
+        return None if instant is None else time.time() - (self.clock() - instant)
+
+    def _local(self, wall: float | None) -> float | None:
+        return None if wall is None else self.clock() - (time.time() - wall)
+
+    def _saved_state(self) -> dict[str, Any]:
+        return {
+            "last_job_id": self.last_job_id, "discovery_incarnation": self.discovery_incarnation,
+            "outbox": [list(event) for event in self.outbox.queued],
+            "job": {
+                "spec": self.spec.to_dict() if self.spec else None, "job_id": self.job_id, "job_key": self.job_key,
+                "snapshot_commits": self.snapshot_commits, "resumed_from": self.resumed_from, "state": self.state,
+                "exit_code": self.exit_code, "reason": self.reason, "resets": self.resets, "round": self.round,
+                "round_slots": self.round_slots, "round_hosts_timestamp": self.round_hosts_timestamp,
+                "reports": [{"host": slot[0], "local_rank": slot[1], **asdict(r)} for slot, r in self.reports.items()],
+                "retired_pids": list(self.retired_pids), "agents": self.agents, "host_marks": self.host_marks,
+                "waiting_since": self._wall(self.waiting_since), "first_report_at": self._wall(self.first_report_at),
+                "failure_seen_at": self._wall(self.failure_seen_at), "history": self.history,
+            },
+        }
+
+    def _load(self, saved: dict[str, Any]) -> None:
+        job = saved["job"]
+        self.last_job_id, self.discovery_incarnation = saved["last_job_id"], saved["discovery_incarnation"]
+        self.spec = JobSpec.parse(job["spec"]) if job["spec"] else None
+        for name in ("job_id", "job_key", "snapshot_commits", "resumed_from", "state", "exit_code", "reason", "resets", "round",
+                     "round_slots", "round_hosts_timestamp", "agents", "host_marks", "history"):
+            setattr(self, name, job[name])
+        self.reports = {(r.pop("host"), r.pop("local_rank")): SlotReport(**r) for r in job["reports"]}
+        self.retired_pids = dict.fromkeys(job["retired_pids"])
+        self.waiting_since = self._local(job["waiting_since"]) or self.clock()
+        self.first_report_at, self.failure_seen_at = self._local(job["first_report_at"]), self._local(job["failure_seen_at"])
+        self.log.info("job_recovered", job=self.job_id, state=self.state, round=self.round, resets=self.resets, store=str(self.store.path))
+
+    def _commit(self) -> None:
+        """Save what changed, then send the events it caused: nothing goes out that a restart could forget."""
+        self.store.save(self._saved_state())
+        self.outbox.flush()
 
     # -- requests ------------------------------------------------------------------------------
     @handles("submit")
@@ -92,20 +168,25 @@ class RegistryService(Service):
         spec = JobSpec.parse(request.body.get("spec"))
         try:
             self.rendezvous.request("reset")
-            self.discovery.request(
-                "configure",
-                {"max_np": spec.max_np, "discovery_script": spec.discovery_script, "cooldown": list(spec.cooldown) if spec.cooldown else None},
-            )
+            configured = self.discovery.request("configure", self._discovery_settings(spec)).body
         except (Unreachable, ServiceError) as exc:
             raise RequestError("unavailable", f"cannot prepare the job: {exc}") from None
         self._new_job(spec)
+        self.discovery_incarnation = configured.get("incarnation")
+        metrics.job_state(self.state)
         self.log.info("job_submitted", job=self.job_id, command=spec.command, min_np=spec.min_np, max_np=spec.max_np)
+        self._commit()
         return {"job": self.job_id}
+
+    @staticmethod
+    def _discovery_settings(spec: JobSpec) -> dict[str, Any]:
+        return {"max_np": spec.max_np, "discovery_script": spec.discovery_script, "cooldown": list(spec.cooldown) if spec.cooldown else None}
 
     @handles("cancel")
     def on_cancel(self, request: Request) -> dict[str, Any]:
         if self.state in (WAITING, RUNNING_JOB):
             self._finish(FAILED, str(request.body.get("reason") or "cancelled"), 130)
+            self._commit()
         return self._job_summary()
 
     @handles("job")
@@ -135,6 +216,7 @@ class RegistryService(Service):
             self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
             if gave_up and self.state in (WAITING, RUNNING_JOB):
                 self._blacklist(slot[0], f"slot {slot[1]} {gave_up}")
+            self._commit()
             return {"recorded": False}
         report.pid, report.exit_code = pid, code
         if code == 0:
@@ -145,6 +227,7 @@ class RegistryService(Service):
             self._fail_slot(slot, f"exited with code {code}{why}")
         self._note_report()
         self.log.info("worker_exited", host=slot[0], local_rank=slot[1], rank=report.rank, pid=pid, exit_code=code, round=self.round)
+        self._commit()
         return {"recorded": True}
 
     def _belongs_to_round(self, report: SlotReport, pid: int) -> bool:
@@ -177,6 +260,8 @@ class RegistryService(Service):
         try:
             hosts = self.discovery.request("hosts").body
             rounds = self.rendezvous.request("status").body
+            if not self._reconciled(hosts, rounds):
+                return
         except (Unreachable, ServiceError) as exc:
             self.log.warning("driver_blind", reason=str(exc))
             return
@@ -184,6 +269,57 @@ class RegistryService(Service):
             self._start_round(hosts)
         elif self.state == RUNNING_JOB:
             self._observe(hosts, rounds)
+        metrics.workers(r.state for r in self.reports.values())
+        self._commit()
+
+    def _reconciled(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> bool:
+        """Give a restarted discovery or rendezvous back what the job had; True when both agree with the job and
+        discovery has heard from its agents (the driver may judge hosts and start rounds)."""
+        assert self.spec is not None
+        if hosts.get("incarnation") != self.discovery_incarnation:
+            expected = self._round_hosts()
+            self.discovery.request("restore", {**self._discovery_settings(self.spec), "marks": self.host_marks, "expected": expected})
+            self.discovery_incarnation = hosts.get("incarnation")
+            self.log.info("discovery_restored", incarnation=self.discovery_incarnation, marks=sorted(self.host_marks), expected=[h for h, _ in expected])
+            return False
+        if rounds.get("round", 0) < self.round and self.round_slots:
+            pids = [[slot[0], slot[1], r.pid] for slot, r in self.reports.items() if r.pid is not None and r.state != PENDING]
+            released = all(r.state != PENDING for r in self.reports.values())
+            self.rendezvous.request(
+                "restore_round",
+                {"round": self.round, "slots": self.round_slots, "hosts_timestamp": self.round_hosts_timestamp, "released": released, "pids": pids},
+            )
+            self.log.info("rendezvous_restored", round=self.round, released=released)
+            return False
+        if hosts.get("settling"):
+            return False
+        self.host_marks = self._host_marks(hosts)
+        return True
+
+    def _round_hosts(self) -> list[list[Any]]:
+        """The current round's hosts in rank order, each with the ids of its slots in the round."""
+        hosts: dict[str, list[int]] = {}
+        for slot in sorted(self.round_slots, key=lambda s: s["rank"]):
+            hosts.setdefault(slot["hostname"], []).append(slot["local_rank"])
+        return [[host, sorted(ids)] for host, ids in hosts.items()]
+
+    def _host_marks(self, hosts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """What discovery holds against hosts (drains, blacklists with their count and end), to give a restarted
+        discovery; a blacklist already recorded keeps its end, so an unchanged one is not saved again."""
+        marks = {}
+        for row in hosts.get("all", []):
+            if not (row.get("draining") or row.get("blacklisted") or row.get("blacklist_count")):
+                continue
+            known = self.host_marks.get(row["host"], {})
+            until = None
+            if row.get("blacklisted") and row.get("cooldown_left") is not None:
+                same = known.get("blacklisted") and known.get("count") == row.get("blacklist_count") and known.get("until") is not None
+                until = known["until"] if same else round(time.time() + row["cooldown_left"], 3)
+            marks[row["host"]] = {
+                "draining": bool(row.get("draining")), "blacklisted": bool(row.get("blacklisted")), "until": until,
+                "count": int(row.get("blacklist_count") or 0), "reason": str(row.get("blacklist_reason") or ""),
+            }
+        return marks
 
     def _observe(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> None:
         lost = set(hosts.get("lost", []))
@@ -195,6 +331,9 @@ class RegistryService(Service):
                 report.host_stays = True
                 self._fail_slot(slot, "its agent restarted (the workers died with the old one)")
         if rounds.get("round") == self.round and rounds.get("released"):
+            if self.failure_seen_at is not None:
+                metrics.recovered(self.clock() - self.failure_seen_at)
+                self.failure_seen_at = None
             for host, local_rank, pid in rounds.get("pids", []):
                 started = self.reports.get((host, local_rank))
                 if started is not None and started.state == PENDING:
@@ -232,6 +371,8 @@ class RegistryService(Service):
         self._note_report()
         self.log.warning("worker_failed", host=slot[0], local_rank=slot[1], rank=report.rank, reason=reason, round=self.round)
         if first:
+            if self.failure_seen_at is None:
+                self.failure_seen_at = self.clock()
             self._publish("abort", {"round": self.round})
 
     def _note_report(self) -> None:
@@ -254,7 +395,7 @@ class RegistryService(Service):
                 self._publish("kill_worker", {"host": slot[0], "local_rank": slot[1], "pid": report.pid})
 
     def _apply(self, decision: Decision) -> None:
-        self.history.append({"round": self.round, "action": decision.action, "reason": decision.reason})
+        self.history = [*self.history[-(HISTORY_KEPT - 1):], {"round": self.round, "action": decision.action, "reason": decision.reason}]
         if decision.action == "succeed":
             self._finish(SUCCEEDED, decision.reason, 0)
             return
@@ -267,10 +408,24 @@ class RegistryService(Service):
         if decision.resume_from:
             self.resumed_from = decision.resume_from
         self.log.info("round_reset", round=self.round, reason=decision.reason or "hosts changed")
+        metrics.reset(self._reset_cause(decision))
         self.state = WAITING
+        metrics.job_state(self.state)
         self.waiting_since = self.clock()
         if decision.blacklist:
             self._fail_if_all_blacklisted(decision.reason)
+
+    def _reset_cause(self, decision: Decision) -> str:
+        if decision.resume_from:
+            return "resume"
+        reasons = [r.reason for r in self.reports.values() if r.state == FAILURE]
+        if not reasons:
+            return "hosts_changed"
+        if any(reason.startswith("host lost") for reason in reasons):
+            return "host_lost"
+        if any(reason.startswith("its agent restarted") for reason in reasons):
+            return "agent_restarted"
+        return "worker_failed"
 
     def _blacklist(self, host: str, reason: str) -> None:
         try:
@@ -320,8 +475,12 @@ class RegistryService(Service):
         if self.round >= 1:
             self.resets += 1
         survivors = {slot: r.pid for slot, r in self.reports.items() if r.state == READY}
-        self.retired_pids.update(r.pid for r in self.reports.values() if r.pid is not None and r.state != READY)
+        self.retired_pids.update(dict.fromkeys(r.pid for r in self.reports.values() if r.pid is not None and r.state != READY))
+        for pid in list(self.retired_pids)[: max(0, len(self.retired_pids) - RETIRED_PIDS_KEPT)]:
+            del self.retired_pids[pid]
         self.round = reply["round"]
+        self.round_slots, self.round_hosts_timestamp = reply["slots"], hosts["timestamp"]
+        metrics.round_started()
         self.agents = self._agent_incarnations(hosts)
         self.reports = {
             (s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"], pid=survivors.get((s["hostname"], s["local_rank"])))
@@ -329,6 +488,7 @@ class RegistryService(Service):
         }
         self.first_report_at = None
         self.state = RUNNING_JOB
+        metrics.job_state(self.state)
         self.log.info("round_started", round=self.round, size=reply["size"], resets=self.resets)
         self._publish(
             "round",
@@ -341,16 +501,17 @@ class RegistryService(Service):
 
     def _finish(self, state: str, reason: str, exit_code: int) -> None:
         self.state, self.reason, self.exit_code = state, reason, exit_code
+        metrics.job_state(state)
         self.log.info("job_finished", job=self.job_id, state=state, exit_code=exit_code, reason=reason)
         self._publish("job_finished", {"job": self.job_id, "state": state, "exit_code": exit_code, "reason": reason})
 
     def _publish(self, event: str, data: dict[str, Any]) -> None:
-        try:
-            self.notifier.request("publish", {"event": event, "data": data})
-        except (Unreachable, ServiceError) as exc:
-            self.log.warning("publish_failed", event_type=event, reason=str(exc))
+        """Queue an event; it goes out after the state that caused it is saved (`_commit`)."""
+        self.outbox.put(event, data)
 
     def close(self) -> None:
-        for c in (self.discovery, self.rendezvous, self.notifier):
+        self._commit()
+        for c in (self.discovery, self.rendezvous):
             c.close()
+        self.store.close()
         super().close()

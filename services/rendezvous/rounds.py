@@ -82,6 +82,14 @@ class Rounds:
             del self.rounds[old]
         return new
 
+    def restore(self, number: int, slots: list[SlotInfo], hosts_timestamp: float, released: bool, pids: dict[Slot, int]) -> Round:
+        """Take back the job's current round after a restart (the registry keeps it): numbering goes on from it, a
+        released round admits no joiner, and an unreleased one is completed by the joins its workers send again."""
+        restored = Round(number, {(s.hostname, s.local_rank): s for s in slots}, hosts_timestamp, released, pids)
+        self.rounds = {number: restored}
+        self.latest = number
+        return restored
+
     def park(self, join: Join) -> Any | None:
         """Park a join; return the ticket of a join it replaces (same slot), if any."""
         previous = self.parked.get(join.slot)

@@ -5,6 +5,8 @@ Messages:
   rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
   forget {host, local_rank, pid}                        drop the parked join of a worker that exited
   status -> {round, released, size, slots, parked}
+  restore_round {round, slots, hosts_timestamp, released, pids: [[host, local_rank, pid]]}
+                                                        the registry gives a restarted rendezvous the job's round
   reset                                                 a new job: no rounds, empty store
   kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame
 
@@ -19,7 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from bus.service import DEFERRED, Request, RequestError, Service, field, handles
-from services.rendezvous.assignments import NotEnoughSlots, get_host_assignments
+from services.rendezvous.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
 from services.rendezvous.rounds import Join, Rounds
 
 
@@ -85,6 +87,25 @@ class RendezvousService(Service):
         self.log.info("round_created", round=new.number, size=len(slots), hosts=new.hosts)
         self._settle()
         return {"round": new.number, "size": len(slots), "slots": [s.to_dict() for s in slots]}
+
+    @handles("restore_round")
+    def on_restore_round(self, request: Request) -> dict[str, Any]:
+        body = request.body
+        number = field(body, "round", int)
+        if number < self.rounds.latest:
+            raise RequestError("stale_round", f"round {number} is older than this rendezvous's round {self.rounds.latest}")
+        raw_slots, raw_pids = body.get("slots"), body.get("pids")
+        try:
+            slots = [SlotInfo(**s) for s in raw_slots]  # type: ignore[union-attr]
+            pids = {(h, lr): pid for h, lr, pid in raw_pids}  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            raise RequestError("bad_request", "restore_round needs slots [{SlotInfo}] and pids [[host, local_rank, pid]]") from None
+        if not slots or not all(isinstance(s.hostname, str) and isinstance(s.rank, int) and isinstance(s.local_rank, int) for s in slots):
+            raise RequestError("bad_request", "restore_round needs at least one slot, each with hostname, rank and local_rank")
+        self.rounds.restore(number, slots, float(body.get("hosts_timestamp") or 0.0), body.get("released") is True, pids)
+        self.log.info("round_restored", round=number, size=len(slots), released=body.get("released") is True)
+        self._settle()
+        return {"round": number}
 
     @handles("rank_and_size")
     def on_rank_and_size(self, request: Request) -> Any:

@@ -1,0 +1,54 @@
+"""Outbox: a service's events for the notifier, published in order, one at a time, until the notifier takes each.
+
+A service queues an event with `put` and sends what is queued with `flush`
+(the registry saves its state in between, so no event goes out about a
+change it could forget). The head is resent every second until the notifier
+answers: an event queued while the notifier is away goes out once it is back,
+after the ones before it. An event the notifier refuses (too large, say) is
+logged and dropped, so it cannot block the ones after it. The queue holds at
+most `MAX_QUEUED` events; beyond that the oldest is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from bus.client import AsyncClient
+from bus.envelope import Message
+from bus.sockets import Security
+
+MAX_QUEUED = 10_000  # hours of events at a normal rate; a notifier away that long is an outage the operator sees
+RESEND_EVERY = 1.0
+
+Event = tuple[str, dict[str, Any]]
+
+
+class Outbox:
+    def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security(), queued: Iterable[Event] = ()) -> None:
+        self._service = service
+        self._client = AsyncClient(service, endpoint, sender, security)
+        self.queued: deque[Event] = deque(queued)
+        self._sending: Event | None = None
+
+    def put(self, event: str, data: dict[str, Any]) -> None:
+        self.queued.append((event, data))
+        if len(self.queued) > MAX_QUEUED:
+            dropped, _ = self.queued.popleft()
+            self._service.log.warning("event_dropped", event_type=dropped, reason=f"more than {MAX_QUEUED} events wait for the notifier")
+
+    def flush(self) -> None:
+        """Send the head of the queue unless it is already on its way."""
+        if self._sending is not None or not self.queued:
+            return
+        head = self._sending = self.queued[0]
+        self._client.send("publish", {"event": head[0], "data": head[1]}, on_reply=lambda reply: self._on_reply(head, reply), timeout=RESEND_EVERY, deadline=None)
+
+    def _on_reply(self, sent: Event, reply: Message) -> None:
+        self._sending = None
+        if self.queued and self.queued[0] is sent:
+            self.queued.popleft()
+        if reply.error is not None:
+            self._service.log.warning("event_refused", event_type=sent[0], reason=reply.body.get("message", reply.error))
+        self.flush()

@@ -1,0 +1,79 @@
+"""JobStore: the registry's durable memory, one SQLite database (WAL, synchronous=FULL) under `--state-dir`.
+
+The registry saves one JSON document, the whole of what it must not forget
+(the job, its round and reports, its resets and decisions, the host decisions
+it made through discovery, the events not yet published), after every change
+and before it answers or publishes what the change caused. A transaction that
+returned is on disk: a kill -9 of the registry, or a reboot of its node, loses
+nothing it acknowledged. A save that changes nothing writes nothing.
+
+A database that cannot be read is not replaced: `StoreError` names the file,
+and the registry refuses to start rather than forget a running job.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+DATABASE = "registry.sqlite3"
+
+
+class StoreError(RuntimeError):
+    """The state directory or its database cannot be used; the message names it."""
+
+
+class JobStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / DATABASE
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS registry (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            found = self._read("schema")
+            if found is None:
+                self._write("schema", json.dumps(SCHEMA_VERSION))
+            elif json.loads(found) != SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {found}, this registry reads version {SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            raise StoreError(f"cannot use the registry's state database {self.path}: {exc}") from None
+        self._saved: str | None = self._read("state")
+
+    def _read(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM registry WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _write(self, key: str, value: str) -> None:
+        self._db.execute("INSERT INTO registry (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def load(self) -> dict[str, Any] | None:
+        """The last saved state, or None for a new state directory."""
+        if self._saved is None:
+            return None
+        try:
+            state = json.loads(self._saved)
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: the saved state is not readable: {exc}") from None
+        if not isinstance(state, dict):
+            raise StoreError(f"{self.path}: the saved state is not a map")
+        return state
+
+    def save(self, state: dict[str, Any]) -> bool:
+        """Write `state` if it differs from the last one written; True when it did."""
+        text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+        if text == self._saved:
+            return False
+        try:
+            self._write("state", text)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot save to {self.path}: {exc}") from None
+        self._saved = text
+        return True
+
+    def close(self) -> None:
+        self._db.close()
