@@ -160,8 +160,10 @@ class HostSet:
             record.blacklisted_until = now + cooldown(record.blacklist_count, *self.cooldown_range, self._rng)
         return None if record.blacklisted_until == float("inf") else record.blacklisted_until
 
-    def restore(self, marks: dict[str, Mark]) -> None:
-        """Marks given back after a restart: applied to a registered host now, to another when it registers."""
+    def restore(self, marks: dict[str, Mark], order: Sequence[str] = ()) -> None:
+        """Marks given back after a restart: applied to a registered host now, to another when it registers; and
+        the job's host order (`order` first, in that order), whichever host registered again first."""
+        self.order = [*order, *(name for name in self.order if name not in order)]
         for name, mark in marks.items():
             if name in self.hosts:
                 mark.apply(self.hosts[name])

@@ -253,7 +253,7 @@ class DiscoveryService(Service):
     def on_restore(self, request: Request) -> dict[str, Any]:
         marks, expected = self._marks(request.body.get("marks")), self._expected(request.body.get("expected"))
         self._settings(request.body)
-        self.hostset.restore(marks)
+        self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
         if self.script:
             self._run_script(wait=True)

@@ -131,3 +131,26 @@ def test_unknown_host_is_a_clear_error(cluster: Cluster) -> None:
 def test_a_second_local_control_plane_is_refused_clearly(cluster: Cluster) -> None:
     result = cluster.elasticctl("local", "--hosts", "1", "--", sys.executable, "examples/train.py")
     _assert_one_clear_line(result, "already answers at", cluster.endpoints.registry)
+
+
+@pytest.mark.parametrize(
+    ("service", "msg_type", "body"),
+    [
+        ("discovery", "restore", {"marks": "all", "expected": []}),
+        ("discovery", "restore", {"marks": {"h": {"draining": "yes"}}, "expected": []}),
+        ("discovery", "restore", {"marks": {}, "expected": [["h", [-1]]]}),
+        ("rendezvous", "restore_round", {"round": 3, "slots": "none", "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "slots": [{"hostname": "h"}], "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "slots": [], "pids": []}),
+    ],
+)
+def test_a_malformed_restore_is_refused_and_changes_nothing(cluster: Cluster, service: str, msg_type: str, body: dict[str, object]) -> None:
+    def held() -> object:
+        reply = cluster.call(service, "hosts" if service == "discovery" else "status")
+        return (reply["all"], reply["available"]) if service == "discovery" else reply
+
+    before = held()
+    with pytest.raises(ServiceError) as refused:
+        cluster.call(service, msg_type, body)
+    assert refused.value.code == "bad_request"
+    assert held() == before

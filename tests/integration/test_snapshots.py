@@ -18,7 +18,6 @@ from tests.integration.training import worker_pid
 SHM = Path("/dev/shm")
 BATCHES = 240
 COUNTER_JOB = [sys.executable, "tests/workers/counter.py", "--batches", str(BATCHES), "--step-delay", "0.02"]
-EXPECTED_TOTAL = sum(range(BATCHES))
 
 
 def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -41,10 +40,10 @@ def start(cluster: Cluster, log_dir: Path, *options: str) -> subprocess.Popen[by
     return cluster.submit("--min-np", "2", "--max-restarts", "3", *options, "--", *COUNTER_JOB, "--log-dir", str(log_dir))
 
 
-def assert_finished_exactly(log_dir: Path, ranks: int = 2) -> None:
+def assert_finished_exactly(log_dir: Path, ranks: int = 2, batches: int = BATCHES) -> None:
     done = events(log_dir, "done")
     assert len(done) == ranks, done
-    assert {(e["batch"], e["total"]) for e in done} == {(BATCHES, EXPECTED_TOTAL)}
+    assert {(e["batch"], e["total"]) for e in done} == {(batches, sum(range(batches)))}
     assert all(e["weights"] == done[0]["weights"] for e in done)
 
 

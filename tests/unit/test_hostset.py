@@ -554,3 +554,37 @@ def test_down_report_of_another_incarnation_is_unknown_and_a_new_incarnation_sta
 def test_compare_sees_a_slot_swap_with_the_same_count():
     assert compare([("a", (0, 2))], [("a", (0, 1))]) == HostsChange(added=True, removed=True)
     assert compare([("a", (0,))], [("a", (0, 1))]) == HostsChange(added=True, removed=False)
+
+
+# -- a restarted discovery, given back what it held ----------------------------------------------
+def test_restored_marks_wait_for_their_host_and_keep_newer_decisions() -> None:
+    from services.discovery.hostset import Mark
+
+    hs = make(("a", 2), now=0.0)
+    hs.blacklist("a", 0.0, "newer decision")
+    hs.restore({"a": Mark(draining=True, blacklisted=True, until=50.0, count=1, reason="old"), "b": Mark(blacklisted=True, until=30.0, count=2, reason="crash")})
+    a = hs.hosts["a"]
+    assert a.draining and a.blacklist_reason == "newer decision" and a.blacklisted_until != 50.0, "a record's own blacklist wins"
+    assert "b" not in hs.hosts and "b" in hs.pending_marks
+    hs.register("b", 2, "b-inc1", 1.0)
+    b = hs.hosts["b"]
+    assert (hs.state(b), b.blacklisted_until, b.blacklist_count, b.blacklist_reason) == (BLACKLISTED, 30.0, 2, "crash")
+    assert not hs.pending_marks
+    assert hs.lift_cooldowns(30.0) == ["b"]
+
+
+def test_hosts_of_the_round_that_never_came_back_are_lost() -> None:
+    hs = make(("a", 2), now=0.0)
+    assert hs.record_missing([("a", (0, 1)), ("b", (0, 3))], 5.0) == ["b"]
+    b = hs.hosts["b"]
+    assert (hs.state(b), b.slots, b.lost_at) == (LOST, 4, 5.0)
+    assert hs.state(hs.hosts["a"]) == ACTIVE
+    hs.register("b", 4, "b-inc2", 6.0)
+    assert hs.state(hs.hosts["b"]) == ACTIVE, "a host recorded lost registers again as usual"
+
+
+def test_a_restore_puts_the_hosts_back_in_the_job_s_order() -> None:
+    hs = make(("b", 1), ("a", 1), now=0.0)
+    assert [name for name, _ in hs.available()] == ["b", "a"], "registered again in another order"
+    hs.restore({}, ["a", "b"])
+    assert [name for name, _ in hs.available()] == ["a", "b"]

@@ -312,3 +312,26 @@ def test_empty_round_releases_at_once_and_removes_every_parked_join():
     rounds.add_round([], 2.0)
     rounds.park(join("a", 0, after_round=1))
     assert rounds.settle() == [("a:0:100", {"removed": True, "round": 2})]
+
+
+# -- a restarted rendezvous, given back the job's round ------------------------------------------
+def test_a_restored_released_round_admits_no_joiner_and_numbering_goes_on() -> None:
+    rounds = Rounds()
+    slots = get_host_assignments([("a", 1), ("b", 1)], 1)
+    rounds.restore(7, slots, 3.0, released=True, pids={("a", 0): 100, ("b", 0): 101})
+    rounds.park(join("a", 0, after_round=6, pid=100))
+    assert rounds.settle() == [], "a released round admits no late joiner"
+    new = new_round(rounds, [("a", 1), ("b", 1)])
+    assert new.number == 8
+    rounds.park(join("b", 0, after_round=7, pid=101))
+    assert len(rounds.settle()) == 2
+
+
+def test_a_restored_unreleased_round_is_completed_by_the_joins_sent_again() -> None:
+    rounds = Rounds()
+    rounds.park(join("a", 0, after_round=4, pid=100))
+    assert rounds.settle() == [], "nothing to answer before the round is restored"
+    rounds.restore(5, get_host_assignments([("a", 1), ("b", 1)], 1), 3.0, released=False, pids={})
+    rounds.park(join("b", 0, after_round=0, pid=101))
+    answers = by_ticket(rounds.settle())
+    assert {a["round"] for a in answers.values()} == {5} and len(answers) == 2
