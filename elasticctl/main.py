@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,9 +14,11 @@ from click.core import ParameterSource
 from bus.config import ConfigError, Endpoints, unresolved_hosts
 from bus.sockets import SecurityError, generate_keys
 from elasticctl.control import CommandError, ControlPlane
-from elasticctl.follow import submit_and_follow
+from elasticctl.events import follow_events, print_history
+from elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elasticctl.local import run_local
 from elasticctl.status import as_json, gather, render
+from elasticctl.watch import watch_status
 
 keys_option = click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
 control_option = click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1).")
@@ -102,12 +105,19 @@ def cli() -> None:
     """Operate elastic training jobs."""
 
 
-@cli.command()
+@cli.command(
+    help=(
+        "Submit a job and follow it; exit with the job's exit code.\n\n"
+        "While following, an outage of the control plane is ridden through: one line when it stops answering, "
+        "retries (0.25 s doubling to 2 s), one line when it answers again. Ctrl-C cancels the job as soon as the "
+        f"registry answers; if it does not answer within {CANCEL_WAIT:g}s (or on a second Ctrl-C), elasticctl exits 130 "
+        "and the job may still be running. No control plane at submit time: one error line, exit 1."
+    )
+)
 @control_option
 @keys_option
 @job_options
 def run(control: str | None, keys: Path | None, **options: Any) -> None:
-    """Submit a job and follow it; exit with the job's exit code."""
     spec = build_spec(options)
     plane = _plane(control, keys)
     try:
@@ -119,15 +129,42 @@ def run(control: str | None, keys: Path | None, **options: Any) -> None:
 @cli.command()
 @control_option
 @keys_option
-@click.option("--json", "as_json_flag", is_flag=True, help="Stable JSON for scripts.")
-def status(control: str | None, keys: Path | None, as_json_flag: bool) -> None:
+@click.option("--json", "as_json_flag", is_flag=True, help="Stable JSON for scripts (with --watch: one document per line per interval).")
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C (exit 0); once it has started, an outage shows 'control plane unreachable, retrying' instead of ending it.")
+@click.option("--interval", type=float, default=None, metavar="S", help="Seconds between redraws with --watch (default 1).")
+def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bool, interval: float | None) -> None:
     """Show the job, its hosts and its workers."""
+    if interval is not None and not watch:
+        raise CommandError("--interval needs --watch", 2)
+    interval = 1.0 if interval is None else interval
+    if not (math.isfinite(interval) and interval > 0):
+        raise CommandError(f"--interval must be a positive number of seconds (got {interval:g})", 2)
     plane = _plane(control, keys)
     try:
+        if watch:
+            sys.exit(watch_status(plane, interval, as_json_flag))
         view = gather(plane)
     finally:
         plane.close()
     click.echo(as_json(view) if as_json_flag else render(view))
+
+
+@cli.command()
+@control_option
+@keys_option
+@click.option("--follow", "-f", is_flag=True, help="After the history, print new events until Ctrl-C (exit 0); once it has started, a notifier outage is one line, not the end.")
+@click.option("--since", type=int, default=0, show_default=True, metavar="SEQ", help="Only events after sequence number SEQ (0: all the notifier still holds).")
+def events(control: str | None, keys: Path | None, follow: bool, since: int) -> None:
+    """Print the notifier's events, one line each: time, seq, type, what happened (heartbeats left out)."""
+    if since < 0:
+        raise CommandError(f"--since must be at least 0 (got {since})", 2)
+    plane = _plane(control, keys)
+    try:
+        if follow:
+            sys.exit(follow_events(plane, since))
+        print_history(plane, since)
+    finally:
+        plane.close()
 
 
 def _host_command(name: str, description: str, past: str) -> None:
