@@ -7,6 +7,11 @@ share them. Everything started here is stopped on the way out, whatever
 happens; and if this process is killed outright (SIGKILL), the kernel kills
 the services and agents it started (PR_SET_PDEATHSIG), and the agents' workers
 die with their agents, so nothing is left holding the ports.
+
+A service that dies while the job runs is started again at once, as
+`restart: unless-stopped` does under docker compose (the registry's state is
+in the run directory): the job rides through it. An agent that dies is not:
+that is a host lost, and the job goes on without it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +66,8 @@ class LocalCluster:
     standby: int = 0
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _start(self, name: str, args: list[str], env: dict[str, str], log_to_file: bool) -> None:
         out: Any = None
@@ -68,7 +76,7 @@ class LocalCluster:
             self._logs.append(handle)
             out = handle
         process = subprocess.Popen([sys.executable, *args], env=env, stderr=out, stdout=out, start_new_session=True, preexec_fn=die_with_parent())
-        self.processes.append((name, process))
+        self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]
 
     def start(self) -> None:
         env = {**os.environ, **self.endpoints.as_env(), "ELASTIC_STATE_DIR": str(self.log_dir / "state")}
@@ -87,6 +95,18 @@ class LocalCluster:
                 self._wait(lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
         finally:
             plane.close()
+        threading.Thread(target=self._supervise, args=(env,), name="supervise-services", daemon=True).start()
+
+    def _supervise(self, env: dict[str, str]) -> None:
+        """Start again, once a second at most each, the services that died (not the agents: a dead agent is a lost host)."""
+        while not self._stopping.wait(1.0):
+            with self._lock:  # stop() takes it after setting _stopping: nothing starts once it has the list
+                if self._stopping.is_set():
+                    return
+                for name, process in list(self.processes):
+                    if name in SERVICES and process.poll() is not None:
+                        click.echo(f"[elasticctl] local: the {name} service exited with code {process.returncode}; starting it again", err=True)
+                        self._start(name, ["-m", f"services.{name}"], env, log_to_file=True)
 
     def _wait(self, probe: Any, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -104,8 +124,11 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Agents first (they stop their workers), then services; SIGKILL whatever lingers."""
+        self._stopping.set()
+        with self._lock:
+            processes = list(self.processes)
         for group in (lambda n: n.startswith("agent"), lambda n: not n.startswith("agent")):
-            members = [p for n, p in self.processes if group(n)]
+            members = [p for n, p in processes if group(n)]
             for process in members:
                 if process.poll() is None:
                     process.send_signal(signal.SIGTERM)

@@ -14,7 +14,16 @@ from pathlib import Path
 from tests.harness import REPO, Cluster, processes_with_env, wait_for
 
 
-def test_local_runs_the_example_on_four_workers_and_leaves_nothing_behind(tmp_path: Path) -> None:
+def _registry_pid(cluster: Cluster) -> int:
+    for pid in processes_with_env(cluster.endpoints.registry):
+        if b"services.registry" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError("no registry process")
+
+
+def test_local_runs_the_example_on_four_workers_rides_through_its_registry_s_death_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The registry `elasticctl local` started is SIGKILLed once four workers train: local starts it again (as
+    compose's `restart:` would), and the job finishes as if nothing happened."""
     cluster = Cluster(tmp_path)
     statuses: list[dict] = []
     stop = threading.Event()
@@ -26,6 +35,7 @@ def test_local_runs_the_example_on_four_workers_and_leaves_nothing_behind(tmp_pa
                 view = json.loads(result.stdout)
                 if sum(w["state"] == "RUNNING" for w in view["workers"]) == 4:
                     statuses.append(view)
+                    os.kill(_registry_pid(cluster), signal.SIGKILL)
                     return
             stop.wait(0.2)
 
@@ -43,6 +53,7 @@ def test_local_runs_the_example_on_four_workers_and_leaves_nothing_behind(tmp_pa
         for pid in leftovers:  # asserted empty below; killed here so a failing run leaks nothing
             os.kill(pid, signal.SIGKILL)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "the registry service exited with code -9; starting it again" in result.stderr
     assert "training on 4 workers" in result.stdout
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", result.stdout)]
     assert len(losses) == 12 and losses[-1] < losses[0] * 0.6, losses
