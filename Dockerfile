@@ -21,6 +21,8 @@ COPY snapshot/ snapshot/
 RUN pip install . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 --user-group elastic
+# The registry's state directory; a named volume mounted here starts with this owner.
+RUN mkdir /state && chown elastic:elastic /state
 USER elastic
 
 # discovery, rendezvous, registry, notifier (ingest), notifier events (XPUB)

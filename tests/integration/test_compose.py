@@ -122,14 +122,19 @@ def rewrite_port(argv: list[str], port_map: dict[int, int]) -> list[str]:
     return out
 
 
-def local_environment(compose_env: dict[str, str], port_map: dict[int, int]) -> dict[str, str]:
-    """The compose environment on this machine: loopback, free ports, no keys; nothing inherited from ELASTIC_*."""
+def local_environment(compose_env: dict[str, str], port_map: dict[int, int], state_dir: Path | None = None) -> dict[str, str]:
+    """The compose environment on this machine: loopback, free ports, no keys, the state volume as `state_dir`;
+    nothing inherited from ELASTIC_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_")}
     env.update(compose_env)
     env.pop("ELASTIC_KEYS", None)
     for var, (_, port) in ENDPOINT_VARS.items():
         env[var] = f"tcp://127.0.0.1:{port_map[port]}"
     env["ELASTIC_BIND"] = "127.0.0.1"
+    if "ELASTIC_STATE_DIR" in env:  # the container's volume: a directory of this run's own here
+        env.pop("ELASTIC_STATE_DIR")
+        if state_dir is not None:
+            env["ELASTIC_STATE_DIR"] = str(state_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return env
 
@@ -262,7 +267,7 @@ def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
     endpoints: dict[str, str] = {}
     try:
         for name in start_order(services):
-            env = local_environment(environment_of(services[name]), port_map)
+            env = local_environment(environment_of(services[name]), port_map, logs / "state")
             log_path = logs / f"{name}.log"
             log_files.append(log_path.open("wb"))
             procs[name] = subprocess.Popen(
@@ -332,3 +337,12 @@ def test_healthcheck_fails_when_nothing_listens(compose: dict[str, Any]) -> None
     env = local_environment(environment_of(service), {p: port for _, p in ENDPOINT_VARS.values()})
     result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
     assert result.returncode != 0
+
+
+def test_the_registry_keeps_its_state_on_a_named_volume(compose: dict[str, Any]) -> None:
+    registry = compose["services"]["registry"]
+    state_dir = environment_of(registry)["ELASTIC_STATE_DIR"]
+    assert f"registry-state:{state_dir}" in registry["volumes"]
+    assert "registry-state" in compose["volumes"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"chown elastic:elastic {state_dir}" in dockerfile, "the container user can write the volume"
