@@ -13,8 +13,8 @@ programming error (ValueError). Worker states are labelled in lower case.
 - `reset(cause)`: once per reset, where the driver decides on a new round
   (`_apply`, when it goes back to waiting), with why: `worker_failed` (a
   worker exited non-zero or hung), `host_lost` (missed heartbeats),
-  `agent_restarted` (the workers died with their agent), `drain` (a host was
-  drained), `hosts_changed` (hosts added or removed, no failure), `resume`
+  `agent_restarted` (the workers died with their agent), `hosts_changed`
+  (hosts added, removed or drained, with no failure), `resume`
   (every worker failed; the job resumes from a host's snapshot).
 - `recovered(seconds)`: when the round after a failure is released (`_observe`,
   the first tick that sees `released` for the new round), with the seconds
@@ -33,7 +33,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.registry.decisions import FAILURE, PENDING, READY, RUNNING, SUCCESS
 
 JOB_STATES = ("none", "waiting", "running", "succeeded", "failed")
-RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "drain", "hosts_changed", "resume")
+RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "hosts_changed", "resume")
 WORKER_STATES = (PENDING, RUNNING, READY, SUCCESS, FAILURE)
 
 JOB_STATE = Gauge("elastic_registry_job_state", "1 for the state the job is in, 0 for the others.", ["state"])

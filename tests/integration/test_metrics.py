@@ -73,7 +73,14 @@ def test_services_and_agent_serve_their_metrics_during_a_job(tmp_path: Path) -> 
         assert value(discovery, "elastic_discovery_heartbeats_total", status="ok") > 0
         for state in ("lost", "draining", "blacklisted", "warming", "unlisted"):
             assert value(discovery, "elastic_discovery_hosts", state=state) == 0, state
-        assert handled(scrape(port["registry"]), "registry", "submit") == 1
+        registry = scrape(port["registry"])
+        assert handled(registry, "registry", "submit") == 1
+        assert value(registry, "elastic_registry_job_state", state="succeeded") == 1
+        assert value(registry, "elastic_registry_job_state", state="running") == 0
+        assert value(registry, "elastic_registry_rounds_started_total") == 1
+        assert value(registry, "elastic_registry_resets_total", cause="worker_failed") == 0
+        assert value(registry, "elastic_registry_recovery_seconds_count") == 0
+        assert value(registry, "elastic_registry_workers", state="success") == 2
         assert handled(scrape(port["notifier"]), "notifier", "publish") >= 2
         assert handled(scrape(port["rendezvous"]), "rendezvous", "new_round") >= 1
         agent = scrape(agent_port)
