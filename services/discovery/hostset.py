@@ -86,6 +86,7 @@ class HostSet:
         self.script_hosts: dict[str, int | None] | None = None
         self.cooldown_range: tuple[float, float] | None = (60.0, 600.0)
         self.pending_marks: dict[str, Mark] = {}
+        self.held_places: set[str] = set()
         self._rng = rng or random.Random()
 
     # -- agents --------------------------------------------------------------------------------
@@ -162,8 +163,10 @@ class HostSet:
 
     def restore(self, marks: dict[str, Mark], order: Sequence[str] = ()) -> None:
         """Marks given back after a restart: applied to a registered host now, to another when it registers; and
-        the job's host order (`order` first, in that order), whichever host registered again first."""
+        the job's host order (`order` first, in that order), whichever host registers again first: their places
+        are held until `record_missing`."""
         self.order = [*order, *(name for name in self.order if name not in order)]
+        self.held_places = set(order)
         for name, mark in marks.items():
             if name in self.hosts:
                 mark.apply(self.hosts[name])
@@ -172,6 +175,7 @@ class HostSet:
 
     def record_missing(self, expected: Sequence[tuple[str, Sequence[int]]], now: float) -> list[str]:
         """Hosts of the job's round that did not register again: lost, as if their heartbeats had stopped here."""
+        self.held_places = set()
         missing = [name for name, _ in expected if name not in self.hosts]
         for name, slots in expected:
             if name in missing:
@@ -210,8 +214,8 @@ class HostSet:
     def available(self) -> list[tuple[str, SlotIds]]:
         """Available hosts with the ids of their usable slots, in assignment order; updates the order."""
         ready = {r.name: self._usable(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._usable(r)}
-        self.order = [name for name in self.order if name in ready] + [name for name in ready if name not in self.order]
-        return [(name, ready[name]) for name in self.order]
+        self.order = [name for name in self.order if name in ready or name in self.held_places] + [name for name in ready if name not in self.order]
+        return [(name, ready[name]) for name in self.order if name in ready]
 
     def describe(self, now: float) -> list[dict[str, Any]]:
         position = {name: i for i, name in enumerate(self.order)}

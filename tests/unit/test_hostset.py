@@ -583,8 +583,14 @@ def test_hosts_of_the_round_that_never_came_back_are_lost() -> None:
     assert hs.state(hs.hosts["b"]) == ACTIVE, "a host recorded lost registers again as usual"
 
 
-def test_a_restore_puts_the_hosts_back_in_the_job_s_order() -> None:
-    hs = make(("b", 1), ("a", 1), now=0.0)
-    assert [name for name, _ in hs.available()] == ["b", "a"], "registered again in another order"
-    hs.restore({}, ["a", "b"])
-    assert [name for name, _ in hs.available()] == ["a", "b"]
+def test_a_restore_puts_the_hosts_back_in_the_job_s_order_and_holds_their_places_until_they_are_back() -> None:
+    hs = make(("c", 1), ("b", 1), now=0.0)
+    hs.restore({}, ["a", "b", "c"])
+    assert [name for name, _ in hs.available()] == ["b", "c"], "a is not back yet, and keeps its place"
+    hs.register("a", 1, "a-inc1", 1.0)
+    assert [name for name, _ in hs.available()] == ["a", "b", "c"]
+    hs.record_missing([("a", (0,)), ("b", (0,)), ("c", (0,))], 2.0)
+    hs.unregister("a", "a-inc1")
+    hs.available()
+    hs.register("a", 1, "a-inc2", 3.0)
+    assert [name for name, _ in hs.available()] == ["b", "c", "a"], "once settled, a host that returns goes last again"
