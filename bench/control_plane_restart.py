@@ -56,8 +56,9 @@ def run_case(killed: tuple[str, ...], outage: float) -> dict[str, Any]:
         job_s = time.time() - restarted_at
         wait_for(lambda: commits(log_dir)[-1]["time"] > time.time() - 0.5 and time.time() > restarted_at + 3, 60, "steady training")
         resets_for_outage = plane.job()["resets"] - before["resets"]
+        victim = worker_pid(plane, "host-2", 0)
         victim_killed_at = time.time()
-        os.kill(worker_pid(plane, "host-2", 0), signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         first = wait_for(
             lambda: next((e for e in commits(log_dir) if e["time"] > victim_killed_at and e["host"] == "host-1" and e["round"] > before["round"]), None),
             120,
