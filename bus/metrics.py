@@ -21,14 +21,11 @@ up to date from the service loop itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
 
 from bus.config import ConfigError
-
-if TYPE_CHECKING:
-    from bus.service import Service
 
 UNKNOWN_TYPE = "unknown"
 HANDLED, REFUSED, FAILED, MALFORMED = "handled", "refused", "failed", "malformed"
@@ -69,7 +66,7 @@ def serve(setting: str, host: str, port: int) -> None:
         raise ConfigError(setting, str(port), f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def watch_service(service: Service) -> None:
+def watch_service(service: Any) -> None:
     """Export the queue depths of the process's service, read when scraped (`len()` only)."""
     PARKED_REQUESTS.labels(service.name).set_function(lambda: len(service._parked))
     REPLY_CACHE_ENTRIES.labels(service.name).set_function(lambda: len(service._replied))

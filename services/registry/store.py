@@ -14,6 +14,7 @@ and the registry refuses to start rather than forget a running job.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,10 @@ class JobStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / DATABASE
         try:
-            state_dir.mkdir(parents=True, exist_ok=True)
+            for directory in [*reversed(state_dir.parents), state_dir]:
+                if not directory.exists():
+                    directory.mkdir(mode=0o700)  # the job's spec (its environment) is the operator's only
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives its -wal, -shm files this mode
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")

@@ -42,3 +42,13 @@ def test_a_state_directory_that_cannot_be_made_is_refused(tmp_path: Path) -> Non
     blocker.write_text("")
     with pytest.raises(StoreError, match="cannot use"):
         JobStore(blocker / "state")
+
+
+def test_the_state_is_the_operator_s_only(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "run" / "state" / "registry")
+    store.save({"job": {"spec": {"env": {"TOKEN": "secret"}}}})
+    for directory in (tmp_path / "run", tmp_path / "run" / "state", tmp_path / "run" / "state" / "registry"):
+        assert directory.stat().st_mode & 0o077 == 0, directory
+    for path in (tmp_path / "run" / "state" / "registry").iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path
+    store.close()
