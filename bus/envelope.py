@@ -21,7 +21,9 @@ from typing import Any
 import msgpack
 
 VERSION = 1
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The largest legitimate messages are a few MiB: a notifier `since` reply (its history is at most 4 MiB), `hosts` and
+# `status` replies of very large clusters, a `round` event (at most 1 MiB). Larger ones are refused with `too_large`.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class WireError(ValueError):

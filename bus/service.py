@@ -9,14 +9,26 @@ nothing a peer sends stops the loop.
 Retried requests are idempotent: a request with the same (sender, id) as one
 already answered gets the cached answer again, and one that is parked has its
 return route updated (a client that reconnected still gets the answer).
+
+Nothing a peer sends grows memory without bound. The reply cache keeps at most
+`REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes; a reply larger than
+`REPLY_CACHE_ENTRY_BYTES` is not kept (large replies answer reads, which a
+retry runs again). At most `MAX_PARKED_PER_SENDER` requests of one sender,
+`MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages are parked: past that, a
+request of a type that parks (its handler has returned `DEFERRED` before) is
+refused with `too_many_parked`. Large buffers are mapped on their own rather
+than carved from the heap (`keep_large_buffers_out_of_the_heap`), and after a
+burst of traffic the idle loop hands the memory that was freed back to the
+system: glibc keeps it otherwise, and the process would stay at its peak.
 """
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +40,27 @@ from bus.envelope import Message, WireError, decode, encode, error_body, reply_t
 from bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
+# A retry is answered from the reply cache for as long as the reply stays in it: 4096 replies outlive any client's
+# retries (a few seconds) at the busiest legitimate rate, a round change of a few thousand ranks.
 REPLY_CACHE_SIZE = 4096
+# Ordinary replies are under 1 KiB, so 4096 of them take about 4 MiB at most; junk with large replies stops there.
+REPLY_CACHE_BYTES = 4 * 1024 * 1024
+# Replies above this answer reads (`since`, `hosts`, `status`, `job`): a retry runs them again instead.
+REPLY_CACHE_ENTRY_BYTES = 64 * 1024
+# An agent parks, at the rendezvous, one join and one key lookup per worker of its host: 512 slots per host.
+MAX_PARKED_PER_SENDER = 1024
+# A round change of 4096 ranks parks 4096 joins and 4096 key lookups at once; each parked request takes ~1 KiB.
+MAX_PARKED = 8192
+# A parked request keeps its message: legitimate ones are ~130 bytes (8192 of them take ~1 MiB), junk may be MiBs.
+MAX_PARKED_BYTES = 2 * 1024 * 1024
+# After this many bytes through a service's sockets, the loop returns freed memory to the system when next idle: a
+# release costs under a millisecond, ordinary traffic (heartbeats, rounds) needs minutes to move 1 MiB, and what a
+# burst leaves after the last release is about this much.
+RELEASE_AFTER_BYTES = 1024 * 1024
+# glibc's default mmap threshold, made fixed: left dynamic, glibc raises it to the size of the largest buffer freed (up
+# to 32 MiB), and from then on every message and reply up to that size is carved from the heap, where the small live
+# objects around it keep the space from ever being returned.
+MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
 class RequestError(Exception):
@@ -56,13 +88,115 @@ def handles(msg_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     return mark
 
 
-class Request:
-    """A decoded request and the way back to its sender."""
+class LimitExceeded(RequestError):
+    """A peer reached one of the service's bounds: refused like any `RequestError`, and logged as a warning."""
 
-    def __init__(self, service: Service, msg: Message, route: bytes, key: tuple[str, str] | None) -> None:
+
+class ReplyCache:
+    """The latest replies by (sender, id); past `entries` replies or `max_bytes` bytes the oldest are dropped."""
+
+    def __init__(self, entries: int = REPLY_CACHE_SIZE, max_bytes: int = REPLY_CACHE_BYTES, entry_bytes: int = REPLY_CACHE_ENTRY_BYTES) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self.entry_bytes = entry_bytes
+        self.nbytes = 0
+        self._replies: OrderedDict[tuple[str, str], tuple[list[bytes], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def get(self, key: tuple[str, str]) -> list[bytes] | None:
+        kept = self._replies.get(key)
+        return kept[0] if kept is not None else None
+
+    def put(self, key: tuple[str, str], frames: list[bytes]) -> None:
+        """Keep `frames` as the reply to `key`, unless they take more than `entry_bytes`."""
+        size = sum(len(f) for f in frames)
+        if size > self.entry_bytes:
+            return
+        previous = self._replies.pop(key, None)
+        if previous is not None:
+            self.nbytes -= previous[1]
+        self._replies[key] = (frames, size)
+        self.nbytes += size
+        while len(self._replies) > self.entries or self.nbytes > self.max_bytes:
+            _, (_, dropped) = self._replies.popitem(last=False)
+            self.nbytes -= dropped
+
+
+class ParkingLot:
+    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, and
+    `max_bytes` of their messages."""
+
+    def __init__(self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES) -> None:
+        self.per_sender = per_sender
+        self.total = total
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._requests: dict[tuple[str, str], Request] = {}
+        self._by_sender: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def get(self, key: tuple[str, str]) -> Request | None:
+        return self._requests.get(key)
+
+    def refusal(self, sender: str, size: int) -> str | None:
+        """Why one more request of `sender`, of `size` bytes, may not park now, or None when it may."""
+        if len(self._requests) >= self.total:
+            return f"{self.total} requests are parked already, the most this service keeps"
+        if self.nbytes + size > self.max_bytes:
+            return f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this service keeps"
+        if self._by_sender[sender] >= self.per_sender:
+            return f"sender {sender!r} has {self.per_sender} requests parked already, the most one sender may"
+        return None
+
+    def park(self, key: tuple[str, str], request: Request) -> None:
+        self.unpark(key)
+        self._by_sender[key[0]] += 1
+        self.nbytes += request.size
+        self._requests[key] = request
+
+    def unpark(self, key: tuple[str, str]) -> None:
+        request = self._requests.pop(key, None)
+        if request is None:
+            return
+        self.nbytes -= request.size
+        self._by_sender[key[0]] -= 1
+        if not self._by_sender[key[0]]:
+            del self._by_sender[key[0]]
+
+
+def _glibc() -> ctypes.CDLL | None:
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None  # elsewhere: nothing to tune
+
+
+_GLIBC = _glibc()
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
+
+
+def keep_large_buffers_out_of_the_heap() -> None:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES, so that large buffers are mapped and unmapped on their own."""
+    if _GLIBC is not None:
+        _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+def release_freed_memory() -> None:
+    """Hand the memory that glibc keeps free in its arenas (libzmq's I/O thread's included) back to the system."""
+    if _GLIBC is not None:
+        _GLIBC.malloc_trim(0)
+
+
+class Request:
+    """A decoded request, the way back to its sender, and the size of its message in bytes."""
+
+    def __init__(self, service: Service, msg: Message, route: bytes, key: tuple[str, str] | None, size: int) -> None:
         self.msg = msg
         self.route = route
         self.key = key
+        self.size = size
         self._service = service
         self.answered = False
 
@@ -95,6 +229,7 @@ class Service:
         clock: Callable[[], float] = time.monotonic,
         log: structlog.stdlib.BoundLogger | None = None,
     ) -> None:
+        keep_large_buffers_out_of_the_heap()
         self.ctx = zmq.Context()
         self.security = security
         self.clock = clock
@@ -110,8 +245,10 @@ class Service:
                 self._handlers[msg_type] = getattr(self, attr)
         self._sockets: dict[zmq.Socket, Callable[[], None]] = {self.router: self._on_router}
         self._timers: list[list[Any]] = []
-        self._replied: OrderedDict[tuple[str, str], list[bytes]] = OrderedDict()
-        self._parked: dict[tuple[str, str], Request] = {}
+        self._replied = ReplyCache()
+        self._parked = ParkingLot()
+        self._parking_types: set[str] = set()
+        self._traffic_bytes = 0
         self._stopping = threading.Event()
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
@@ -148,6 +285,9 @@ class Service:
             due = min((t[0] for t in self._timers), default=now + 0.5)
             timeout_ms = max(0, min(500, int((due - now) * 1000)))
             ready = dict(self.poller.poll(timeout_ms))
+            if not ready and self._traffic_bytes >= RELEASE_AFTER_BYTES:
+                self._traffic_bytes = 0
+                release_freed_memory()
             for sock, callback in list(self._sockets.items()):
                 if sock in ready:
                     self._guarded(callback)
@@ -156,6 +296,10 @@ class Service:
                 if timer[0] <= now:
                     timer[0] = now + timer[1]
                     self._guarded(timer[2])
+
+    def count_traffic(self, nbytes: int) -> None:
+        """Note bytes received or sent on a socket: after `RELEASE_AFTER_BYTES`, the idle loop releases freed memory."""
+        self._traffic_bytes += nbytes
 
     def _guarded(self, fn: Callable[[], None]) -> None:
         try:
@@ -181,6 +325,7 @@ class Service:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.count_traffic(sum(len(f) for f in frames))
             self._dispatch(frames[0], frames[1:])
 
     def _dispatch(self, route: bytes, payload: list[bytes]) -> None:
@@ -195,24 +340,29 @@ class Service:
             self.log.warning("unexpected_reply", type=msg.type, sender=msg.sender)
             return
         key = (msg.sender, msg.id) if msg.sender and msg.id else None
-        if key is not None and key in self._replied:
-            self._send(route, self._replied[key])
+        cached = self._replied.get(key) if key is not None else None
+        if cached is not None:
+            self._send(route, cached)
             return
-        if key is not None and key in self._parked:
-            self._parked[key].route = route
+        parked = self._parked.get(key) if key is not None else None
+        if parked is not None:
+            parked.route = route
             return
         handler = self._handlers.get(msg.type)
-        request = Request(self, msg, route, key)
+        request = Request(self, msg, route, key, sum(len(f) for f in payload))
         if handler is None:
             metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.REFUSED)
             self.log.warning("unknown_type", type=msg.type, sender=msg.sender)
             request.fail("unknown_type", f"{self.name} does not handle message type {msg.type!r}")
             return
         try:
+            if msg.type in self._parking_types:
+                self._check_room_to_park(request)
             result = handler(request)
         except RequestError as exc:
             metrics.count_message(self.name, msg.type, metrics.REFUSED)
-            self.log.info("request_refused", type=msg.type, code=exc.code, reason=exc.message, sender=msg.sender)
+            log = self.log.warning if isinstance(exc, LimitExceeded) else self.log.info
+            log("request_refused", type=msg.type, code=exc.code, reason=exc.message, sender=msg.sender)
             request.fail(exc.code, exc.message)
             return
         except Exception as exc:
@@ -223,23 +373,40 @@ class Service:
         metrics.count_message(self.name, msg.type, metrics.HANDLED)
         if result is DEFERRED:
             if not request.answered:
-                self._parked[request.parking_key] = request
+                self._park(request)
         elif not request.answered:
             request.reply(result)
+
+    def _check_room_to_park(self, request: Request) -> None:
+        """Refuse a request of a type that parks when its sender, or the service, has the most parked already."""
+        refusal = self._parked.refusal(request.parking_key[0], request.size)
+        if refusal is not None:
+            raise LimitExceeded("too_many_parked", refusal)
+
+    def _park(self, request: Request) -> None:
+        """Park a request its handler deferred, or refuse it past a bound: requests of types known to park are checked
+        before their handler runs, this catches the first of a type."""
+        self._parking_types.add(request.msg.type)
+        try:
+            self._check_room_to_park(request)
+        except LimitExceeded as exc:
+            self.log.warning("request_refused", type=request.msg.type, code=exc.code, reason=exc.message, sender=request.msg.sender)
+            request.fail(exc.code, exc.message)
+            return
+        self._parked.park(request.parking_key, request)
 
     def _answer(self, request: Request, body: dict[str, Any], raw: tuple[bytes, ...]) -> None:
         if request.answered:
             return
         request.answered = True
-        self._parked.pop(request.parking_key, None)
+        self._parked.unpark(request.parking_key)
         frames = encode(reply_to(request.msg, body, self.sender_id, raw))
         if request.key is not None:
-            self._replied[request.key] = frames
-            while len(self._replied) > REPLY_CACHE_SIZE:
-                self._replied.popitem(last=False)
+            self._replied.put(request.key, frames)
         self._send(request.route, frames)
 
     def _send(self, route: bytes, frames: list[bytes]) -> None:
+        self.count_traffic(sum(len(f) for f in frames))
         try:
             self.router.send_multipart([route, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:

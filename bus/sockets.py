@@ -1,7 +1,7 @@
 """Every zmq socket of the project is made here: limits, timeouts and security are set once.
 
 A socket gets LINGER 0 (closing never blocks), bounded high-water marks, a hard
-maximum inbound message size (a peer sending more is disconnected by libzmq;
+maximum inbound frame size (a peer sending more is disconnected by libzmq;
 smaller oversized messages are refused politely by `envelope.decode`), and, when
 keys are configured, CURVE: servers require an authorised client key (checked by
 a ZAP authenticator, Ironhouse pattern), clients present theirs.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +23,16 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from bus.envelope import MAX_MESSAGE_BYTES
 
+# A client may queue this many requests: an agent relays those of all its workers.
 HIGH_WATER_MARK = 10_000
-HARD_MAX_MESSAGE_BYTES = 4 * MAX_MESSAGE_BYTES
+# A server queues at most this many messages per peer each way, so that junk from one peer holds at most this many
+# frames in libzmq's queues: a peer that sends faster waits in TCP (nothing is lost), and a reply to a peer that
+# reads none of its last 100 is dropped (its client resends and gets the cached reply). Legitimate peers have a
+# handful of requests in flight.
+SERVER_HIGH_WATER_MARK = 100
+# Frames up to this size are read and, when over MAX_MESSAGE_BYTES, refused politely by `envelope.decode`; a larger
+# frame is not read at all: libzmq drops its peer.
+HARD_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 1024 * 1024
 SERVER_KEY = "server"
 CLIENT_KEY = "client"
 AUTHORIZED_DIR = "authorized"
@@ -120,11 +129,18 @@ def _limits(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE_BYTES)
 
 
-def server_socket(ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security()) -> zmq.Socket:
-    """A bound socket (ROUTER, XPUB); CURVE server if keys are configured and the endpoint is TCP."""
+def server_socket(
+    ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security(), options: Mapping[int, int] | None = None
+) -> zmq.Socket:
+    """A bound socket (ROUTER, XPUB) with server limits and `options` set before binding; CURVE server if keys are
+    configured and the endpoint is TCP."""
     security.check_bind(endpoint)
     sock = ctx.socket(kind)
     _limits(sock)
+    sock.sndhwm = SERVER_HIGH_WATER_MARK
+    sock.rcvhwm = SERVER_HIGH_WATER_MARK
+    for option, value in (options or {}).items():
+        sock.setsockopt(option, value)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if security.keys_dir is not None and endpoint.startswith("tcp://"):

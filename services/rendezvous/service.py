@@ -12,7 +12,11 @@ Messages:
 
 The key-value store carries what a round needs to bootstrap torch.distributed
 (the address of the round's TCPStore), under the round's prefix; the keys of
-rounds older than the previous one are dropped.
+rounds older than the previous one are dropped, and lookups still waiting for
+them are refused (`stale_round`). The store is bounded: past `MAX_KV_KEYS`
+keys, `MAX_KV_KEY_BYTES` per key, `MAX_KV_VALUE_BYTES` per value or
+`MAX_KV_WAITERS` waiting lookups a request is refused (`too_many_keys`,
+`key_too_long`, `value_too_large`, `too_many_waiters`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from bus.service import DEFERRED, Request, RequestError, Service, field, handles
+from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from services.rendezvous.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
 from services.rendezvous.rounds import Join, Rounds
+
+# A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
+MAX_KV_KEYS = 1024
+# Keys are short paths such as `round/12/store`.
+MAX_KV_KEY_BYTES = 256
+# A value is an address (`host:port`); 4 KiB leaves room for a small blob and keeps the store under 5 MiB.
+MAX_KV_VALUE_BYTES = 4096
+# Every rank of a round waits for its round's store address at once: rounds of up to 4096 ranks.
+MAX_KV_WAITERS = 4096
 
 
 def _slots(value: Any) -> int | list[int] | None:
@@ -54,6 +67,7 @@ class RendezvousService(Service):
         self.rounds = Rounds()
         self.kv: dict[str, bytes] = {}
         self.kv_waiters: dict[str, list[Request]] = defaultdict(list)
+        self.kv_waiting = 0
 
     # -- rounds --------------------------------------------------------------------------------
     @handles("reset")
@@ -62,7 +76,7 @@ class RendezvousService(Service):
             join.ticket.fail("job_reset", "a new job replaced the one this worker joined")
         self.rounds = Rounds()
         self.kv.clear()
-        self.kv_waiters.clear()
+        self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
         return {}
 
     @handles("new_round")
@@ -152,11 +166,16 @@ class RendezvousService(Service):
         live = tuple(r.prefix for r in self.rounds.rounds.values())
         for key in [k for k in self.kv if k.startswith("round/") and not k.startswith(live)]:
             del self.kv[key]
+        stale = [k for k in self.kv_waiters if k.startswith("round/") and not k.startswith(live)]
+        self._fail_waiters(stale, "stale_round", "the round of this key is over")
 
     # -- key-value store -----------------------------------------------------------------------
     def _live_key(self, request: Request) -> str:
-        """The request's key; a key under the prefix of a round that is gone is refused, not applied."""
+        """The request's key; a key too long, or under the prefix of a round that is gone, is refused, not applied."""
         key = field(request.body, "key", str)
+        size = len(key.encode())
+        if size > MAX_KV_KEY_BYTES:
+            raise LimitExceeded("key_too_long", f"a key of {size} bytes exceeds the store's {MAX_KV_KEY_BYTES}")
         if key.startswith("round/") and not key.startswith(tuple(r.prefix for r in self.rounds.rounds.values())):
             raise RequestError("stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})")
         return key
@@ -166,9 +185,14 @@ class RendezvousService(Service):
         if len(request.msg.raw) != 1:
             raise RequestError("bad_request", "kv_set needs the value as one raw frame")
         key = self._live_key(request)
-        self.kv[key] = request.msg.raw[0]
-        for waiter in self.kv_waiters.pop(key, []):
-            waiter.reply({}, raw=(self.kv[key],))
+        value = request.msg.raw[0]
+        if len(value) > MAX_KV_VALUE_BYTES:
+            raise LimitExceeded("value_too_large", f"a value of {len(value)} bytes for {key!r} exceeds the store's {MAX_KV_VALUE_BYTES}")
+        if key not in self.kv and len(self.kv) >= MAX_KV_KEYS:
+            raise LimitExceeded("too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them")
+        self.kv[key] = value
+        for waiter in self._take_waiters(key):
+            waiter.reply({}, raw=(value,))
         return {}
 
     @handles("kv_get")
@@ -177,5 +201,18 @@ class RendezvousService(Service):
         if key in self.kv:
             request.reply({}, raw=(self.kv[key],))
             return None
+        if self.kv_waiting >= MAX_KV_WAITERS:
+            raise LimitExceeded("too_many_waiters", f"{MAX_KV_WAITERS} lookups wait for keys already, the most the store keeps")
         self.kv_waiters[key].append(request)
+        self.kv_waiting += 1
         return DEFERRED
+
+    def _take_waiters(self, key: str) -> list[Request]:
+        waiters = self.kv_waiters.pop(key, [])
+        self.kv_waiting -= len(waiters)
+        return waiters
+
+    def _fail_waiters(self, keys: list[str], code: str, message: str) -> None:
+        for key in keys:
+            for waiter in self._take_waiters(key):
+                waiter.fail(code, message)
