@@ -26,6 +26,8 @@ from bus.sockets import Security
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+# What a process logs for each bad message a peer sends; a failed test's log tail shows what else happened.
+PER_MESSAGE_NOISE = ('"event": "bad_message"', '"event": "request_refused"', '"event": "unknown_type"', '"event": "unexpected_reply"')
 T = TypeVar("T")
 
 FAST_TIMING = {
@@ -205,10 +207,11 @@ class Cluster:
         return processes_with_env(f"ELASTIC_AGENT=ipc://{self.workdir / 'run'}")
 
     def dump_logs(self) -> str:
+        """The last 40 lines of each process's log, leaving out the lines logged for each bad message a peer sent."""
         parts = []
         for name in self.processes:
-            text = self.output(name)
-            parts.append(f"----- {name} (last 40 lines) -----\n" + "\n".join(text.splitlines()[-40:]))
+            lines = [line for line in self.output(name).splitlines() if not any(noise in line for noise in PER_MESSAGE_NOISE)]
+            parts.append(f"----- {name} (last 40 lines, bad-message lines left out) -----\n" + "\n".join(lines[-40:]))
         return "\n".join(parts)
 
 

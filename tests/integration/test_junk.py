@@ -310,7 +310,11 @@ class Storm:
         rng = random.Random(start)
         for n in range(start, start + count):
             self.peers[n % STORM_PEERS].send_multipart(subscription_junk(rng, n))
-        for n in range(STORM_PEERS):
+
+    def forge(self) -> None:
+        """From new peers, forged events larger than a frame to the events socket may be."""
+        rng = random.Random(-1)
+        for _ in range(STORM_PEERS):
             forged = encode(Message(type="round", body={"seq": 10**9, "incarnation": "forged", "blob": rng.randbytes(2000)}, sender="notifier"))
             self._socket(zmq.XSUB).send_multipart([EVENT_TOPIC, *forged])
 
@@ -351,7 +355,13 @@ def flood_events(ctx: zmq.Context, cluster: Cluster) -> Measured:
         before = rss_bytes(pid)
         with PeakRss(pid) as peak:
             storm.send(WARM_UP, JUNK_PER_SOCKET)
-            wait_for(lambda: cluster.output("notifier").count("events_socket_rebound") >= 2, FENCE_TIMEOUT, "the notifier to cut the storm twice")
+            storm.forge()
+            sent = WARM_UP + JUNK_PER_SOCKET
+            deadline = time.monotonic() + FENCE_TIMEOUT
+            while (cuts := cluster.output("notifier").count("events_socket_rebound")) < 2:
+                assert time.monotonic() < deadline, f"the notifier cut the storm {cuts} time(s) in {FENCE_TIMEOUT:g}s, not twice"
+                storm.send(sent, STORM_PEERS * TOPICS_PER_SUBSCRIBER)
+                sent += STORM_PEERS * TOPICS_PER_SUBSCRIBER
             after = settled_rss_bytes(pid, before)
     finally:
         storm.close()
