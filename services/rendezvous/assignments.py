@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -29,7 +29,10 @@ class SlotInfo:
     cross_size: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank, "cross_rank": self.cross_rank,
+            "size": self.size, "local_size": self.local_size, "cross_size": self.cross_size,
+        }
 
 
 class NotEnoughSlots(ValueError):

@@ -64,11 +64,17 @@ class Round:
         }
 
 
-@dataclass
 class Rounds:
-    rounds: dict[int, Round] = field(default_factory=dict)
-    parked: dict[Slot, Join] = field(default_factory=dict)
-    latest: int = 0
+    """The rounds and the parked joins. Each join is settled in O(1): the latest round counts the slots that have
+    a join waiting for it, and is released when the count reaches its size; only a new (or restored) round looks at
+    every parked join, once."""
+
+    def __init__(self) -> None:
+        self.rounds: dict[int, Round] = {}
+        self.parked: dict[Slot, Join] = {}
+        self.latest = 0
+        self._waiting = 0  # slots of the latest round with a parked join that waits for it
+        self._due: list[tuple[Any, dict[str, Any]]] = []
 
     @property
     def current(self) -> Round | None:
@@ -80,6 +86,7 @@ class Rounds:
         self.rounds[new.number] = new
         for old in [n for n in self.rounds if n < new.number - 1]:
             del self.rounds[old]
+        self._recount()
         return new
 
     def restore(self, number: int, slots: list[SlotInfo], hosts_timestamp: float, released: bool, pids: dict[Slot, int]) -> Round:
@@ -88,35 +95,58 @@ class Rounds:
         restored = Round(number, {(s.hostname, s.local_rank): s for s in slots}, hosts_timestamp, released, pids)
         self.rounds = {number: restored}
         self.latest = number
+        self._recount()
         return restored
 
     def park(self, join: Join) -> Any | None:
         """Park a join; return the ticket of a join it replaces (same slot), if any."""
         previous = self.parked.get(join.slot)
+        if previous is not None and self._counts(previous):
+            self._waiting -= 1
         self.parked[join.slot] = join
+        self._admit(join)
         return previous.ticket if previous is not None and previous.ticket is not join.ticket else None
 
     def forget(self, slot: Slot, pid: int) -> Join | None:
         join = self.parked.get(slot)
-        if join is not None and join.pid == pid:
-            return self.parked.pop(slot)
-        return None
+        if join is None or join.pid != pid:
+            return None
+        if self._counts(join):
+            self._waiting -= 1
+        return self.parked.pop(slot)
 
     def settle(self) -> list[tuple[Any, dict[str, Any]]]:
         """Answers now due, as (ticket, reply body); the answered joins leave the parking lot."""
         current = self.current
-        if current is None or current.released:
-            return []
-        answers: list[tuple[Any, dict[str, Any]]] = []
-        for slot, join in list(self.parked.items()):
-            if 0 < join.after_round < current.number and slot not in current.slots:
-                answers.append((join.ticket, {"removed": True, "round": current.number}))
-                del self.parked[slot]
-        waiting = [s for s in current.slots if s in self.parked and self.parked[s].after_round < current.number]
-        if len(waiting) == len(current.slots):
+        if current is not None and not current.released and self._waiting == len(current.slots):
             current.released = True
-            for slot in waiting:
+            self._waiting = 0
+            for slot in current.slots:
                 join = self.parked.pop(slot)
                 current.pids[slot] = join.pid
-                answers.append((join.ticket, current.answer(slot)))
-        return answers
+                self._due.append((join.ticket, current.answer(slot)))
+        due, self._due = self._due, []
+        return due
+
+    def _counts(self, join: Join) -> bool:
+        """Whether `join` is counted as waiting for the latest round: it has a slot there and was in no later one."""
+        current = self.current
+        return current is not None and not current.released and join.slot in current.slots and join.after_round < current.number
+
+    def _admit(self, join: Join) -> None:
+        """Count a newly parked join, or answer it at once when the latest (unreleased) round removed its slot."""
+        current = self.current
+        if current is None or current.released:
+            return
+        if join.slot in current.slots:
+            if join.after_round < current.number:
+                self._waiting += 1
+        elif 0 < join.after_round < current.number:
+            del self.parked[join.slot]
+            self._due.append((join.ticket, {"removed": True, "round": current.number}))
+
+    def _recount(self) -> None:
+        """A new latest round: every parked join is counted or answered again, once."""
+        self._waiting = 0
+        for join in list(self.parked.values()):
+            self._admit(join)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from services.rendezvous.assignments import get_host_assignments
 from services.rendezvous.rounds import Join, Rounds
 
@@ -335,3 +337,19 @@ def test_a_restored_unreleased_round_is_completed_by_the_joins_sent_again() -> N
     rounds.park(join("b", 0, after_round=0, pid=101))
     answers = by_ticket(rounds.settle())
     assert {a["round"] for a in answers.values()} == {5} and len(answers) == 2
+
+
+def test_32768_joins_arriving_one_at_a_time_settle_in_under_a_second() -> None:
+    """4,096 hosts x 8 slots: each join is settled as it arrives (as the service does), in O(1), not by a rescan."""
+    hosts = [(f"host-{h}", 8) for h in range(4096)]
+    rounds = Rounds()
+    rounds.add_round(get_host_assignments(hosts, min_np=1), 1.0)
+    started = time.perf_counter()
+    answered = []
+    for host, slots in hosts:
+        for local_rank in range(slots):
+            rounds.park(Join((host, local_rank), 0, pid=local_rank, ticket=(host, local_rank)))
+            answered += rounds.settle()
+    elapsed = time.perf_counter() - started
+    assert len(answered) == 32_768 and {a["rank"] for _, a in answered} == set(range(32_768))
+    assert elapsed < 1.0, f"32,768 joins took {elapsed:.2f}s to settle"
