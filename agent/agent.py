@@ -40,6 +40,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
+from bus.assignments import SlotInfo, slots_of
 from bus.client import AsyncClient, incarnation_id
 from bus.config import Endpoints, Timing, unresolved_hosts
 from bus.envelope import Message
@@ -297,11 +298,11 @@ class AgentService(Service):
         """Give each slot of this host in the latest round that has no live process one: a standby, or a new process."""
         if self.draining_since is not None or self.job is None or self.latest_round is None:
             return
-        for slot in self.latest_round.get("slots", []):
-            if slot["hostname"] == self.host and slot["local_rank"] not in self.workers:
-                self.restart_at.pop(slot["local_rank"], None)
-                if not self._admit_standby(slot["local_rank"]):
-                    self._spawn(slot["local_rank"], self.latest_round, slot)
+        for slot in slots_of(self.latest_round.get("hosts", []), self.host):
+            if slot.local_rank not in self.workers:
+                self.restart_at.pop(slot.local_rank, None)
+                if not self._admit_standby(slot.local_rank):
+                    self._spawn(slot.local_rank, self.latest_round, slot)
 
     def _event_kill_worker(self, body: dict[str, Any]) -> None:
         worker = self.workers.get(body.get("local_rank", -1))
@@ -331,7 +332,7 @@ class AgentService(Service):
             self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
 
     # -- workers -------------------------------------------------------------------------------
-    def _spawn(self, local_rank: int, job: dict[str, Any], slot: dict[str, Any] | None) -> None:
+    def _spawn(self, local_rank: int, job: dict[str, Any], slot: SlotInfo | None) -> None:
         """Start the worker of `local_rank` (STANDBY: a spare that waits in `init()` for a slot); `slot` is its
         assignment in the round, None when it starts ahead of one."""
         env = {
@@ -353,7 +354,7 @@ class AgentService(Service):
         else:
             env.update(ELASTIC_LOCAL_RANK=str(local_rank), LOCAL_RANK=str(local_rank))
         if slot is not None:
-            env.update(RANK=str(slot["rank"]), WORLD_SIZE=str(slot["size"]), LOCAL_WORLD_SIZE=str(slot["local_size"]), GROUP_RANK=str(slot["cross_rank"]))
+            env.update(RANK=str(slot.rank), WORLD_SIZE=str(slot.size), LOCAL_WORLD_SIZE=str(slot.local_size), GROUP_RANK=str(slot.cross_rank))
         try:
             worker = spawn(local_rank, list(job["command"]), env, job.get("cwd"))
         except OSError as exc:

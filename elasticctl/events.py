@@ -54,21 +54,13 @@ def _event_time(body: dict[str, Any], arrived_at: float | None) -> float | None:
 
 def _fields(event_type: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
     if event_type == "round":
-        slots = body.get("slots") or []
-        return [("round", body.get("round")), ("size", len(slots)), ("hosts", _slots_per_host(slots)), ("job", body.get("job"))]
+        hosts = [f"{name}:{len(ids)}" for name, ids in body.get("hosts") or []]
+        return [("round", body.get("round")), ("size", body.get("size")), ("hosts", hosts), ("job", body.get("job"))]
     if event_type == "hosts_updated":
         hosts = [f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []]
         return [("added", body.get("added")), ("removed", body.get("removed")), ("hosts", hosts)]
     names = FIELDS.get(event_type) or sorted(name for name in body if name not in HIDDEN)
     return [(name, body.get(name)) for name in names]
-
-
-def _slots_per_host(slots: list[dict[str, Any]]) -> list[str]:
-    """`host:count` per host, hosts in the order of their first rank."""
-    counts: dict[str, int] = {}
-    for slot in sorted(slots, key=lambda s: s.get("rank", 0)):
-        counts[slot.get("hostname", "?")] = counts.get(slot.get("hostname", "?"), 0) + 1
-    return [f"{host}:{count}" for host, count in counts.items()]
 
 
 def format_value(value: Any) -> str:

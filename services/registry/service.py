@@ -43,6 +43,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bus.assignments import get_host_assignments
 from bus.client import Client, ServiceError, Unreachable, incarnation_id
 from bus.config import Endpoints, Timing
 from bus.outbox import Outbox
@@ -107,7 +108,7 @@ class RegistryService(Service):
         self.reason = ""
         self.resets = 0
         self.round = 0
-        self.round_slots: list[dict[str, Any]] = []
+        self.round_hosts: list[list[Any]] = []  # [[host, [slot ids]]] in rank order (bus.assignments)
         self.round_hosts_timestamp = 0.0
         self.reports: dict[Slot, SlotReport] = {}
         self.retired_pids: dict[int, None] = {}
@@ -134,7 +135,7 @@ class RegistryService(Service):
                 "spec": self.spec.to_dict() if self.spec else None, "job_id": self.job_id, "job_key": self.job_key,
                 "snapshot_commits": self.snapshot_commits, "resumed_from": self.resumed_from, "state": self.state,
                 "exit_code": self.exit_code, "reason": self.reason, "resets": self.resets, "round": self.round,
-                "round_slots": self.round_slots, "round_hosts_timestamp": self.round_hosts_timestamp,
+                "round_hosts": self.round_hosts, "round_hosts_timestamp": self.round_hosts_timestamp,
                 "reports": [{"host": slot[0], "local_rank": slot[1], **asdict(r)} for slot, r in self.reports.items()],
                 "retired_pids": list(self.retired_pids), "agents": self.agents, "host_marks": self.host_marks,
                 "waiting_since": self._wall(self.waiting_since), "first_report_at": self._wall(self.first_report_at),
@@ -147,7 +148,7 @@ class RegistryService(Service):
         self.last_job_id, self.discovery_incarnation = saved["last_job_id"], saved["discovery_incarnation"]
         self.spec = JobSpec.parse(job["spec"]) if job["spec"] else None
         for name in ("job_id", "job_key", "snapshot_commits", "resumed_from", "state", "exit_code", "reason", "resets", "round",
-                     "round_slots", "round_hosts_timestamp", "agents", "host_marks", "history"):
+                     "round_hosts", "round_hosts_timestamp", "agents", "host_marks", "history"):
             setattr(self, name, job[name])
         self.reports = {(r.pop("host"), r.pop("local_rank")): SlotReport(**r) for r in job["reports"]}
         self.retired_pids = dict.fromkeys(job["retired_pids"])
@@ -277,17 +278,17 @@ class RegistryService(Service):
         discovery has heard from its agents (the driver may judge hosts and start rounds)."""
         assert self.spec is not None
         if hosts.get("incarnation") != self.discovery_incarnation:
-            expected = self._round_hosts()
+            expected = self.round_hosts
             self.discovery.request("restore", {**self._discovery_settings(self.spec), "marks": self.host_marks, "expected": expected})
             self.discovery_incarnation = hosts.get("incarnation")
             self.log.info("discovery_restored", incarnation=self.discovery_incarnation, marks=sorted(self.host_marks), expected=[h for h, _ in expected])
             return False
-        if rounds.get("round", 0) < self.round and self.round_slots:
+        if rounds.get("round", 0) < self.round and self.round_hosts:
             pids = [[slot[0], slot[1], r.pid] for slot, r in self.reports.items() if r.pid is not None and r.state != PENDING]
             released = all(r.state != PENDING for r in self.reports.values())
             self.rendezvous.request(
                 "restore_round",
-                {"round": self.round, "slots": self.round_slots, "hosts_timestamp": self.round_hosts_timestamp, "released": released, "pids": pids},
+                {"round": self.round, "hosts": self.round_hosts, "hosts_timestamp": self.round_hosts_timestamp, "released": released, "pids": pids},
             )
             self.log.info("rendezvous_restored", round=self.round, released=released)
             return False
@@ -295,13 +296,6 @@ class RegistryService(Service):
             return False
         self.host_marks = self._host_marks(hosts)
         return True
-
-    def _round_hosts(self) -> list[list[Any]]:
-        """The current round's hosts in rank order, each with the ids of its slots in the round."""
-        hosts: dict[str, list[int]] = {}
-        for slot in sorted(self.round_slots, key=lambda s: s["rank"]):
-            hosts.setdefault(slot["hostname"], []).append(slot["local_rank"])
-        return [[host, sorted(ids)] for host, ids in hosts.items()]
 
     def _host_marks(self, hosts: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """What discovery holds against hosts (drains, blacklists with their count and end), to give a restarted
@@ -479,12 +473,12 @@ class RegistryService(Service):
         for pid in list(self.retired_pids)[: max(0, len(self.retired_pids) - RETIRED_PIDS_KEPT)]:
             del self.retired_pids[pid]
         self.round = reply["round"]
-        self.round_slots, self.round_hosts_timestamp = reply["slots"], hosts["timestamp"]
+        self.round_hosts, self.round_hosts_timestamp = reply["hosts"], hosts["timestamp"]
         metrics.round_started()
         self.agents = self._agent_incarnations(hosts)
         self.reports = {
-            (s["hostname"], s["local_rank"]): SlotReport(rank=s["rank"], pid=survivors.get((s["hostname"], s["local_rank"])))
-            for s in reply["slots"]
+            (s.hostname, s.local_rank): SlotReport(rank=s.rank, pid=survivors.get((s.hostname, s.local_rank)))
+            for s in get_host_assignments(self.round_hosts, 0)
         }
         self.first_report_at = None
         self.state = RUNNING_JOB
@@ -493,7 +487,7 @@ class RegistryService(Service):
         self._publish(
             "round",
             {
-                "round": self.round, "slots": reply["slots"], "command": self.spec.command, "cwd": self.spec.cwd, "env": self.spec.env, "job": self.job_id,
+                "round": self.round, "hosts": self.round_hosts, "size": reply["size"], "command": self.spec.command, "cwd": self.spec.cwd, "env": self.spec.env, "job": self.job_id,
                 "max_restarts": self.spec.max_restarts, "restart_window": self.spec.restart_window, "job_key": self.job_key,
                 "checkpoint_dir": self.spec.checkpoint_dir, "checkpoint_interval": self.spec.checkpoint_interval,
             },

@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.rendezvous.assignments import SlotInfo
+from bus.assignments import SlotInfo
 
 Slot = tuple[str, int]
 

@@ -1,11 +1,12 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
 Messages:
-  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp} -> {round, size, slots}
+  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp} -> {round, size, hosts}
+                                                        hosts: the round's, as bus.assignments.round_hosts writes them
   rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
   forget {host, local_rank, pid}                        drop the parked join of a worker that exited
-  status -> {round, released, size, slots, parked}
-  restore_round {round, slots, hosts_timestamp, released, pids: [[host, local_rank, pid]]}
+  status -> {round, released, size, pids, parked}
+  restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}
                                                         the registry gives a restarted rendezvous the job's round
   reset                                                 a new job: no rounds, empty store
   kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame
@@ -25,7 +26,7 @@ from collections import defaultdict
 from typing import Any
 
 from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
-from services.rendezvous.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
+from bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
 from services.rendezvous.rounds import Join, Rounds
 
 # A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
@@ -100,7 +101,7 @@ class RendezvousService(Service):
         self._drop_old_keys()
         self.log.info("round_created", round=new.number, size=len(slots), hosts=new.hosts)
         self._settle()
-        return {"round": new.number, "size": len(slots), "slots": [s.to_dict() for s in slots]}
+        return {"round": new.number, "size": len(slots), "hosts": round_hosts(slots)}
 
     @handles("restore_round")
     def on_restore_round(self, request: Request) -> dict[str, Any]:
@@ -108,14 +109,16 @@ class RendezvousService(Service):
         number = field(body, "round", int)
         if number < self.rounds.latest:
             raise RequestError("stale_round", f"round {number} is older than this rendezvous's round {self.rounds.latest}")
-        raw_slots, raw_pids = body.get("slots"), body.get("pids")
+        hosts, raw_pids = body.get("hosts"), body.get("pids")
+        if not isinstance(hosts, list) or not hosts:
+            raise RequestError("bad_request", "restore_round needs the round's hosts [[name, [slot ids]]]")
+        slots = get_host_assignments(_parse_hosts(hosts), 0)
+        if not slots:
+            raise RequestError("bad_request", "restore_round needs a round of at least one slot")
         try:
-            slots = [SlotInfo(**s) for s in raw_slots]  # type: ignore[union-attr]
             pids = {(h, lr): pid for h, lr, pid in raw_pids}  # type: ignore[union-attr]
         except (TypeError, ValueError):
-            raise RequestError("bad_request", "restore_round needs slots [{SlotInfo}] and pids [[host, local_rank, pid]]") from None
-        if not slots or not all(isinstance(s.hostname, str) and isinstance(s.rank, int) and isinstance(s.local_rank, int) for s in slots):
-            raise RequestError("bad_request", "restore_round needs at least one slot, each with hostname, rank and local_rank")
+            raise RequestError("bad_request", "restore_round needs pids [[host, local_rank, pid]]") from None
         self.rounds.restore(number, slots, float(body.get("hosts_timestamp") or 0.0), body.get("released") is True, pids)
         self.log.info("round_restored", round=number, size=len(slots), released=body.get("released") is True)
         self._settle()
@@ -150,7 +153,6 @@ class RendezvousService(Service):
             "round": self.rounds.latest,
             "released": bool(current and current.released),
             "size": len(current.slots) if current else 0,
-            "slots": [s.to_dict() for s in current.slots.values()] if current else [],
             "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current else [],
             "parked": [
                 {"host": j.slot[0], "local_rank": j.slot[1], "after_round": j.after_round, "pid": j.pid}

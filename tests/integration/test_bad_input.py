@@ -139,9 +139,10 @@ def test_a_second_local_control_plane_is_refused_clearly(cluster: Cluster) -> No
         ("discovery", "restore", {"marks": "all", "expected": []}),
         ("discovery", "restore", {"marks": {"h": {"draining": "yes"}}, "expected": []}),
         ("discovery", "restore", {"marks": {}, "expected": [["h", [-1]]]}),
-        ("rendezvous", "restore_round", {"round": 3, "slots": "none", "pids": []}),
-        ("rendezvous", "restore_round", {"round": 3, "slots": [{"hostname": "h"}], "pids": []}),
-        ("rendezvous", "restore_round", {"round": 3, "slots": [], "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "hosts": "none", "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "hosts": [["h"]], "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "hosts": [["h", []]], "pids": []}),
+        ("rendezvous", "restore_round", {"round": 3, "hosts": [["h", [0]]], "pids": "none"}),
     ],
 )
 def test_a_malformed_restore_is_refused_and_changes_nothing(cluster: Cluster, service: str, msg_type: str, body: dict[str, object]) -> None:

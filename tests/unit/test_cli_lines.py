@@ -14,13 +14,9 @@ from elasticctl.watch import redraw_in_place
 AT = datetime(2026, 11, 23, 15, 4, 5, 123000).timestamp()
 
 
-def slot(host: str, local_rank: int, rank: int) -> dict:
-    return {"hostname": host, "local_rank": local_rank, "rank": rank, "size": 4}
-
-
 def test_a_round_shows_its_size_and_slots_per_host_in_rank_order_and_leaves_the_plumbing_out() -> None:
     body = {
-        "round": 3, "slots": [slot("host-2", 0, 2), slot("host-1", 0, 0), slot("host-2", 1, 3), slot("host-1", 1, 1)], "command": ["python", "train.py"],
+        "round": 3, "hosts": [["host-1", [0, 1]], ["host-2", [0, 1]]], "size": 4, "command": ["python", "train.py"],
         "cwd": "/work", "env": {"A": "1"}, "job": 1, "job_key": "abc", "max_restarts": 3, "seq": 12, "incarnation": "f00",
     }
     assert event_line("round", body, AT) == "2026-11-23 15:04:05.123 seq=12 round round=3 size=4 hosts=host-1:2,host-2:2 job=1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.rendezvous.assignments import get_host_assignments
+from bus.assignments import get_host_assignments
 from services.rendezvous.rounds import Join, Rounds
 
 

@@ -1,4 +1,4 @@
-"""`get_host_assignments`: Horovod's slot assignment, exactly.
+"""`get_host_assignments`: Horovod's slot assignment, exactly; and a round written as its hosts.
 
 Hosts are filled in the order given (oldest first), one rank per slot, until
 `max_np` ranks are placed. `cross_rank` of a slot is its index among the slots
@@ -8,6 +8,11 @@ A host is given as its slot count n (slots 0..n-1, Horovod's case) or as the
 ids of its usable slots. A slot keeps its id as its local rank, so a worker
 keeps its GPU while a crashed neighbour on its host restarts; while such a
 hole exists a local rank may be >= local_size.
+
+A round travels as its hosts in rank order, each with the ids of the slots it
+uses (`round_hosts`): a few bytes per host instead of a record per slot, and
+anyone holding it computes the slots again (`get_host_assignments(hosts, 0)`,
+or `slots_of` for one host's).
 """
 
 from __future__ import annotations
@@ -75,3 +80,16 @@ def get_host_assignments(hosts: Sequence[tuple[str, int | Sequence[int]]], min_n
                 )
             )
     return assignments
+
+
+def round_hosts(slots: Sequence[SlotInfo]) -> list[list[Any]]:
+    """The hosts of an assignment in rank order, each as [name, [slot ids in rank order]]."""
+    hosts: dict[str, list[int]] = {}
+    for slot in sorted(slots, key=lambda s: s.rank):
+        hosts.setdefault(slot.hostname, []).append(slot.local_rank)
+    return [[name, ids] for name, ids in hosts.items()]
+
+
+def slots_of(hosts: Sequence[Sequence[Any]], hostname: str) -> list[SlotInfo]:
+    """The slots of `hostname` in the round whose hosts are `hosts` (as `round_hosts` writes them)."""
+    return [s for s in get_host_assignments([(name, ids) for name, ids in hosts], 0) if s.hostname == hostname]
