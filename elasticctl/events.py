@@ -57,8 +57,11 @@ def _fields(event_type: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
         hosts = [f"{name}:{len(ids)}" for name, ids in body.get("hosts") or []]
         return [("round", body.get("round")), ("size", body.get("size")), ("hosts", hosts), ("job", body.get("job"))]
     if event_type == "hosts_updated":
-        hosts = [f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []]
-        return [("added", body.get("added")), ("removed", body.get("removed")), ("hosts", hosts)]
+        if "hosts" in body:
+            hosts = [f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []]
+            return [("added", body.get("added")), ("removed", body.get("removed")), ("hosts", hosts)]
+        changed = [f"+{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("set") or []]
+        return [("added", body.get("added")), ("removed", body.get("removed")), ("changed", changed + [f"-{name}" for name in body.get("remove") or []])]
     names = FIELDS.get(event_type) or sorted(name for name in body if name not in HIDDEN)
     return [(name, body.get(name)) for name in names]
 

@@ -21,8 +21,10 @@ register again are recorded as lost (`record_missing`).
 
 from __future__ import annotations
 
+import heapq
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,15 +90,27 @@ class HostSet:
         self.pending_marks: dict[str, Mark] = {}
         self.held_places: set[str] = set()
         self._rng = rng or random.Random()
+        self._by_silence: OrderedDict[str, None] = OrderedDict()  # live hosts, the longest silent first
+        self._cooldowns: list[tuple[float, str]] = []  # (end, host) of blacklists, a heap; stale entries are skipped
+
+    def _heard(self, name: str) -> None:
+        self._by_silence[name] = None
+        self._by_silence.move_to_end(name)
+
+    def _watch_cooldown(self, record: HostRecord) -> None:
+        if record.blacklisted_until is not None and record.blacklisted_until != float("inf"):
+            heapq.heappush(self._cooldowns, (record.blacklisted_until, record.name))
 
     # -- agents --------------------------------------------------------------------------------
     def register(self, name: str, slots: int, incarnation: str, now: float, warm: bool = True, down: Sequence[int] = (), down_version: int = 0) -> None:
         record = self.hosts.get(name)
+        self._heard(name)
         if record is None:
-            self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version)
+            record = self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version)
             mark = self.pending_marks.pop(name, None)
             if mark is not None:
-                mark.apply(self.hosts[name])
+                mark.apply(record)
+                self._watch_cooldown(record)
             return
         if record.incarnation != incarnation:
             record.down_version = -1
@@ -120,6 +134,7 @@ class HostSet:
         if record.lost_at is not None:
             return "lost"
         record.last_seen, record.warm = now, warm
+        self._heard(name)
         return "ok"
 
     def unregister(self, name: str, incarnation: str) -> bool:
@@ -127,22 +142,26 @@ class HostSet:
         if record is None or record.incarnation != incarnation:
             return False
         del self.hosts[name]
+        self._by_silence.pop(name, None)
         return True
 
     def expire(self, now: float, lost_after: float) -> list[str]:
-        """Mark hosts whose agent has been silent for `lost_after` as lost; return them."""
+        """Mark hosts whose agent has been silent for `lost_after` as lost; return them. Looks only at the hosts
+        silent longest, up to the first one heard from recently enough."""
         newly_lost = []
-        for record in self.hosts.values():
-            if record.lost_at is None and now - record.last_seen > lost_after:
-                record.lost_at = now
-                newly_lost.append(record.name)
+        while self._by_silence:
+            record = self.hosts[next(iter(self._by_silence))]
+            if now - record.last_seen <= lost_after:
+                break
+            record.lost_at = now
+            del self._by_silence[record.name]
+            newly_lost.append(record.name)
         return newly_lost
 
     def forgive_silence(self, now: float) -> None:
         """Discovery itself was not running: treat every live host as just heard from."""
-        for record in self.hosts.values():
-            if record.lost_at is None:
-                record.last_seen = now
+        for name in self._by_silence:
+            self.hosts[name].last_seen = now
 
     # -- operator and registry decisions -------------------------------------------------------
     def set_draining(self, name: str, draining: bool) -> None:
@@ -159,6 +178,7 @@ class HostSet:
             record.blacklisted_until = float("inf")
         else:
             record.blacklisted_until = now + cooldown(record.blacklist_count, *self.cooldown_range, self._rng)
+            self._watch_cooldown(record)
         return None if record.blacklisted_until == float("inf") else record.blacklisted_until
 
     def restore(self, marks: dict[str, Mark], order: Sequence[str] = ()) -> None:
@@ -170,6 +190,7 @@ class HostSet:
         for name, mark in marks.items():
             if name in self.hosts:
                 mark.apply(self.hosts[name])
+                self._watch_cooldown(self.hosts[name])
             else:
                 self.pending_marks[name] = mark
 
@@ -183,11 +204,14 @@ class HostSet:
         return missing
 
     def lift_cooldowns(self, now: float) -> list[str]:
+        """End the blacklists whose cooldown is over; return their hosts."""
         lifted = []
-        for record in self.hosts.values():
-            if record.blacklisted_until is not None and now >= record.blacklisted_until:
+        while self._cooldowns and self._cooldowns[0][0] <= now:
+            _, name = heapq.heappop(self._cooldowns)
+            record = self.hosts.get(name)
+            if record is not None and record.blacklisted_until is not None and now >= record.blacklisted_until:
                 record.blacklisted_until = None
-                lifted.append(record.name)
+                lifted.append(name)
         return lifted
 
     # -- what the job sees ---------------------------------------------------------------------
@@ -271,6 +295,35 @@ def compare(before: Sequence[tuple[str, int | Sequence[int]]], after: Sequence[t
     if not added and not removed and list(old) == list(new):
         return None
     return HostsChange(added=added, removed=removed or (not added and list(old) != list(new)))
+
+
+@dataclass(frozen=True)
+class HostsDiff:
+    """What turns one host list into the next: `remove` these names, then `set` these hosts' slot ids (a host
+    already listed keeps its place, a new one goes last)."""
+
+    set: list[tuple[str, SlotIds]]
+    remove: list[str]
+
+
+def hosts_diff(before: Sequence[tuple[str, Sequence[int]]], after: Sequence[tuple[str, Sequence[int]]]) -> HostsDiff | None:
+    """The diff from `before` to `after`, or None when applying it cannot give `after`'s order (a host that left
+    and came back between the two moved to the end): then only the whole list says it."""
+    old = {name: tuple(slots) for name, slots in before}
+    new = {name: tuple(slots) for name, slots in after}
+    diff = HostsDiff(
+        set=[(name, slots) for name, slots in new.items() if old.get(name) != slots],
+        remove=[name for name in old if name not in new],
+    )
+    return diff if [name for name, _ in apply_diff(before, diff)] == list(new) else None
+
+
+def apply_diff(before: Sequence[tuple[str, Sequence[int]]], diff: HostsDiff) -> list[tuple[str, SlotIds]]:
+    removed = set(diff.remove)
+    hosts = {name: tuple(slots) for name, slots in before if name not in removed}
+    for name, slots in diff.set:
+        hosts[name] = tuple(slots)
+    return list(hosts.items())
 
 
 def parse_script_output(text: str) -> dict[str, int | None]:

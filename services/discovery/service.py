@@ -8,7 +8,9 @@ Messages:
                                            checkpoint {commit, bytes, written_at, path}: its last durable copy
   slots {host, incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet
   unregister {host, incarnation}           an agent leaves cleanly
-  hosts                                    -> {timestamp, available: [[name, [slot ids]]], all: [...], lost: [names]}
+  hosts                                    -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]],
+                                              all: [...], lost: [names]}   published: the host list the last
+                                              hosts_updated (`version`) announced
   drain {host} / undrain {host}            operator
   blacklist {host, reason}                 registry, after a failure on the host
   configure {discovery_script, max_np, cooldown}   registry, when a job is submitted -> {incarnation}
@@ -29,8 +31,17 @@ the job runs on and are no news to its workers. When it settles, the hosts of
 the round that never came back are lost, and the host set is compared with
 the round's (never restored: taken as it is).
 
-When the slots an assignment would use change, `hosts_updated {timestamp, added,
-removed, hosts}` goes out through the notifier; a change beyond max_np sends nothing.
+When the slots an assignment would use change, `hosts_updated {timestamp, version,
+added, removed, set, remove}` goes out through the notifier; a change beyond
+max_np sends nothing. `added`/`removed` are Horovod's flags; `set` ([[name,
+[slot ids]]]: a host already listed keeps its place, a new one goes last) and
+`remove` ([names]) turn the list of `version - 1` into that of `version`
+(hostset.apply_diff); when they cannot (a host left and came back between
+two), the event carries the whole list as `hosts` instead. A subscriber that
+missed a change asks `hosts` for the whole list (`published`, at `version`).
+Changes are coalesced: they are published at most every COALESCE_WINDOW, and
+at once before a `hosts` reply, so a burst of thousands of registrations makes
+a handful of events and whoever reads the hosts sees what was announced.
 
 Metrics (bus/metrics.py serves them): `elastic_discovery_hosts{state}`, set
 every second from the loop, and `elastic_discovery_heartbeats_total{status}`.
@@ -50,13 +61,15 @@ from bus.config import Timing
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
 from services.discovery.hostset import (
-    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, parse_script_output, slot_ids,
+    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, hosts_diff, parse_script_output, slot_ids,
 )
 
 
 MAX_PATH = 4096
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 METRICS_INTERVAL = 1.0
+COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
+LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
 HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
 HEARTBEATS = Counter("elastic_discovery_heartbeats", "Agent heartbeats received, by answer: ok, unknown (register again), lost.", ["status"])
 
@@ -75,12 +88,15 @@ class DiscoveryService(Service):
         self.max_np: int | None = None
         self.script: str | None = None
         self._script_proc: subprocess.Popen[str] | None = None
-        self.published: list[tuple[str, int]] = []
+        self.published: list[tuple[str, tuple[int, ...]]] = []
+        self.version = 0
         self.timestamp = time.time()
+        self._change_pending = False
         self._last_expire_check = self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
         self.every(timing.discovery_poll, self._poll_script)
         self.every(METRICS_INTERVAL, self._update_metrics)
+        self.every(COALESCE_WINDOW, self._publish_change)
 
     # -- agents --------------------------------------------------------------------------------
     @handles("register")
@@ -191,18 +207,21 @@ class DiscoveryService(Service):
         differs from the round's host set (or, never restored, nothing) is news."""
         self.settle_until = None
         missing = self.hostset.record_missing(self.expected or [], now)
-        self.published = list(self.expected) if self.expected is not None else effective(self.hostset.available(), self.max_np)
+        self._set_published(list(self.expected) if self.expected is not None else effective(self.hostset.available(), self.max_np))
         self.log.info("settled", hosts=len(self.hostset.hosts), missing=missing, restored=self.expected is not None)
         self._changed()
 
     # -- queries and commands ------------------------------------------------------------------
     @handles("hosts")
     def on_hosts(self, request: Request) -> dict[str, Any]:
+        self._publish_change()
         available = self.hostset.available()
         return {
             "incarnation": self.incarnation,
             "settling": self.settle_until is not None,
+            "version": self.version,
             "timestamp": self.timestamp,
+            "published": [[name, list(slots)] for name, slots in self.published],
             "available": [[name, list(slots)] for name, slots in available],
             "all": self.hostset.describe(self.clock()),
             "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
@@ -246,7 +265,7 @@ class DiscoveryService(Service):
         if self.script:
             self._run_script(wait=True)
         self.settle_until, self.expected = None, None
-        self.published = effective(self.hostset.available(), self.max_np)
+        self._set_published(effective(self.hostset.available(), self.max_np))
         return {"incarnation": self.incarnation}
 
     @handles("restore")
@@ -339,16 +358,36 @@ class DiscoveryService(Service):
 
     # -- publishing ----------------------------------------------------------------------------
     def _changed(self) -> None:
-        if self.settle_until is not None:
+        """The host set changed: it is published within COALESCE_WINDOW, with whatever else changes meanwhile."""
+        self._change_pending = True
+
+    def _set_published(self, hosts: list[tuple[str, tuple[int, ...]]]) -> None:
+        """Take `hosts` as announced without an event: the next event's version skips one, so a subscriber that
+        follows the diffs sees the gap and asks for the whole list."""
+        self.published = hosts
+        self.version += 1
+
+    def _publish_change(self) -> None:
+        if not self._change_pending or self.settle_until is not None:
             return
+        self._change_pending = False
         now_used = effective(self.hostset.available(), self.max_np)
         change = compare(self.published, now_used)
         if change is None:
             return
+        diff = hosts_diff(self.published, now_used)
         self.timestamp = max(time.time(), self.timestamp + 1e-6)
+        self.version += 1
         self.published = now_used
-        event = {"timestamp": self.timestamp, "added": change.added, "removed": change.removed, "hosts": [[name, list(slots)] for name, slots in now_used]}
-        self.log.info("hosts_updated", added=change.added, removed=change.removed, hosts=event["hosts"])
+        event: dict[str, Any] = {"timestamp": self.timestamp, "version": self.version, "added": change.added, "removed": change.removed}
+        if diff is None:
+            event["hosts"] = [[name, list(slots)] for name, slots in now_used]
+        else:
+            event["set"], event["remove"] = [[name, list(slots)] for name, slots in diff.set], diff.remove
+        self.log.info(
+            "hosts_updated", version=self.version, added=change.added, removed=change.removed, hosts=len(now_used), whole=diff is None,
+            set=[name for name, _ in diff.set[:LOGGED_HOSTS]] if diff else None, remove=diff.remove[:LOGGED_HOSTS] if diff else None,
+        )
         self.outbox.put("hosts_updated", event)
         self.outbox.flush()
 

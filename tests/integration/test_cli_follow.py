@@ -130,7 +130,7 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
     with elasticctl_piped(cluster, "events", "--follow") as (process, output):
         wait_for(lambda: "job_finished" in output.text(), 15, "events --follow to print the history")
         assert cluster.elasticctl("drain", "host-1").returncode == 0
-        drained = wait_for(lambda: next((line for line in output.lines if " hosts_updated added=false removed=true hosts=-" in line), None), 15, "the drain's event")
+        drained = wait_for(lambda: next((line for line in output.lines if " hosts_updated added=false removed=true changed=-host-1" in line), None), 15, "the drain's event")
         _stop_with_ctrl_c(process, output)
     assert _seq_and_type(drained)[0] > seqs[-1], drained
 

@@ -36,6 +36,11 @@ def test_hosts_updated_uses_its_own_timestamp_and_abbreviates_a_long_host_list()
     assert event_line("hosts_updated", body, None) == "2026-11-23 15:04:05.123 seq=3 hosts_updated added=true removed=false hosts=host-1:2,host-2:2,host-3:2,host-4:2,...+3"
 
 
+def test_hosts_updated_shows_its_diff_hosts_set_then_hosts_removed() -> None:
+    body = {"timestamp": AT, "version": 4, "added": True, "removed": True, "set": [["host-9", [0, 1, 2]]], "remove": ["host-2"], "seq": 3}
+    assert event_line("hosts_updated", body, None) == "2026-11-23 15:04:05.123 seq=3 hosts_updated added=true removed=true changed=+host-9:3,-host-2"
+
+
 def test_an_event_type_not_known_here_shows_its_fields_sorted() -> None:
     body = {"zeta": "a b", "alpha": [1, 2], "empty": "", "nested": {"k": "v"}, "seq": 4, "incarnation": "f00"}
     assert event_line("something_new", body, AT) == '2026-11-23 15:04:05.123 seq=4 something_new alpha=1,2 empty="" nested={"k":"v"} zeta="a b"'

@@ -14,8 +14,10 @@ from services.discovery.hostset import (
     UNLISTED,
     HostsChange,
     HostSet,
+    apply_diff,
     compare,
     effective,
+    hosts_diff,
     parse_script_output,
 )
 
@@ -594,3 +596,56 @@ def test_a_restore_puts_the_hosts_back_in_the_job_s_order_and_holds_their_places
     hs.available()
     hs.register("a", 1, "a-inc2", 3.0)
     assert [name for name, _ in hs.available()] == ["b", "c", "a"], "once settled, a host that returns goes last again"
+
+
+# -- scale: diffs, O(1) expiry ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ([], [("a", (0, 1))]),
+        ([("a", (0, 1)), ("b", (0,))], [("a", (0, 1))]),
+        ([("a", (0, 1)), ("b", (0,))], [("a", (0,)), ("b", (0,)), ("c", (0, 1, 2))]),
+        ([("a", (0,)), ("b", (0,)), ("c", (0,))], [("a", (0,)), ("c", (0,))]),
+        ([("a", (0,)), ("b", (0,))], [("b", (0,)), ("c", (1,))]),
+    ],
+)
+def test_a_diff_applied_to_the_list_before_gives_the_list_after(before, after) -> None:
+    diff = hosts_diff(before, after)
+    assert diff is not None
+    assert apply_diff(before, diff) == after
+
+
+def test_a_diff_names_only_what_changed() -> None:
+    before = [(f"h{i}", (0, 1)) for i in range(1000)]
+    after = [*before[:10], *before[11:], ("h10", (0, 1))][:-1] + [("new", (0,))]
+    diff = hosts_diff(before, after)
+    assert diff is not None and diff.set == [("new", (0,))] and diff.remove == ["h10"]
+
+
+def test_a_host_that_left_and_came_back_in_between_needs_the_whole_list() -> None:
+    assert hosts_diff([("a", (0,)), ("b", (0,))], [("b", (0,)), ("a", (0,))]) is None
+
+
+def test_expiry_looks_only_at_the_hosts_silent_longest() -> None:
+    hs = HostSet()
+    for i in range(10_000):
+        hs.register(f"h{i}", 8, "i", now=0.0)
+    for i in range(1, 10_000):
+        hs.heartbeat(f"h{i}", "i", now=2.0)
+    calls = 0
+
+    class Counting(dict):
+        def __getitem__(self, key):
+            nonlocal calls
+            calls += 1
+            return super().__getitem__(key)
+
+    hs.hosts = Counting(hs.hosts)
+    assert hs.expire(now=3.5, lost_after=LOST_AFTER) == ["h0"]
+    assert calls <= 2, f"expiry read {calls} host records to find one silent host"
+    hs.heartbeat("h5", "i", now=4.0)
+    assert hs.expire(now=5.5, lost_after=LOST_AFTER) == [f"h{i}" for i in range(1, 10_000) if i != 5]
+    assert hs.expire(now=6.0, lost_after=LOST_AFTER) == []
+    assert hs.expire(now=7.5, lost_after=LOST_AFTER) == ["h5"]
