@@ -375,7 +375,7 @@ class AgentService(Service):
         if local_rank == STANDBY:
             self.log.info("standby_started", pid=worker.pid)
         else:
-            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot["rank"], pid=worker.pid, warming=slot is None)
+            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot.rank, pid=worker.pid, warming=slot is None)
 
     def _output_prefix(self, worker: Worker) -> str:
         return f"[{self.host}:{'standby' if worker.local_rank == STANDBY else worker.local_rank}] "

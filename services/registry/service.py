@@ -13,7 +13,10 @@ Messages:
 On every tick the driver reads the host set (discovery) and the rounds
 (rendezvous): it starts a round when enough slots exist, records READY /
 RUNNING / FAILURE from what it reads, and once every slot of the round has
-reported, applies `decisions.decide`. Events go to agents through the notifier:
+reported, applies `decisions.decide`. A round still forming (no worker has its
+rank yet) when the host set changes (a drain, a host lost or added) is replaced
+at once by a round on the hosts as they are now, instead of forming, training
+and resetting. Events go to agents through the notifier:
 `round`, `abort`, `kill_worker`, `job_finished`.
 
 Each job has a random key, handed to the agents with every `round`: host
@@ -316,6 +319,9 @@ class RegistryService(Service):
         return marks
 
     def _observe(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> None:
+        if rounds.get("round") == self.round and not rounds.get("released") and hosts.get("timestamp") != self.round_hosts_timestamp:
+            if self._start_round(hosts, replacing=True):
+                return
         lost = set(hosts.get("lost", []))
         agents = self._agent_incarnations(hosts)
         for slot, report in self.reports.items():
@@ -436,10 +442,15 @@ class RegistryService(Service):
         if not usable:
             self._finish(FAILED, f"every host is blacklisted ({reason})", 1)
 
-    def _start_round(self, hosts: dict[str, Any]) -> None:
+    def _start_round(self, hosts: dict[str, Any], replacing: bool = False) -> bool:
+        """Start a round on the available hosts; True when it started. `replacing`: the current round is still
+        forming (no worker has its rank) and the hosts changed since it began: a new round on the hosts as they
+        are now replaces it at once, instead of waiting for it to form, train and reset (not counted as a reset)."""
         assert self.spec is not None
         available = hosts.get("available", [])
         total = sum(len(slots) if isinstance(slots, list) else slots for _, slots in available)
+        if replacing and total < self.spec.min_np:
+            return False
         if total < self.spec.min_np:
             waited = self.clock() - self.waiting_since
             if waited > self.spec.elastic_timeout:
@@ -448,25 +459,28 @@ class RegistryService(Service):
                     f"timed out after {self.spec.elastic_timeout:g}s waiting for {self.spec.min_np} slot(s); {total} available",
                     1,
                 )
-            return
-        if self.round >= 1 and self.spec.reset_limit is not None and self.resets >= self.spec.reset_limit:
+            return False
+        if not replacing and self.round >= 1 and self.spec.reset_limit is not None and self.resets >= self.spec.reset_limit:
             self._finish(FAILED, f"reset limit {self.spec.reset_limit} reached", 1)
-            return
+            return False
         try:
             reply = self.rendezvous.request(
                 "new_round",
-                {"hosts": available, "min_np": self.spec.min_np, "max_np": self.spec.max_np, "hosts_timestamp": hosts["timestamp"]},
+                {
+                    "hosts": available, "min_np": self.spec.min_np, "max_np": self.spec.max_np, "hosts_timestamp": hosts["timestamp"],
+                    "replaces": self.round if replacing else None,
+                },
             ).body
         except ServiceError as exc:
             if exc.code == "no_surviving_host":
                 self._finish(FAILED, exc.message, 1)
-            else:
+            elif exc.code != "released":
                 self.log.warning("round_refused", code=exc.code, reason=exc.message)
-            return
+            return False
         except Unreachable as exc:
             self.log.warning("driver_blind", reason=str(exc))
-            return
-        if self.round >= 1:
+            return False
+        if self.round >= 1 and not replacing:
             self.resets += 1
         survivors = {slot: r.pid for slot, r in self.reports.items() if r.state == READY}
         self.retired_pids.update(dict.fromkeys(r.pid for r in self.reports.values() if r.pid is not None and r.state != READY))
@@ -483,7 +497,7 @@ class RegistryService(Service):
         self.first_report_at = None
         self.state = RUNNING_JOB
         metrics.job_state(self.state)
-        self.log.info("round_started", round=self.round, size=reply["size"], resets=self.resets)
+        self.log.info("round_started", round=self.round, size=reply["size"], resets=self.resets, replaced=self.round - 1 if replacing else None)
         self._publish(
             "round",
             {
@@ -492,6 +506,7 @@ class RegistryService(Service):
                 "checkpoint_dir": self.spec.checkpoint_dir, "checkpoint_interval": self.spec.checkpoint_interval,
             },
         )
+        return True
 
     def _finish(self, state: str, reason: str, exit_code: int) -> None:
         self.state, self.reason, self.exit_code = state, reason, exit_code

@@ -7,7 +7,9 @@ SlotInfo. A join whose slot is not in the latest (newer) round is told it was
 removed, unless it comes from a process that was never in a round (a
 replacement or a warming host's worker, `after_round` 0): that one waits for a
 round that has its slot. A released round admits no late joiner: it waits for
-the next round.
+the next round. A round may be replaced before it is released (the host set
+changed while it formed): a join for it (parked then, or arriving later)
+whose slot the new round lacks is told it was removed, as if the round had run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Join:
     after_round: int
     pid: int
     ticket: Any
+    called_to: int = 0  # the latest round, not yet released, that had this join's slot while it waited
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Rounds:
         self.rounds: dict[int, Round] = {}
         self.parked: dict[Slot, Join] = {}
         self.latest = 0
+        self.state_hosts: list[str] = []  # the hosts of the latest round released: the job's state is on them
         self._waiting = 0  # slots of the latest round with a parked join that waits for it
         self._due: list[tuple[Any, dict[str, Any]]] = []
 
@@ -95,6 +99,8 @@ class Rounds:
         restored = Round(number, {(s.hostname, s.local_rank): s for s in slots}, hosts_timestamp, released, pids)
         self.rounds = {number: restored}
         self.latest = number
+        if released:
+            self.state_hosts = restored.hosts
         self._recount()
         return restored
 
@@ -120,6 +126,7 @@ class Rounds:
         current = self.current
         if current is not None and not current.released and self._waiting == len(current.slots):
             current.released = True
+            self.state_hosts = current.hosts
             self._waiting = 0
             for slot in current.slots:
                 join = self.parked.pop(slot)
@@ -139,11 +146,18 @@ class Rounds:
         if current is None or current.released:
             return
         if join.slot in current.slots:
+            join.called_to = current.number
             if join.after_round < current.number:
                 self._waiting += 1
-        elif 0 < join.after_round < current.number:
+        elif 0 < join.after_round < current.number or 0 < join.called_to < current.number or self._replaced_had(join):
             del self.parked[join.slot]
             self._due.append((join.ticket, {"removed": True, "round": current.number}))
+
+    def _replaced_had(self, join: Join) -> bool:
+        """Whether the round before the latest was replaced unreleased with `join`'s slot in it: the join would have
+        been called to it (a worker of a host that was drained while the round formed, joining late)."""
+        replaced = self.rounds.get(self.latest - 1)
+        return replaced is not None and not replaced.released and join.slot in replaced.slots and join.after_round < replaced.number
 
     def _recount(self) -> None:
         """A new latest round: every parked join is counted or answered again, once."""

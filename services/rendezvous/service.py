@@ -1,8 +1,10 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
 Messages:
-  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp} -> {round, size, hosts}
-                                                        hosts: the round's, as bus.assignments.round_hosts writes them
+  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces} -> {round, size, hosts}
+                                                        hosts: the round's, as bus.assignments.round_hosts writes them;
+                                                        replaces: a round still forming that this one replaces
+                                                        (refused, `released`, once that round is released)
   rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
   forget {host, local_rank, pid}                        drop the parked join of a worker that exited
   status -> {round, released, size, pids, parked}
@@ -37,6 +39,7 @@ MAX_KV_KEY_BYTES = 256
 MAX_KV_VALUE_BYTES = 4096
 # Every rank of a round waits for its round's store address at once: rounds of up to 4096 ranks.
 MAX_KV_WAITERS = 4096
+LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
 
 
 def _slots(value: Any) -> int | list[int] | None:
@@ -92,14 +95,18 @@ class RendezvousService(Service):
         except NotEnoughSlots as exc:
             raise RequestError("not_enough_slots", str(exc)) from None
         previous = self.rounds.current
-        if previous is not None and slots and slots[0].hostname not in previous.hosts:
+        replaces = request.body.get("replaces")
+        if replaces is not None and (previous is None or previous.number != replaces or previous.released):
+            raise RequestError("released", f"round {replaces} is no longer forming (latest is {self.rounds.latest})")
+        state_hosts = self.rounds.state_hosts
+        if state_hosts and slots and slots[0].hostname not in state_hosts:
             raise RequestError(
                 "no_surviving_host",
-                f"no host of round {previous.number} ({', '.join(previous.hosts)}) remains to hold rank 0 and its state",
+                f"no host of the last round that ran ({', '.join(state_hosts[:LOGGED_HOSTS])}) remains to hold rank 0 and its state",
             )
         new = self.rounds.add_round(slots, float(request.body.get("hosts_timestamp", 0.0)))
         self._drop_old_keys()
-        self.log.info("round_created", round=new.number, size=len(slots), hosts=new.hosts)
+        self.log.info("round_created", round=new.number, size=len(slots), hosts=len(new.hosts), first_hosts=new.hosts[:LOGGED_HOSTS], replaces=replaces)
         self._settle()
         return {"round": new.number, "size": len(slots), "hosts": round_hosts(slots)}
 

@@ -132,3 +132,19 @@ def test_draining_the_host_of_rank_0_moves_rank_0_without_losing_state(cluster: 
     rank0_hosts = [e["host"] for e in steps(log_dir) if e["rank"] == 0]
     assert rank0_hosts[0] == "host-1" and rank0_hosts[-1] == "host-2", "rank 0 moved to the oldest surviving host and stayed"
     assert_training_invariants(log_dir)
+
+
+def test_a_drain_while_the_first_round_forms_is_folded_into_it(cluster: Cluster, tmp_path: Path) -> None:
+    for host in ("host-1", "host-2", "host-3"):
+        cluster.start_agent(host, 2)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "1", "--samples", "96", "--step-delay", "0.02", "--log-dir", str(log_dir))
+    wait_for(lambda: cluster.job()["round"] == 1, 30, "round 1 to start forming")
+    assert not steps(log_dir), "round 1 trained before the drain could meet it forming"
+    assert cluster.elasticctl("drain", "host-3").returncode == 0
+    assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run")
+    assert sizes_in_order(steps(log_dir)) == [4], "the drain was folded into the forming round: it never trained at 6"
+    assert {e["host"] for e in steps(log_dir)} == {"host-1", "host-2"}
+    assert cluster.job()["resets"] == 0
+    assert '"replaced": 1' in cluster.output("registry")
+    assert_training_invariants(log_dir)

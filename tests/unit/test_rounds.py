@@ -353,3 +353,29 @@ def test_32768_joins_arriving_one_at_a_time_settle_in_under_a_second() -> None:
     elapsed = time.perf_counter() - started
     assert len(answered) == 32_768 and {a["rank"] for _, a in answered} == set(range(32_768))
     assert elapsed < 1.0, f"32,768 joins took {elapsed:.2f}s to settle"
+
+
+def test_a_round_replaced_while_forming_removes_the_slots_it_drops_even_for_late_first_joins() -> None:
+    rounds = Rounds()
+    new_round(rounds, [("a", 1), ("b", 1), ("c", 1)])
+    rounds.park(join("a", 0))
+    rounds.park(join("c", 0))
+    assert rounds.settle() == []
+    new_round(rounds, [("a", 1), ("b", 1)])  # c drained while round 1 formed
+    removed = by_ticket(rounds.settle())
+    assert removed == {"c:0:100": {"removed": True, "round": 2}}
+    rounds.park(join("c", 0, pid=7))  # a sibling that had not joined yet
+    assert by_ticket(rounds.settle()) == {"c:0:7": {"removed": True, "round": 2}}
+    rounds.park(join("b", 0))
+    released = by_ticket(rounds.settle())
+    assert sorted(released) == ["a:0:100", "b:0:100"] and released["b:0:100"]["size"] == 2
+
+
+def test_a_first_join_waits_for_a_round_with_its_slot_when_no_replaced_round_had_it() -> None:
+    rounds = Rounds()
+    new_round(rounds, [("a", 1)])
+    rounds.park(join("a", 0))
+    rounds.settle()
+    new_round(rounds, [("a", 1)])
+    rounds.park(join("w", 0))  # a warming host's worker
+    assert rounds.settle() == [] and ("w", 0) in rounds.parked
