@@ -8,7 +8,9 @@ nothing a peer sends stops the loop.
 
 Retried requests are idempotent: a request with the same (sender, id) as one
 already answered gets the cached answer again, and one that is parked has its
-return route updated (a client that reconnected still gets the answer).
+return route updated (a client that reconnected still gets the answer). A
+request refused by its handler (bad input, a bound) changed nothing: its
+answer is not kept, and a retry is judged again.
 
 Nothing a peer sends grows memory without bound. The reply cache keeps at most
 `REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes; a reply larger than
@@ -40,19 +42,19 @@ from bus.envelope import Message, WireError, decode, encode, error_body, reply_t
 from bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
-# A retry is answered from the reply cache for as long as the reply stays in it: 4096 replies outlive any client's
-# retries (a few seconds) at the busiest legitimate rate, a round change of a few thousand ranks.
-REPLY_CACHE_SIZE = 4096
-# Ordinary replies are under 1 KiB, so 4096 of them take about 4 MiB at most; junk with large replies stops there.
-REPLY_CACHE_BYTES = 4 * 1024 * 1024
+# A retry is answered from the reply cache for as long as the reply stays in it: the busiest legitimate burst is a
+# round of 32,768 ranks answered at once (4,096 hosts x 8), whose replies must outlive the clients' retries.
+REPLY_CACHE_SIZE = 32768
+# A join's answer is ~250 bytes, so 32,768 of them take about 8 MiB; junk with large replies stops there.
+REPLY_CACHE_BYTES = 8 * 1024 * 1024
 # Replies above this answer reads (`since`, `hosts`, `status`, `job`): a retry runs them again instead.
 REPLY_CACHE_ENTRY_BYTES = 64 * 1024
 # An agent parks, at the rendezvous, one join and one key lookup per worker of its host: 512 slots per host.
 MAX_PARKED_PER_SENDER = 1024
-# A round change of 4096 ranks parks 4096 joins and 4096 key lookups at once; each parked request takes ~1 KiB.
-MAX_PARKED = 8192
-# A parked request keeps its message: legitimate ones are ~130 bytes (8192 of them take ~1 MiB), junk may be MiBs.
-MAX_PARKED_BYTES = 2 * 1024 * 1024
+# A round change of 32,768 ranks parks 32,768 joins and 32,768 key lookups at once.
+MAX_PARKED = 65536 + 8192
+# A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
+MAX_PARKED_BYTES = 12 * 1024 * 1024
 # After this many bytes through a service's sockets, the loop returns freed memory to the system when next idle: a
 # release costs under a millisecond, ordinary traffic (heartbeats, rounds) needs minutes to move 1 MiB, and what a
 # burst leaves after the last release is about this much.
@@ -215,6 +217,10 @@ class Request:
     def fail(self, code: str, message: str) -> None:
         self._service._answer(self, error_body(code, message), ())
 
+    def refuse(self, code: str, message: str) -> None:
+        """Fail a request that changed nothing: its answer is not kept, a retry is judged again."""
+        self._service._answer(self, error_body(code, message), (), cache=False)
+
 
 class Service:
     """Base of the four services and the agent: owns the context, the ROUTER and the poll loop."""
@@ -353,7 +359,7 @@ class Service:
         if handler is None:
             metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.REFUSED)
             self.log.warning("unknown_type", type=msg.type, sender=msg.sender)
-            request.fail("unknown_type", f"{self.name} does not handle message type {msg.type!r}")
+            request.refuse("unknown_type", f"{self.name} does not handle message type {msg.type!r}")
             return
         try:
             if msg.type in self._parking_types:
@@ -363,7 +369,7 @@ class Service:
             metrics.count_message(self.name, msg.type, metrics.REFUSED)
             log = self.log.warning if isinstance(exc, LimitExceeded) else self.log.info
             log("request_refused", type=msg.type, code=exc.code, reason=exc.message, sender=msg.sender)
-            request.fail(exc.code, exc.message)
+            request.refuse(exc.code, exc.message)
             return
         except Exception as exc:
             metrics.count_message(self.name, msg.type, metrics.FAILED)
@@ -395,13 +401,13 @@ class Service:
             return
         self._parked.park(request.parking_key, request)
 
-    def _answer(self, request: Request, body: dict[str, Any], raw: tuple[bytes, ...]) -> None:
+    def _answer(self, request: Request, body: dict[str, Any], raw: tuple[bytes, ...], cache: bool = True) -> None:
         if request.answered:
             return
         request.answered = True
         self._parked.unpark(request.parking_key)
         frames = encode(reply_to(request.msg, body, self.sender_id, raw))
-        if request.key is not None:
+        if request.key is not None and cache:
             self._replied.put(request.key, frames)
         self._send(request.route, frames)
 

@@ -37,8 +37,8 @@ MAX_KV_KEYS = 1024
 MAX_KV_KEY_BYTES = 256
 # A value is an address (`host:port`); 4 KiB leaves room for a small blob and keeps the store under 5 MiB.
 MAX_KV_VALUE_BYTES = 4096
-# Every rank of a round waits for its round's store address at once: rounds of up to 4096 ranks.
-MAX_KV_WAITERS = 4096
+# Every rank of a round waits for its round's store address at once: rounds of up to 65,536 ranks.
+MAX_KV_WAITERS = 65536
 LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
 
 
