@@ -55,6 +55,8 @@ MAX_PARKED_PER_SENDER = 1024
 MAX_PARKED = 65536 + 8192
 # A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
 MAX_PARKED_BYTES = 12 * 1024 * 1024
+# Messages handled in one turn of the loop before its timers get theirs: a few tens of milliseconds of work.
+MESSAGES_PER_TURN = 256
 # After this many bytes through a service's sockets, the loop returns freed memory to the system when next idle: a
 # release costs under a millisecond, ordinary traffic (heartbeats, rounds) needs minutes to move 1 MiB, and what a
 # burst leaves after the last release is about this much.
@@ -326,7 +328,8 @@ class Service:
         return {"service": self.name}
 
     def _on_router(self) -> None:
-        while True:
+        """Handle what the ROUTER holds, at most MESSAGES_PER_TURN: under a flood the loop's timers still run."""
+        for _ in range(MESSAGES_PER_TURN):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -238,13 +238,15 @@ class HostSet:
     def available(self) -> list[tuple[str, SlotIds]]:
         """Available hosts with the ids of their usable slots, in assignment order; updates the order."""
         ready = {r.name: self._usable(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._usable(r)}
-        self.order = [name for name in self.order if name in ready or name in self.held_places] + [name for name in ready if name not in self.order]
+        placed = set(self.order)
+        self.order = [name for name in self.order if name in ready or name in self.held_places] + [name for name in ready if name not in placed]
         return [(name, ready[name]) for name in self.order if name in ready]
 
-    def describe(self, now: float) -> list[dict[str, Any]]:
+    def describe(self, now: float, records: Sequence[HostRecord] | None = None) -> list[dict[str, Any]]:
+        """A row per host (or per record of `records`), in assignment order."""
         position = {name: i for i, name in enumerate(self.order)}
         rows = []
-        for record in sorted(self.hosts.values(), key=lambda r: (position.get(r.name, len(position)), r.name)):
+        for record in sorted(self.hosts.values() if records is None else records, key=lambda r: (position.get(r.name, len(position)), r.name)):
             rows.append(
                 {
                     "host": record.name,

@@ -11,6 +11,9 @@ Messages:
   hosts                                    -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]],
                                               all: [...], lost: [names]}   published: the host list the last
                                               hosts_updated (`version`) announced
+  hosts {brief: true}                      -> the same without published and all, with agents {name: incarnation}
+                                              (live hosts) and marked: the rows of all for hosts drained or
+                                              blacklisted (the registry's every tick, small at any size)
   drain {host} / undrain {host}            operator
   blacklist {host, reason}                 registry, after a failure on the host
   configure {discovery_script, max_np, cooldown}   registry, when a job is submitted -> {incarnation}
@@ -216,16 +219,20 @@ class DiscoveryService(Service):
     def on_hosts(self, request: Request) -> dict[str, Any]:
         self._publish_change()
         available = self.hostset.available()
-        return {
+        reply = {
             "incarnation": self.incarnation,
             "settling": self.settle_until is not None,
             "version": self.version,
             "timestamp": self.timestamp,
-            "published": [[name, list(slots)] for name, slots in self.published],
             "available": [[name, list(slots)] for name, slots in available],
-            "all": self.hostset.describe(self.clock()),
             "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
         }
+        if request.body.get("brief") is True:
+            records = self.hostset.hosts.values()
+            reply["agents"] = {r.name: r.incarnation for r in records if r.lost_at is None}
+            reply["marked"] = self.hostset.describe(self.clock(), [r for r in records if r.draining or r.blacklist_count or r.blacklisted_until is not None])
+            return reply
+        return {**reply, "published": [[name, list(slots)] for name, slots in self.published], "all": self.hostset.describe(self.clock())}
 
     def _known(self, request: Request) -> str:
         host = field(request.body, "host", str)

@@ -20,6 +20,7 @@ Two departures from Horovod:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 PENDING, RUNNING, READY, SUCCESS, FAILURE = "PENDING", "RUNNING", "READY", "SUCCESS", "FAILURE"
 REPORTED = (READY, SUCCESS, FAILURE)
@@ -36,6 +37,14 @@ class SlotReport:
     reason: str = ""
     failed_order: int = 0
     host_stays: bool = False
+
+    # Every field set on any report counts here: whoever keeps a copy of the reports (the registry's saved one)
+    # knows in O(1) whether it is still up to date.
+    changes: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        SlotReport.changes += 1
 
     def describe(self, slot: Slot) -> str:
         return f"rank {self.rank} on {slot[0]} {self.reason}"

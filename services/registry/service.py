@@ -40,9 +40,9 @@ agents (`settling`), the driver neither starts rounds nor judges hosts.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,8 @@ class RegistryService(Service):
 
         self.discovery, self.rendezvous = client(peers.discovery), client(peers.rendezvous)
         self.store = JobStore(state_dir)
-        saved = self.store.load()
+        saved = self.store.load(parts=("reports",))
+        self._reports_saved: tuple[tuple[int, int, int], str] = ((0, 0, -1), "[]")
         self.outbox = Outbox(self, peers.notifier, sender, self.security, ((e, d) for e, d in (saved or {}).get("outbox", [])))
         self.last_job_id = 0
         self.discovery_incarnation: str | None = None
@@ -139,7 +140,6 @@ class RegistryService(Service):
                 "snapshot_commits": self.snapshot_commits, "resumed_from": self.resumed_from, "state": self.state,
                 "exit_code": self.exit_code, "reason": self.reason, "resets": self.resets, "round": self.round,
                 "round_hosts": self.round_hosts, "round_hosts_timestamp": self.round_hosts_timestamp,
-                "reports": [{"host": slot[0], "local_rank": slot[1], **asdict(r)} for slot, r in self.reports.items()],
                 "retired_pids": list(self.retired_pids), "agents": self.agents, "host_marks": self.host_marks,
                 "waiting_since": self._wall(self.waiting_since), "first_report_at": self._wall(self.first_report_at),
                 "failure_seen_at": self._wall(self.failure_seen_at), "history": self.history,
@@ -153,7 +153,7 @@ class RegistryService(Service):
         for name in ("job_id", "job_key", "snapshot_commits", "resumed_from", "state", "exit_code", "reason", "resets", "round",
                      "round_hosts", "round_hosts_timestamp", "agents", "host_marks", "history"):
             setattr(self, name, job[name])
-        self.reports = {(r.pop("host"), r.pop("local_rank")): SlotReport(**r) for r in job["reports"]}
+        self.reports = {(r.pop("host"), r.pop("local_rank")): SlotReport(**r) for r in saved.get("reports") or []}
         self.retired_pids = dict.fromkeys(job["retired_pids"])
         self.waiting_since = self._local(job["waiting_since"]) or self.clock()
         self.first_report_at, self.failure_seen_at = self._local(job["first_report_at"]), self._local(job["failure_seen_at"])
@@ -161,8 +161,17 @@ class RegistryService(Service):
 
     def _commit(self) -> None:
         """Save what changed, then send the events it caused: nothing goes out that a restart could forget."""
-        self.store.save(self._saved_state())
+        self.store.save(self._saved_state(), {"reports": self._reports_text()})
         self.outbox.flush()
+
+    def _reports_text(self) -> str:
+        """The reports as JSON, serialized again only when the reports were replaced or one of them changed: not
+        32,768 of them on every tick."""
+        version = (id(self.reports), len(self.reports), SlotReport.changes)
+        if version != self._reports_saved[0]:
+            text = json.dumps([{"host": slot[0], "local_rank": slot[1], **vars(r)} for slot, r in self.reports.items()], separators=(",", ":"))
+            self._reports_saved = (version, text)
+        return self._reports_saved[1]
 
     # -- requests ------------------------------------------------------------------------------
     @handles("submit")
@@ -262,8 +271,9 @@ class RegistryService(Service):
         if self.state not in (WAITING, RUNNING_JOB):
             return
         try:
-            hosts = self.discovery.request("hosts").body
-            rounds = self.rendezvous.request("status").body
+            hosts = self.discovery.request("hosts", {"brief": True}).body
+            pending = self.state == RUNNING_JOB and any(r.state == PENDING for r in self.reports.values())
+            rounds = self.rendezvous.request("status", {"parked_after": self.round, "pids": pending}).body
             if not self._reconciled(hosts, rounds):
                 return
         except (Unreachable, ServiceError) as exc:
@@ -304,7 +314,7 @@ class RegistryService(Service):
         """What discovery holds against hosts (drains, blacklists with their count and end), to give a restarted
         discovery; a blacklist already recorded keeps its end, so an unchanged one is not saved again."""
         marks = {}
-        for row in hosts.get("all", []):
+        for row in hosts.get("marked", []):
             if not (row.get("draining") or row.get("blacklisted") or row.get("blacklist_count")):
                 continue
             known = self.host_marks.get(row["host"], {})
@@ -324,12 +334,19 @@ class RegistryService(Service):
                 return
         lost = set(hosts.get("lost", []))
         agents = self._agent_incarnations(hosts)
-        for slot, report in self.reports.items():
-            if slot[0] in lost and report.state not in REPORTED:
-                self._fail_slot(slot, "host lost (missed heartbeats)")
-            elif report.state not in REPORTED and slot[0] in agents and agents[slot[0]] != self.agents.get(slot[0]):
-                report.host_stays = True
-                self._fail_slot(slot, "its agent restarted (the workers died with the old one)")
+        restarted = {host for host, incarnation in agents.items() if incarnation != self.agents.get(host)}
+        for host, local_ranks in self.round_hosts:
+            if host not in lost and host not in restarted:
+                continue
+            for slot in ((host, local_rank) for local_rank in local_ranks):
+                report = self.reports[slot]
+                if report.state in REPORTED:
+                    continue
+                if host in lost:
+                    self._fail_slot(slot, "host lost (missed heartbeats)")
+                else:
+                    report.host_stays = True
+                    self._fail_slot(slot, "its agent restarted (the workers died with the old one)")
         if rounds.get("round") == self.round and rounds.get("released"):
             if self.failure_seen_at is not None:
                 metrics.recovered(self.clock() - self.failure_seen_at)
@@ -345,7 +362,11 @@ class RegistryService(Service):
                 self._note_report()
         self._check_hung()
         if barrier_complete(self.reports):
-            newest = self._newest_snapshot(hosts)
+            try:
+                newest = self._newest_snapshot(self.discovery.request("hosts").body)
+            except (Unreachable, ServiceError) as exc:
+                self.log.warning("driver_blind", reason=str(exc))
+                return
             self._apply(decide(self.reports, self.resets, self.spec.reset_limit if self.spec else None, newest, self.resumed_from))
 
     def _newest_snapshot(self, hosts: dict[str, Any]) -> int:
@@ -361,7 +382,8 @@ class RegistryService(Service):
 
     @staticmethod
     def _agent_incarnations(hosts: dict[str, Any]) -> dict[str, str]:
-        return {h["host"]: h["incarnation"] for h in hosts.get("all", []) if isinstance(h.get("incarnation"), str)}
+        agents = hosts.get("agents", {})
+        return {host: incarnation for host, incarnation in agents.items() if isinstance(incarnation, str)}
 
     def _fail_slot(self, slot: Slot, reason: str) -> None:
         report = self.reports[slot]
@@ -468,7 +490,7 @@ class RegistryService(Service):
                 "new_round",
                 {
                     "hosts": available, "min_np": self.spec.min_np, "max_np": self.spec.max_np, "hosts_timestamp": hosts["timestamp"],
-                    "replaces": self.round if replacing else None,
+                    "replaces": self.round if replacing else None, "round": self.round + 1,
                 },
             ).body
         except ServiceError as exc:
@@ -487,7 +509,7 @@ class RegistryService(Service):
         for pid in list(self.retired_pids)[: max(0, len(self.retired_pids) - RETIRED_PIDS_KEPT)]:
             del self.retired_pids[pid]
         self.round = reply["round"]
-        self.round_hosts, self.round_hosts_timestamp = reply["hosts"], hosts["timestamp"]
+        self.round_hosts, self.round_hosts_timestamp = reply["hosts"], reply["hosts_timestamp"]
         metrics.round_started()
         self.agents = self._agent_incarnations(hosts)
         self.reports = {

@@ -7,6 +7,11 @@ and before it answers or publishes what the change caused. A transaction that
 returned is on disk: a kill -9 of the registry, or a reboot of its node, loses
 nothing it acknowledged. A save that changes nothing writes nothing.
 
+Parts that grow with the job's size (a report per worker: 32,768 of them on
+4,096 hosts x 8) are handed over already serialized and kept in rows of their
+own, written in the same transaction when they changed: the caller serializes
+such a part only when it changed, not on every save.
+
 A database that cannot be read is not replaced: `StoreError` names the file,
 and the registry refuses to start rather than forget a running job.
 """
@@ -46,7 +51,7 @@ class JobStore:
                 raise StoreError(f"{self.path}: schema version {found}, this registry reads version {SCHEMA_VERSION}")
         except (sqlite3.Error, OSError, ValueError) as exc:
             raise StoreError(f"cannot use the registry's state database {self.path}: {exc}") from None
-        self._saved: str | None = self._read("state")
+        self._saved: dict[str, str | None] = {"state": self._read("state")}
 
     def _read(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM registry WHERE key = ?", (key,)).fetchone()
@@ -55,28 +60,43 @@ class JobStore:
     def _write(self, key: str, value: str) -> None:
         self._db.execute("INSERT INTO registry (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
-    def load(self) -> dict[str, Any] | None:
-        """The last saved state, or None for a new state directory."""
-        if self._saved is None:
+    def load(self, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        """The last saved state with the `parts` saved beside it (each under its key, None if never saved), or None
+        for a new state directory."""
+        if self._saved["state"] is None:
             return None
-        try:
-            state = json.loads(self._saved)
-        except ValueError as exc:
-            raise StoreError(f"{self.path}: the saved state is not readable: {exc}") from None
+        state = self._parse("state", self._saved["state"])
         if not isinstance(state, dict):
             raise StoreError(f"{self.path}: the saved state is not a map")
-        return state
+        loaded = {}
+        for key in parts:
+            self._saved[key] = self._read(key)
+            loaded[key] = self._parse(key, self._saved[key])
+        return {**state, **loaded}
 
-    def save(self, state: dict[str, Any]) -> bool:
-        """Write `state` if it differs from the last one written; True when it did."""
-        text = json.dumps(state, sort_keys=True, separators=(",", ":"))
-        if text == self._saved:
+    def _parse(self, key: str, text: str | None) -> Any:
+        try:
+            return None if text is None else json.loads(text)
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: the saved {key} is not readable: {exc}") from None
+
+    def save(self, state: dict[str, Any], parts: dict[str, str] | None = None) -> bool:
+        """Write `state` and the `parts` (key: JSON text) that differ from the last ones written, in one
+        transaction; True when anything was written."""
+        texts = {"state": json.dumps(state, sort_keys=True, separators=(",", ":")), **(parts or {})}
+        changed = {key: text for key, text in texts.items() if text != self._saved.get(key)}
+        if not changed:
             return False
         try:
-            self._write("state", text)
+            self._db.execute("BEGIN IMMEDIATE")
+            for key, text in changed.items():
+                self._write(key, text)
+            self._db.execute("COMMIT")
         except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise StoreError(f"cannot save to {self.path}: {exc}") from None
-        self._saved = text
+        self._saved.update(changed)
         return True
 
     def close(self) -> None:

@@ -1,13 +1,20 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
 Messages:
-  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces} -> {round, size, hosts}
+  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round}
+                                                        -> {round, size, hosts, hosts_timestamp}
                                                         hosts: the round's, as bus.assignments.round_hosts writes them;
+                                                        round: the number the caller expects it to get: asked for a
+                                                        round that exists (the caller gave up waiting and asks
+                                                        again), that round is the answer, as it is; answered before
+                                                        the joins it releases;
                                                         replaces: a round still forming that this one replaces
                                                         (refused, `released`, once that round is released)
   rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
   forget {host, local_rank, pid}                        drop the parked join of a worker that exited
-  status -> {round, released, size, pids, parked}
+  status {parked_after, pids} -> {round, released, size, pids, parked}
+                                                        parked: the joins after round `parked_after` (0: all);
+                                                        pids: the released round's workers, unless pids is false
   restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}
                                                         the registry gives a restarted rendezvous the job's round
   reset                                                 a new job: no rounds, empty store
@@ -29,7 +36,7 @@ from typing import Any
 
 from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
-from services.rendezvous.rounds import Join, Rounds
+from services.rendezvous.rounds import Join, Round, Rounds
 
 # A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
 MAX_KV_KEYS = 1024
@@ -84,8 +91,17 @@ class RendezvousService(Service):
         return {}
 
     @handles("new_round")
-    def on_new_round(self, request: Request) -> dict[str, Any]:
+    def on_new_round(self, request: Request) -> dict[str, Any] | None:
+        """A round on `hosts`; the registry hears of it before the joins it completes are answered."""
         hosts = _parse_hosts(request.body.get("hosts"))
+        number = request.body.get("round")
+        if number is not None and (not isinstance(number, int) or isinstance(number, bool)):
+            raise RequestError("bad_request", "round must be an integer or null")
+        current = self.rounds.current
+        if number is not None and current is not None and number <= current.number:
+            if number == current.number:
+                return self._round_reply(current)
+            raise RequestError("stale_round", f"round {number} is older than this rendezvous's round {current.number}")
         min_np = field(request.body, "min_np", int)
         max_np = request.body.get("max_np")
         if max_np is not None and not isinstance(max_np, int):
@@ -107,8 +123,16 @@ class RendezvousService(Service):
         new = self.rounds.add_round(slots, float(request.body.get("hosts_timestamp", 0.0)))
         self._drop_old_keys()
         self.log.info("round_created", round=new.number, size=len(slots), hosts=len(new.hosts), first_hosts=new.hosts[:LOGGED_HOSTS], replaces=replaces)
+        request.reply(self._round_reply(new))
         self._settle()
-        return {"round": new.number, "size": len(slots), "hosts": round_hosts(slots)}
+        return None
+
+    @staticmethod
+    def _round_reply(created: Round) -> dict[str, Any]:
+        return {
+            "round": created.number, "size": len(created.slots), "hosts": round_hosts(list(created.slots.values())),
+            "hosts_timestamp": created.hosts_timestamp,
+        }
 
     @handles("restore_round")
     def on_restore_round(self, request: Request) -> dict[str, Any]:
@@ -156,14 +180,19 @@ class RendezvousService(Service):
     @handles("status")
     def on_status(self, request: Request) -> dict[str, Any]:
         current = self.rounds.current
+        parked_after = request.body.get("parked_after", 0)
+        if not isinstance(parked_after, int) or isinstance(parked_after, bool):
+            raise RequestError("bad_request", "parked_after must be a round number")
+        with_pids = request.body.get("pids", True) is not False
         return {
             "round": self.rounds.latest,
             "released": bool(current and current.released),
             "size": len(current.slots) if current else 0,
-            "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current else [],
+            "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current and with_pids else [],
             "parked": [
                 {"host": j.slot[0], "local_rank": j.slot[1], "after_round": j.after_round, "pid": j.pid}
                 for j in self.rounds.parked.values()
+                if j.after_round >= parked_after
             ],
         }
 

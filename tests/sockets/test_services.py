@@ -115,3 +115,24 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         assert too_few.value.code == "not_enough_slots"
     finally:
         admin.close()
+
+
+def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_replaced(rendezvous: RendezvousService) -> None:
+    admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
+    try:
+        first = admin.request("new_round", {"hosts": [["a", 1], ["b", 1]], "min_np": 1, "hosts_timestamp": 1.0, "round": 1}).body
+        again = admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 1}).body
+        assert first == again == {"round": 1, "size": 2, "hosts": [["a", [0]], ["b", [0]]], "hosts_timestamp": 1.0}
+        replaced = admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 2, "replaces": 1}).body
+        assert replaced["round"] == 2 and replaced["hosts"] == [["a", [0]]]
+        with pytest.raises(ServiceError) as stale:
+            admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 1})
+        assert stale.value.code == "stale_round"
+        joined = admin.request("rank_and_size", {"host": "a", "local_rank": 0, "after_round": 0, "pid": 1}).body
+        assert joined["round"] == 2 and joined["size"] == 1
+        with pytest.raises(ServiceError) as released:
+            admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2})
+        assert released.value.code == "released"
+        assert admin.request("status", {"parked_after": 2, "pids": False}).body["pids"] == []
+    finally:
+        admin.close()
