@@ -189,7 +189,9 @@ class AgentService(Service):
 
     # -- registration and heartbeats -----------------------------------------------------------
     def _ping_discovery(self, msg_type: str, body: dict[str, Any], on_reply: Any) -> None:
-        """One register or heartbeat at a time, each given one heartbeat interval to be answered."""
+        """One register or heartbeat at a time, sent again (the same request: answered once) every heartbeat
+        interval until the host would count as lost: an overloaded discovery answers each once, instead of
+        getting a new registration from every agent every second."""
         self._heartbeat_in_flight = True
         self._reported_warm = self.warm
         self.discovery.send(
@@ -198,7 +200,7 @@ class AgentService(Service):
             on_reply=on_reply,
             on_timeout=self._heartbeat_lost,
             timeout=self.timing.heartbeat,
-            deadline=self.timing.heartbeat,
+            deadline=self.timing.lost_after,
         )
 
     def _register(self) -> None:

@@ -4,7 +4,10 @@
 
 One job on host-1 and host-2 (2 slots each) trains throughout; each repeat
 drains host-2 (and undrains it), then starts host-3's agent (and stops it
-with SIGTERM). Intervals are the production defaults except the driver tick.
+with SIGTERM), then undrains host-2 and drains it again as soon as the round
+that brings it back starts forming (its new workers are still starting): the
+drain is folded into that round (issue 11). Intervals are the production
+defaults except the driver tick.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    drain, join, pause = [], [], []
+    drain, join, pause, folded = [], [], [], []
     with cluster({"ELASTIC_HEARTBEAT": "1.0", "ELASTIC_DISCOVERY_POLL": "1.0"}) as c:
         c.start_agent("host-1", 2)
         c.start_agent("host-2", 2)
@@ -46,6 +49,17 @@ def main() -> None:
             c.stop("agent-host-3", signal.SIGTERM, timeout=60)
             left = time.time()
             first_step_after(log_dir, left, size=4)
+        for _ in range(args.repeats):
+            c.call("discovery", "drain", {"host": "host-2"})
+            first_step_after(log_dir, time.time(), size=2)
+            forming = c.job()["round"]
+            c.call("discovery", "undrain", {"host": "host-2"})
+            wait_for(lambda: c.job()["round"] > forming, 30, "the round that brings host-2 back to start forming")
+            started = time.time()
+            c.call("discovery", "drain", {"host": "host-2"})
+            folded.append(first_step_after(log_dir, started, size=2)["time"] - started)
+            c.call("discovery", "undrain", {"host": "host-2"})
+            first_step_after(log_dir, time.time(), size=4)
         baseline = steady_step_seconds(log_dir)
         c.call("registry", "cancel", {"reason": "benchmark done"})
         c.wait_job_end(job, 30)
@@ -54,6 +68,7 @@ def main() -> None:
         "drain -> first step at new size": drain,
         "agent start -> its workers' first step": join,
         "longest training pause while it joins": pause,
+        "drain meeting a forming round -> size 2": folded,
     }, baseline)
 
 

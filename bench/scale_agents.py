@@ -161,6 +161,7 @@ class SimAgent:
         self.subscribed = False
         self.discovery_request: str | None = None
         self.discovery_sent_at = 0.0
+        self.discovery_frames: list[bytes] = []
         self.last_seq: int | None = None
         self.workers: dict[int, Worker] = {}
         self.arrivals: dict[str, list[tuple[float, float, int]]] = {}  # event type -> (arrived, published, round) of each
@@ -176,10 +177,12 @@ class SimAgent:
 
     # -- discovery -------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """One heartbeat interval passed: register or heartbeat, unless the last request is still young."""
+        """One heartbeat interval passed: send the request still unanswered again (as the agent does, until the
+        host would count as lost), or register or heartbeat."""
         if not self.alive:
             return
-        if self.discovery_request is not None and now - self.discovery_sent_at < self.sim.heartbeat:
+        if self.discovery_request is not None and now - self.discovery_sent_at < self.sim.lost_after:
+            self.sim.send(self.discovery, self.discovery_frames)
             return
         if self.registered:
             self._ask_discovery("heartbeat", {"host": self.host, "incarnation": self.incarnation, "warm": True}, now)
@@ -193,7 +196,8 @@ class SimAgent:
     def _ask_discovery(self, msg_type: str, body: dict[str, Any], now: float) -> None:
         self.discovery_request = self.sim.next_id()
         self.discovery_sent_at = now
-        self.sim.send(self.discovery, encode(Message(type=msg_type, body=body, id=self.discovery_request, sender=self.incarnation)))
+        self.discovery_frames = encode(Message(type=msg_type, body=body, id=self.discovery_request, sender=self.incarnation))
+        self.sim.send(self.discovery, self.discovery_frames)
 
     def on_discovery(self) -> None:
         for reply in self.sim.replies(self.discovery):
@@ -314,7 +318,8 @@ class Simulator:
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)
         self.endpoints = Endpoints.from_env()
-        self.heartbeat = Timing.from_env().heartbeat
+        timing = Timing.from_env()
+        self.heartbeat, self.lost_after = timing.heartbeat, timing.lost_after
         self.rounds = RoundCache()
         self.decoder = EventDecoder()
         self._ids = itertools.count(1)
