@@ -104,8 +104,11 @@ def log(event: str, **fields: object) -> None:
         log_file.flush()
 
 
-def metric_average(value: torch.Tensor, name: str) -> float:
-    return hvd.allreduce(value.detach(), name=name).item()
+def epoch_loss_average(loss_sum: torch.Tensor, batches: int) -> float | None:
+    """The mean loss over the batches every rank ran in this epoch since the last reset; None if none ran (a reset
+    landed after the epoch's last batch was committed)."""
+    totals = hvd.allreduce(torch.cat([loss_sum.detach(), torch.tensor([float(batches)])]), op=hvd.Sum, name="epoch_loss")
+    return (totals[0] / totals[1]).item() if totals[1] > 0 else None
 
 
 @hvd.elastic.run
@@ -130,8 +133,8 @@ def train(state: hvd.elastic.TorchState) -> None:
             if (batch_idx + 1) % args.batches_per_commit == 0:
                 state.commit()
                 log("commit", epoch=state.epoch, batch=batch_idx)
-        loss_avg = metric_average(epoch_loss / max(1, batches), "avg_loss")
-        if hvd.rank() == 0:
+        loss_avg = epoch_loss_average(epoch_loss, batches)
+        if hvd.rank() == 0 and loss_avg is not None:
             print(f"Train Epoch: {state.epoch}\tLoss: {loss_avg:.6f}\tworkers: {hvd.size()}", flush=True)
         log("epoch", epoch=state.epoch, loss=loss_avg)
         state.batch = 0
