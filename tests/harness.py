@@ -103,12 +103,14 @@ class Cluster:
             **FAST_TIMING,
             "ELASTIC_RUN_DIR": str(workdir / "run"),
             "ELASTIC_SHM_DIR": str(workdir / "shm"),
+            "TMPDIR": str(workdir / "tmp"),  # what a process keeps in a temporary directory (elasticctl local's logs) goes with the test's
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
             **(extra_env or {}),
         }
         workdir.mkdir(parents=True, exist_ok=True)
-        Path(self.env["ELASTIC_SHM_DIR"]).mkdir(parents=True, exist_ok=True)
+        for directory in ("ELASTIC_SHM_DIR", "TMPDIR"):
+            Path(self.env[directory]).mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._client_id = incarnation_id("test")
         self._clients: dict[str, Client] = {}
