@@ -10,9 +10,12 @@ import pytest
 import zmq
 
 from bus.client import Client, ServiceError
+from bus.config import Timing
 from bus.pubsub import Subscription
 from bus.service import Service
 from bus.sockets import client_socket
+from services.discovery.hostset import HostsDiff, apply_diff
+from services.discovery.service import DiscoveryService
 from services.notifier.service import NotifierService
 from services.rendezvous.service import RendezvousService
 from tests.harness import free_ports, wait_for
@@ -136,3 +139,42 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
         assert admin.request("status", {"parked_after": 2, "pids": False}).body["pids"] == []
     finally:
         admin.close()
+
+
+def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(notifier: NotifierService) -> None:
+    """Discovery coalesces changes (one hosts_updated per window, not one per host), and the diffs, applied in
+    version order from the list announced at configure, give the list `hosts` says was announced."""
+    discovery = DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
+    events = notifier.events.getsockopt_string(zmq.LAST_ENDPOINT)
+    sub = Subscription(zmq.Context.instance(), events, notifier.endpoint, "test-sub")
+    serving = _serve(discovery)
+    next(serving)
+    agent = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+    try:
+        sub.start()
+        agent.request("configure", {})
+        start_version = agent.request("hosts").body["version"]
+        for i in range(200):
+            agent.request("register", {"host": f"h{i:03d}", "slots": 2, "incarnation": "i"})
+        agent.request("unregister", {"host": "h007", "incarnation": "i"})
+        announced = agent.request("hosts").body
+        updates: list[Any] = []
+
+        def all_arrived() -> bool:
+            if sub.sock.poll(50):
+                updates.extend(m.body for m in sub.receive() if m.type == "hosts_updated")
+            return bool(updates) and updates[-1]["version"] == announced["version"]
+
+        wait_for(all_arrived, 10, "every hosts_updated", interval=0)
+        assert len(updates) <= 40, f"{len(updates)} events for 201 changes: not coalesced"
+        assert [u["version"] for u in updates] == list(range(start_version + 1, announced["version"] + 1))
+        hosts: list[tuple[str, tuple[int, ...]]] = []
+        for update in updates:
+            whole = update.get("hosts")
+            hosts = [(n, tuple(s)) for n, s in whole] if whole is not None else apply_diff(hosts, HostsDiff(update["set"], update["remove"]))
+        assert hosts == [(n, tuple(s)) for n, s in announced["published"]]
+        assert len(hosts) == 199 and "h007" not in dict(hosts)
+    finally:
+        agent.close()
+        sub.close()
+        serving.close()
