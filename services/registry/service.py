@@ -315,8 +315,6 @@ class RegistryService(Service):
         discovery; a blacklist already recorded keeps its end, so an unchanged one is not saved again."""
         marks = {}
         for row in hosts.get("marked", []):
-            if not (row.get("draining") or row.get("blacklisted") or row.get("blacklist_count")):
-                continue
             known = self.host_marks.get(row["host"], {})
             until = None
             if row.get("blacklisted") and row.get("cooldown_left") is not None:

@@ -141,14 +141,16 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
         admin.close()
 
 
-def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(notifier: NotifierService) -> None:
+@pytest.fixture
+def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
+    yield from _serve(DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0)))  # type: ignore[misc]
+
+
+def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(notifier: NotifierService, discovery: DiscoveryService) -> None:
     """Discovery coalesces changes (one hosts_updated per window, not one per host), and the diffs, applied in
     version order from the list announced at configure, give the list `hosts` says was announced."""
-    discovery = DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
     events = notifier.events.getsockopt_string(zmq.LAST_ENDPOINT)
     sub = Subscription(zmq.Context.instance(), events, notifier.endpoint, "test-sub")
-    serving = _serve(discovery)
-    next(serving)
     agent = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
     try:
         sub.start()
@@ -177,4 +179,3 @@ def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_ho
     finally:
         agent.close()
         sub.close()
-        serving.close()
