@@ -38,7 +38,7 @@ def main() -> None:
     with cluster() as c:
         c.start_agent("host-1", slots=RANKS)
         out = c.workdir / "collective.json"
-        job = c.submit("--min-np", str(RANKS), "--max-np", str(RANKS), "--", sys.executable, "bench/collective_worker.py", "--out", str(out), "--rounds", str(args.rounds), "--budget", str(args.budget))
+        job = c.submit("--min-np", str(RANKS), "--max-np", str(RANKS), "--", sys.executable, "-m", "bench.collective_worker", "--out", str(out), "--rounds", str(args.rounds), "--budget", str(args.budget))
         if c.wait_job_end(job, 600) != 0:
             sys.exit(f"the benchmark job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
         results = {name: {int(size): seconds for size, seconds in by_size.items()} for name, by_size in json.loads(out.read_text())["results"].items()}

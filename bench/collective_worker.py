@@ -1,6 +1,6 @@
 """One rank of `bench.collective_overhead`: libworker's allreduce_ against raw torch.distributed.all_reduce.
 
-    python bench/collective_worker.py --out FILE [--rounds 15] [--budget 0.15]
+    python -m bench.collective_worker --out FILE [--rounds 15] [--budget 0.15]
 
 Runs only as a worker of a job (`bench.collective_overhead` starts it). For
 each size, in rounds whose order rotates, every method reduces the same

@@ -46,7 +46,7 @@ from bus.gpus import gpu_devices
 from bench.common import cluster
 from tests.harness import Cluster, read_events, wait_for
 
-WORKER = [sys.executable, "bench/gpu_worker.py"]
+WORKER = [sys.executable, "-m", "bench.gpu_worker"]  # as a module: run as a file, bench/ comes first on the path and bench/snapshot.py hides the snapshot package
 COOLDOWN = "1"
 CPU_BACKEND, SHARED_BACKEND, NCCL_BACKEND = "gloo", "cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl"
 RESOURCES = ("memory_allocated", "memory_reserved", "device_used", "rss", "threads", "fds")

@@ -32,7 +32,7 @@ from tests.harness import Cluster
 
 def run_job(c: Cluster, ranks: int, worker_args: list[str]) -> dict[str, Any]:
     out = c.workdir / f"step_time-{ranks}.json"
-    job = c.submit("--min-np", str(ranks), "--max-np", str(ranks), "--", sys.executable, "bench/step_time_worker.py", "--out", str(out), *worker_args)
+    job = c.submit("--min-np", str(ranks), "--max-np", str(ranks), "--", sys.executable, "-m", "bench.step_time_worker", "--out", str(out), *worker_args)
     if c.wait_job_end(job, 1800) != 0:
         sys.exit(f"the benchmark job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
     return json.loads(out.read_text())

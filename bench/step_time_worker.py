@@ -1,6 +1,6 @@
 """One rank of `bench.step_time`: training steps of torch DDP, libworker's DistributedOptimizer and the old idiom.
 
-    python bench/step_time_worker.py --out FILE [--models mlp-1M,convnet] [--steps 100] [--warmup 5]
+    python -m bench.step_time_worker --out FILE [--models mlp-1M,convnet] [--steps 100] [--warmup 5]
 
 Runs only as a worker of a job (`bench.step_time` starts it). Per model, the
 three trainers start from the same parameters (seed 0) and step through the
