@@ -47,7 +47,7 @@ from libworker.basics import (
 )
 from libworker.compression import Compression
 from libworker.elastic import ElasticSampler, ObjectState, State, TorchState, run
-from libworker.errors import HorovodInternalError, HostsUpdatedInterrupt, WorkerInternalError
+from libworker.errors import CollectiveMismatchError, HorovodInternalError, HostsUpdatedInterrupt, WorkerInternalError
 from libworker.functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from libworker.mpi_ops import (
     Adasum,
@@ -95,7 +95,7 @@ from libworker.sync_batch_norm import SyncBatchNorm
 bind_device()
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "Adasum", "Average", "CollectiveMismatchError", "Compression", "DistributedOptimizer", "ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt",
     "Max", "Min", "ObjectState", "ProcessSet", "Product", "State", "Sum", "SyncBatchNorm", "TorchState", "WorkerInternalError",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",

@@ -14,6 +14,8 @@ float64.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -47,15 +49,15 @@ def combine_tree(vectors: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
     return level[0]
 
 
-def adasum_(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Replace each tensor by the Adasum of its values on every rank (in place); returns the tensors."""
-    size = dist.get_world_size()
+def adasum_(tensors: list[torch.Tensor], group: Any = None) -> list[torch.Tensor]:
+    """Replace each tensor by the Adasum of its values on every rank of `group` (in place); returns the tensors."""
+    size = dist.get_world_size(group)
     check_world_size(size)
     if size == 1 or not tensors:
         return tensors
     mine = torch.cat([t.detach().reshape(-1) for t in tensors])
     everyone = [torch.empty_like(mine) for _ in range(size)]
-    run_collective(lambda: dist.all_gather(everyone, mine, async_op=True), waits_on_stream(mine))
+    run_collective(lambda: dist.all_gather(everyone, mine, group=group, async_op=True), waits_on_stream(mine))
     sizes = [t.numel() for t in tensors]
     result = combine_tree(everyone, sizes).to(mine.dtype)
     for tensor, part in zip(tensors, result.split(sizes)):

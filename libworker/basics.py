@@ -8,16 +8,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from libworker.process_sets import register
 from libworker.world import join, require_joined, world
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the current round (blocks until every slot of the round has joined). Horovod's `comm` (MPI) and
-    `process_sets` cannot be honoured here and are refused."""
+    """Join the current round (blocks until every slot of the round has joined). `process_sets`: ProcessSet objects
+    (or lists of ranks) to register; their groups are built at every join. Horovod's `comm` (MPI) is refused."""
     if comm is not None:
         raise NotImplementedError("init(comm=...) needs MPI, which libworker does not use: call init() without it")
     if process_sets:
-        raise NotImplementedError("process sets are not supported by libworker: every collective runs over the whole round")
+        register(process_sets if isinstance(process_sets, (list, tuple)) else [process_sets])
     world.shut_down = False
     if not world.slot:
         join()

@@ -23,3 +23,11 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 HorovodInternalError = WorkerInternalError
+
+
+class CollectiveMismatchError(RuntimeError):
+    """The ranks did not submit the same collective (shape, dtype, op, root, ... differ, or some never submitted it).
+
+    Raised on every rank that submitted it, before any data moved: the next
+    collective works. Not a WorkerInternalError: `@run` does not reset for it.
+    """

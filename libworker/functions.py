@@ -7,24 +7,14 @@ from typing import Any
 
 import cloudpickle
 import torch
-import torch.distributed as dist
 
-from libworker.mpi_ops import (
-    ProcessSet,
-    allgather,
-    broadcast_,
-    broadcast_async_,
-    check_process_set,
-    check_root,
-    global_process_set,
-    synchronize,
-)
+from libworker.mpi_ops import ProcessSet, allgather, broadcast_, broadcast_async_, global_process_set, synchronize
 from libworker.world import require_joined
 
 
 def broadcast_parameters(params: Any, root_rank: int, prefix: str | None = None) -> None:
     """Overwrite `params` (a state_dict, named_parameters(), parameters() or a list of tensors) with root_rank's
-    values, in place; all broadcasts are issued before the first is waited for."""
+    values, in place; all broadcasts are submitted before the first is waited for, so one negotiation covers them."""
     if isinstance(params, dict):
         tensors = [p for _, p in sorted(params.items())]
     elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
@@ -77,25 +67,21 @@ def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
     """Send a picklable object from `root_rank` to every rank; returns it everywhere."""
-    check_process_set(process_set)
-    require_joined()
-    check_root(root_rank)
-    is_root = dist.get_rank() == root_rank
+    is_root = int(require_joined()["rank"]) == root_rank
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8) if is_root else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    broadcast_(length, root_rank)
+    broadcast_(length, root_rank, process_set=process_set)
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank)
+    broadcast_(payload, root_rank, process_set=process_set)
     return obj if is_root else cloudpickle.loads(payload.numpy().tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> list[Any]:
     """Every rank's object, in rank order."""
-    check_process_set(process_set)
     payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
-    data = allgather(payload)
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64), process_set=process_set).tolist()
+    data = allgather(payload, process_set=process_set)
     out, start = [], 0
     for n in lengths:
         out.append(cloudpickle.loads(data[start : start + n].numpy().tobytes()))

@@ -13,55 +13,27 @@ round raises it too. Process sets other than the global one are refused.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from libworker import adasum
+from libworker import adasum, negotiation, process_sets, wire
 from libworker.collectives import finish, launch, run_collective, waits_on_stream
 from libworker.compression import Compression, Compressor
-from libworker.errors import WorkerInternalError
+from libworker.errors import CollectiveMismatchError, WorkerInternalError
+from libworker.negotiation import Controller, Request, Signature, spec_of
+from libworker.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from libworker.world import require_joined, world
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 OP_NAMES = {"mean": Average, "average": Average, "sum": Sum, "adasum": Adasum, "min": Min, "max": Max, "product": Product}
 TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
-
-
-class ProcessSet:
-    """Horovod's process sets: only the global one (every rank of the round) exists here."""
-
-    def __init__(self, ranks: list[int] | None = None) -> None:
-        self.ranks = ranks
-        self.process_set_id = 0 if ranks is None else None
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({self.ranks})"
-
-
-global_process_set = ProcessSet()
-
-
-def _unsupported_process_sets() -> NotImplementedError:
-    return NotImplementedError("process sets are not supported by libworker: every collective runs over the whole round (global_process_set)")
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    raise _unsupported_process_sets()
-
-
-def remove_process_set(process_set: Any) -> bool:
-    raise _unsupported_process_sets()
-
-
-def check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise _unsupported_process_sets()
 
 
 def reduce_op(op: Any, average: Any = None) -> int:
@@ -85,19 +57,32 @@ def reduce_op(op: Any, average: Any = None) -> int:
     return int(op)
 
 
-def check_root(root_rank: int) -> None:
-    size = dist.get_world_size()
+def _check_root(root_rank: int, process_set: ProcessSet) -> None:
+    size = int(require_joined()["size"])
     if not 0 <= int(root_rank) < size:
         raise ValueError(f"root_rank {root_rank} is not a rank of this round (size {size})")
+    if process_set.process_set_id not in (0, None) and int(root_rank) not in process_set.ranks:
+        raise ValueError(f"root_rank {root_rank} is not a member of {process_set}")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
-    """An operation behind a handle: its works, how to wait for them, and what synchronize returns."""
+    """An operation behind a handle: its negotiation request, then its works and what synchronize returns."""
+
+    request: Request
+    controller: Controller
+    round: int
+    works: list[Any] = field(default_factory=list)
+    result: Callable[[], Any] = lambda: None
+    on_stream: bool = False
+
+
+@dataclass(frozen=True)
+class _Started:
+    """What a launcher started: works to wait for, and how to make the result once they are done."""
 
     works: list[Any]
     result: Callable[[], Any]
-    round: int
     on_stream: bool = False
 
 
@@ -105,20 +90,46 @@ _handles: dict[int, _Pending] = {}
 _handle_ids = itertools.count(1)
 
 
-def _register(works: list[Any], result: Callable[[], Any], on_stream: bool = False) -> int:
+def _negotiation(process_set: ProcessSet) -> tuple[Controller, Any]:
+    require_joined()
+    group = process_sets.group_of(process_set)
+    ranks = process_set._ranks()
+    return negotiation.controller(process_sets.registered_id(process_set), group, ranks, functools.partial(_serve, group)), group
+
+
+def _submit(process_set: ProcessSet, name: str | None, signature: Signature, start: Callable[[Any], _Started]) -> int:
+    """Queue an operation for negotiation; once every rank agreed, `start(group)` launches it. Returns its handle."""
+    controller, group = _negotiation(process_set)
     for stale in [h for h, p in _handles.items() if p.round != world.round]:
         del _handles[stale]
+
+    def launch() -> None:
+        started = start(group)
+        pending.works, pending.result, pending.on_stream = started.works, started.result, started.on_stream
+
+    pending = _Pending(Request(name, signature, launch), controller, world.round)
+    controller.submit(pending.request)
     handle = next(_handle_ids)
-    _handles[handle] = _Pending(works, result, world.round, on_stream)
+    _handles[handle] = pending
     return handle
 
 
+def negotiate(process_set: ProcessSet, name: str | None, signature: Signature) -> None:
+    """Agree on an operation the caller then runs itself (DistributedOptimizer's buckets); raises what a mismatch raises."""
+    synchronize(_submit(process_set, name, signature, lambda group: _Started([], lambda: None)))
+
+
 def poll(handle: int) -> bool:
-    """True when the operation behind `handle` has completed (synchronize will not block)."""
+    """True when the operation behind `handle` has completed (synchronize will not block). An operation still
+    being negotiated takes one negotiation cycle here."""
     pending = _handles.get(handle)
     if pending is None:
         raise ValueError(f"unknown handle {handle!r}")
-    return all(work.is_completed() for work in pending.works)
+    if pending.round != world.round:
+        return True
+    if not pending.request.decided:
+        pending.controller.cycle()
+    return pending.request.decided and all(work.is_completed() for work in pending.works)
 
 
 def synchronize(handle: int) -> Any:
@@ -128,58 +139,122 @@ def synchronize(handle: int) -> Any:
         return None
     if pending.round != world.round:
         raise WorkerInternalError(f"handle {handle} belongs to round {pending.round}; the job has re-formed since (round {world.round})")
+    if not pending.request.decided:
+        pending.controller.wait(pending.request)
+    if pending.request.error is not None:
+        raise pending.request.error
     for work in pending.works:
         finish(work, pending.on_stream)
     return pending.result()
 
 
-def _scale(tensor: torch.Tensor, factor: float) -> None:
-    if factor != 1.0:
-        tensor.mul_(factor)
+def _group_size(group: Any) -> int:
+    return dist.get_world_size(group)
 
 
-def _average(tensor: torch.Tensor, size: int) -> None:
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        tensor.div_(size)
-    else:
-        tensor.copy_(tensor.div(size, rounding_mode="floor"))
-
-
-def _reduce_async_(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float) -> int:
-    """Reduce tensors in place as one operation; the handle's result is the list of tensors."""
-    require_joined()
+def _reduce_started(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any) -> _Started:
+    """Reduce tensors in place as one operation; the result is the list of tensors."""
     if op == Adasum:
         for tensor in tensors:
-            _scale(tensor, prescale_factor)
-        adasum.adasum_(tensors)
+            wire.scale_(tensor, prescale_factor)
+        adasum.adasum_(tensors, group)
         for tensor in tensors:
-            _scale(tensor, postscale_factor)
-        return _register([], lambda: tensors)
-    size = dist.get_world_size()
-    works = []
+            wire.scale_(tensor, postscale_factor)
+        return _Started([], lambda: tensors)
+    size = _group_size(group)
+    works, sent = [], []
     for tensor in tensors:
-        _scale(tensor, prescale_factor)
-        works.append(launch(lambda t=tensor: dist.all_reduce(t, op=TORCH_OPS[op], async_op=True)))
+        wire.scale_(tensor, prescale_factor)
+        reduced = wire.reducible(tensor)
+        torch_op = wire.BOOL_OPS[_OP_WORDS[op]] if tensor.dtype == torch.bool else TORCH_OPS[op]
+        works.append(launch(lambda t=reduced, o=torch_op: dist.all_reduce(t, op=o, group=group, async_op=True)))
+        sent.append(reduced)
 
     def result() -> list[torch.Tensor]:
-        for tensor in tensors:
+        for tensor, reduced in zip(tensors, sent):
+            wire.narrow(tensor, reduced)
             if op == Average:
-                _average(tensor, size)
-            _scale(tensor, postscale_factor)
+                wire.average_(tensor, size)
+            wire.scale_(tensor, postscale_factor)
         return tensors
 
-    return _register(works, result, any(waits_on_stream(t) for t in tensors))
+    return _Started(works, result, any(waits_on_stream(t) for t in tensors))
+
+
+_OP_WORDS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+
+
+def _fused(tensors: list[torch.Tensor]) -> tuple[dict[tuple[torch.dtype, torch.device], list[int]], list[torch.Tensor]]:
+    """Indices of `tensors` per (dtype, device) in order of first appearance, and one flat buffer per group."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        groups.setdefault((tensor.dtype, tensor.device), []).append(index)
+    return groups, [torch.cat([tensors[i].reshape(-1) for i in members]) for members in groups.values()]
+
+
+def _grouped_reduce_started(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any) -> _Started:
+    """One fused buffer per dtype and device, reduced as one operation; results copied back into `tensors`.
+    Adasum takes the tensors as they are: its coefficients are per tensor."""
+    if op == Adasum or len(tensors) == 1:
+        return _reduce_started(tensors, op, prescale_factor, postscale_factor, group)
+    groups, buffers = _fused(tensors)
+    started = _reduce_started(buffers, op, prescale_factor, postscale_factor, group)
+
+    def result() -> list[torch.Tensor]:
+        started.result()
+        for members, buffer in zip(groups.values(), buffers):
+            for index, part in zip(members, buffer.split([tensors[i].numel() for i in members])):
+                tensors[index].copy_(part.view_as(tensors[index]))
+        return tensors
+
+    return _Started(started.works, result, started.on_stream)
+
+
+def _serve(group: Any, signature: Signature) -> None:
+    """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
+    zeros = [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=_device(signature.device)) for spec in signature.tensors]
+    if signature.kind == "optimizer":
+        for buffer in zeros:
+            run_collective(lambda b=buffer: dist.all_reduce(b, group=group, async_op=True), waits_on_stream(buffer))
+        return
+    if signature.kind == "barrier":
+        run_collective(lambda: dist.all_reduce(torch.zeros(1), group=group, async_op=True))
+        return
+    started = _grouped_reduce_started(zeros, Sum if signature.op == Average else signature.op, 1.0, 1.0, group)
+    for work in started.works:
+        finish(work, started.on_stream)
+
+
+def _device(label: str) -> torch.device:
+    return torch.device(label)
+
+
+def _reduce_signature(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float) -> Signature:
+    return Signature("allreduce", tuple(spec_of(t) for t in tensors), op, -1, float(prescale_factor), float(postscale_factor),
+                     _device_label(tensors))
+
+
+def _device_label(tensors: list[torch.Tensor]) -> str:
+    return "cuda" if tensors and tensors[0].is_cuda else "cpu"
+
+
+def _check_reducible(tensors: list[torch.Tensor], op: int) -> None:
+    if any(t.dtype == torch.bool for t in tensors) and op in (Average, Adasum):
+        raise ValueError("bool tensors reduce with Sum or Max (logical or) and Min or Product (logical and), not Average or Adasum")
 
 
 def allreduce_async_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
     """Start reducing `tensor` in place; `synchronize(handle)` returns it reduced."""
-    check_process_set(process_set)
-    handle = _reduce_async_([tensor], reduce_op(op, average), prescale_factor, postscale_factor)
-    pending = _handles[handle]
-    tensors_result = pending.result
-    pending.result = lambda: tensors_result()[0]
-    return handle
+    resolved = reduce_op(op, average)
+    _check_reducible([tensor], resolved)
+    signature = _reduce_signature([tensor], resolved, prescale_factor, postscale_factor)
+
+    def start(group: Any) -> _Started:
+        started = _reduce_started([tensor], resolved, prescale_factor, postscale_factor, group)
+        return _Started(started.works, lambda: started.result()[0], started.on_stream)
+
+    return _submit(process_set, name, signature, start)
 
 
 def allreduce_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
@@ -202,36 +277,17 @@ def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None
     return compression.decompress(reduced, ctx)
 
 
-def _grouped_async_(tensors: list[torch.Tensor], average: Any, op: Any, prescale_factor: float, postscale_factor: float,
-                    process_set: ProcessSet) -> int:
-    """One fused buffer per dtype and device, reduced as one operation; results copied back into `tensors`.
-    Adasum takes the tensors as they are: its coefficients are per tensor."""
-    check_process_set(process_set)
+def _grouped_async_(tensors: list[torch.Tensor], average: Any, name: str | None, op: Any, prescale_factor: float,
+                    postscale_factor: float, process_set: ProcessSet) -> int:
     resolved = reduce_op(op, average)
-    if resolved == Adasum:
-        return _reduce_async_(tensors, resolved, prescale_factor, postscale_factor)
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
-    fused = {key: torch.cat([t.reshape(-1) for t in members]) for key, members in groups.items()}
-    handle = _reduce_async_(list(fused.values()), resolved, prescale_factor, postscale_factor)
-    pending = _handles[handle]
-    reduce_result = pending.result
-
-    def result() -> list[torch.Tensor]:
-        reduce_result()
-        for key, members in groups.items():
-            for tensor, part in zip(members, fused[key].split([t.numel() for t in members])):
-                tensor.copy_(part.view_as(tensor))
-        return tensors
-
-    pending.result = result
-    return handle
+    _check_reducible(tensors, resolved)
+    signature = _reduce_signature(tensors, resolved, prescale_factor, postscale_factor)
+    return _submit(process_set, name, signature, lambda group: _grouped_reduce_started(tensors, resolved, prescale_factor, postscale_factor, group))
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
-    return _grouped_async_(list(tensors), average, op, prescale_factor, postscale_factor, process_set)
+    return _grouped_async_(list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
@@ -241,7 +297,7 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average: Any = None, name: s
 
 def grouped_allreduce_async(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
-    return _grouped_async_([t.clone() for t in tensors], average, op, prescale_factor, postscale_factor, process_set)
+    return _grouped_async_([t.clone() for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
@@ -253,22 +309,38 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: st
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None, process_set: ProcessSet = global_process_set) -> int:
-    """A sparse tensor, reduced densely (its indices and values are gathered into a dense sum)."""
-    dense = tensor.to_dense()
-    handle = allreduce_async_(dense, name=name, op=op, process_set=process_set)
+class _SparseHandle(int):
+    """Horovod's sparse_allreduce_async returns a function to call for the result; this is also a handle."""
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None, process_set: ProcessSet = global_process_set) -> _SparseHandle:
+    """A sparse tensor, reduced densely; call the result (or synchronize it) for the reduced sparse tensor."""
+    handle = allreduce_async_(tensor.to_dense(), name=name, op=op, process_set=process_set)
     pending = _handles[handle]
-    dense_result = pending.result
-    pending.result = lambda: dense_result().to_sparse()
-    return handle
+    request_launch = pending.request.launch
+
+    def launch() -> None:
+        request_launch()
+        dense_result = pending.result
+        pending.result = lambda: dense_result().to_sparse()
+
+    pending.request.launch = launch
+    return _SparseHandle(handle)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
-    require_joined()
-    check_root(root_rank)
-    work = launch(lambda: dist.broadcast(tensor, src=int(root_rank), async_op=True))
-    return _register([work], lambda: tensor, waits_on_stream(tensor))
+    _check_root(root_rank, process_set)
+    signature = Signature("broadcast", (spec_of(tensor),), root=int(root_rank), device=_device_label([tensor]))
+
+    def start(group: Any) -> _Started:
+        sent = tensor.reshape(-1).view(torch.uint8) if wire.moves_as_bytes(tensor) and tensor.is_contiguous() else tensor
+        work = launch(lambda: dist.broadcast(sent, src=int(root_rank), group=group, async_op=True))
+        return _Started([work], lambda: tensor, waits_on_stream(tensor))
+
+    return _submit(process_set, name, signature, start)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
@@ -285,26 +357,35 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
     return broadcast_(tensor.clone(), root_rank, name, process_set)
 
 
-def _gather(tensor: torch.Tensor) -> torch.Tensor:
+def _gather_started(tensor: torch.Tensor, group: Any) -> _Started:
     """Every rank's tensor concatenated along dim 0, in rank order; first dimensions may differ."""
-    require_joined()
-    tensor = tensor if tensor.dim() > 0 else tensor.reshape(1)
-    size = dist.get_world_size()
+    size, rank = _group_size(group), dist.get_rank(group)
     lengths = torch.zeros(size, dtype=torch.int64, device=tensor.device)
-    lengths[dist.get_rank()] = tensor.shape[0]
-    run_collective(lambda: dist.all_reduce(lengths, async_op=True), waits_on_stream(lengths))
+    lengths[rank] = tensor.shape[0]
+    run_collective(lambda: dist.all_reduce(lengths, group=group, async_op=True), waits_on_stream(lengths))
     counts = lengths.tolist()
     padded = torch.zeros((max(counts), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in range(size)]
-    run_collective(lambda: dist.all_gather(parts, padded, async_op=True), waits_on_stream(padded))
-    return torch.cat([part[:n] for part, n in zip(parts, counts)])
+    as_bytes = wire.moves_as_bytes(tensor)
+    sent = wire.as_rows_of_bytes(padded) if as_bytes else padded
+    parts = [torch.empty_like(sent) for _ in range(size)]
+    work = launch(lambda: dist.all_gather(parts, sent, group=group, async_op=True))
+
+    def result() -> torch.Tensor:
+        rows = [wire.from_rows_of_bytes(p, tensor.dtype, tuple(tensor.shape[1:])) if as_bytes else p for p in parts]
+        return torch.cat([part[:n] for part, n in zip(rows, counts)])
+
+    return _Started([work], result, waits_on_stream(padded))
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dim() > 0 else tensor.reshape(1)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
-    gathered = _gather(tensor)
-    return _register([], lambda: gathered)
+    tensor = _gathered(tensor)
+    signature = Signature("allgather", (spec_of(tensor, skip_first=True),), device=_device_label([tensor]))
+    return _submit(process_set, name, signature, lambda group: _gather_started(tensor, group))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
@@ -313,36 +394,56 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Proces
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set)
-    gathered = [_gather(t) for t in tensors]
-    return _register([], lambda: gathered)
+    tensors = [_gathered(t) for t in tensors]
+    signature = Signature("allgather", tuple(spec_of(t, skip_first=True) for t in tensors), device=_device_label(tensors))
+
+    def start(group: Any) -> _Started:
+        started = [_gather_started(t, group) for t in tensors]
+        return _Started([w for s in started for w in s.works], lambda: [s.result() for s in started], any(s.on_stream for s in started))
+
+    return _submit(process_set, name, signature, start)
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
-    """Send slice j of `tensor` (along dim 0) to rank j; the result is what every rank sent here, in rank order,
-    and how many rows came from each rank."""
-    check_process_set(process_set)
-    require_joined()
-    size = dist.get_world_size()
+def _splits(tensor: torch.Tensor, splits: Any, size: int) -> list[int]:
     if splits is None:
         if tensor.shape[0] % size:
             raise ValueError(f"alltoall without splits needs a first dimension divisible by the size ({tensor.shape[0]} rows, {size} ranks)")
-        send = [tensor.shape[0] // size] * size
-    else:
-        send = [int(n) for n in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-        if len(send) != size or sum(send) != tensor.shape[0] or min(send) < 0:
-            raise ValueError(f"alltoall splits {send} must give one non-negative count per rank ({size}) summing to {tensor.shape[0]} rows")
-    sent_counts = torch.tensor(send, dtype=torch.int64)
-    received_counts = torch.empty(size, dtype=torch.int64)
-    run_collective(lambda: dist.all_to_all_single(received_counts, sent_counts, async_op=True))
-    receive = received_counts.tolist()
-    output = torch.empty((sum(receive), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    run_collective(lambda: dist.all_to_all_single(output, tensor.contiguous(), receive, send, async_op=True), waits_on_stream(output))
-    return _register([], lambda: (output, received_counts))
+        return [tensor.shape[0] // size] * size
+    if isinstance(splits, torch.Tensor) and splits.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"alltoall splits must be a tensor of int32 or int64, not {splits.dtype}")
+    send = [int(n) for n in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    if len(send) != size or sum(send) != tensor.shape[0] or min(send) < 0:
+        raise ValueError(f"alltoall splits {send} must give one non-negative count per rank ({size}) summing to {tensor.shape[0]} rows")
+    return send
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+    """Send slice j of `tensor` (along dim 0) to rank j; the result is what every rank sent here, in rank order,
+    and how many rows came from each rank."""
+    require_joined()
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    send = _splits(tensor, splits, len(process_set._ranks()))
+    signature = Signature("alltoall", (spec_of(tensor, skip_first=True),), device=_device_label([tensor]))
+
+    def start(group: Any) -> _Started:
+        size = _group_size(group)
+        sent_counts = torch.tensor(send, dtype=torch.int64)
+        received_counts = torch.empty(size, dtype=torch.int64)
+        run_collective(lambda: dist.all_to_all_single(received_counts, sent_counts, group=group, async_op=True))
+        receive = received_counts.tolist()
+        output = torch.empty((sum(receive), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        as_bytes = wire.moves_as_bytes(tensor)
+        out_wire = wire.as_rows_of_bytes(output) if as_bytes else output
+        in_wire = wire.as_rows_of_bytes(tensor.contiguous()) if as_bytes else tensor.contiguous()
+        work = launch(lambda: dist.all_to_all_single(out_wire, in_wire, receive, send, group=group, async_op=True))
+        return _Started([work], lambda: (output, received_counts), waits_on_stream(output))
+
+    return _submit(process_set, name, signature, start)
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
@@ -351,61 +452,80 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     return output if splits is None else (output, received)
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
-    """Reduce `tensor` across ranks and keep this rank's part of dim 0 (the first ranks get one more row when the
-    rows do not divide evenly, as Horovod)."""
-    check_process_set(process_set)
-    resolved = reduce_op(op)
-    if resolved == Adasum:
-        raise ValueError("reducescatter does not support Adasum")
-    reduced = tensor.clone()
-    synchronize(_reduce_async_([reduced], resolved, prescale_factor, postscale_factor))
-    size, rank = dist.get_world_size(), dist.get_rank()
+def _scatter_part(reduced: torch.Tensor, size: int, rank: int) -> torch.Tensor:
     base, extra = divmod(reduced.shape[0], size)
     start = rank * base + min(rank, extra)
-    part = reduced[start : start + base + (1 if rank < extra else 0)].clone()
-    return _register([], lambda: part)
+    return reduced[start : start + base + (1 if rank < extra else 0)].clone()
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none, op: Any = Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    compressed, ctx = compression.compress(tensor)
-    return compression.decompress(synchronize(reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)), ctx)
+def _check_scatterable(tensors: list[torch.Tensor], op: int) -> None:
+    if op == Adasum:
+        raise CollectiveMismatchError("reducescatter does not support Adasum")
+    if any(t.dim() == 0 for t in tensors):
+        raise ValueError("reducescatter needs tensors of at least one dimension")
+    _check_reducible(tensors, op)
 
 
-def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average, process_set: ProcessSet = global_process_set,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
-    parts = [synchronize(reducescatter_async(t, name, op, process_set, prescale_factor, postscale_factor)) for t in tensors]
-    return _register([], lambda: parts)
+def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average,
+                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Reduce each tensor across ranks and keep this rank's part of dim 0 (the first ranks get one more row when
+    the rows do not divide evenly, as Horovod); one negotiation and one fused reduction for the group."""
+    resolved = reduce_op(op)
+    _check_scatterable(tensors, resolved)
+    reduced = [t.clone() for t in tensors]
+    signature = Signature("reducescatter", tuple(spec_of(t) for t in tensors), resolved, -1, float(prescale_factor),
+                          float(postscale_factor), _device_label(tensors))
+
+    def start(group: Any) -> _Started:
+        started = _grouped_reduce_started(reduced, resolved, prescale_factor, postscale_factor, group)
+        size, rank = _group_size(group), dist.get_rank(group)
+        return _Started(started.works, lambda: [_scatter_part(r, size, rank) for r in started.result()], started.on_stream)
+
+    return _submit(process_set, name, signature, start)
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
                           op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    return [reducescatter(t, name, compression, op, process_set, prescale_factor, postscale_factor) for t in tensors]
+    compressed = [compression.compress(t) for t in tensors]
+    parts = synchronize(grouped_reducescatter_async([c for c, _ in compressed], name, op, process_set, prescale_factor, postscale_factor))
+    return [compression.decompress(part, ctx) for part, (_, ctx) in zip(parts, compressed)]
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    handle = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor)
+    pending = _handles[handle]
+    request_launch = pending.request.launch
+
+    def launch() -> None:
+        request_launch()
+        parts_result = pending.result
+        pending.result = lambda: parts_result()[0]
+
+    pending.request.launch = launch
+    return handle
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none, op: Any = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Wait until every rank of the round reaches the barrier."""
-    check_process_set(process_set)
-    require_joined()
-    run_collective(lambda: dist.all_reduce(torch.zeros(1), async_op=True))
+    """Wait until every rank of the set reaches the barrier."""
+    signature = Signature("barrier")
+
+    def start(group: Any) -> _Started:
+        return _Started([launch(lambda: dist.all_reduce(torch.zeros(1), group=group, async_op=True))], lambda: None)
+
+    synchronize(_submit(process_set, None, signature, start))
 
 
 def join(device: int = -1) -> int:
-    """A rank that ran out of data waits here until every rank has joined; returns the rank that joined last.
-
-    Unlike Horovod, a rank waiting in join() does not serve the allreduces of
-    ranks that still train (there is no coordinator to tell it their shapes):
-    every rank must call join() before any other rank's next collective.
-    """
-    require_joined()
-    global _joins
-    _joins = (world.round, _joins[1] + 1 if _joins[0] == world.round else 1)
-    arrival = dist.distributed_c10d._get_default_store().add(f"libworker/join/{_joins[1]}", 1)
-    last = torch.tensor([dist.get_rank() if arrival == dist.get_world_size() else -1], dtype=torch.int64)
-    return int(allreduce_(last, op=Max).item())
-
-
-_joins = (0, 0)
+    """A rank that ran out of data calls join(): until every rank has joined it takes part in the others'
+    allreduces (with zeros; DistributedOptimizer's steps included), and allgather, broadcast, alltoall or
+    reducescatter on the other ranks fail meanwhile (as in Horovod). Returns the rank that joined last."""
+    controller, _ = _negotiation(global_process_set)
+    return controller.join()

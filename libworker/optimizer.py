@@ -36,6 +36,7 @@ drops whatever a failed step left in flight.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -49,9 +50,12 @@ from libworker import adasum
 from libworker.collectives import finish, launch, waits_on_stream
 from libworker.compression import Compression, Compressor
 from libworker.errors import WorkerInternalError
-from libworker.mpi_ops import TORCH_OPS, Adasum, Average, ProcessSet, check_process_set, global_process_set, reduce_op
+from libworker import process_sets
+from libworker.mpi_ops import TORCH_OPS, Adasum, Average, ProcessSet, global_process_set, negotiate, reduce_op
+from libworker.negotiation import Signature, TensorSpec
 
 FIRST_BUCKET_BYTES = 1 << 20
+_optimizer_numbers = itertools.count()
 DEFAULT_FUSION_THRESHOLD = 25 << 20
 
 
@@ -164,11 +168,26 @@ def _check_names(named_parameters: Any, params: list[torch.Tensor]) -> None:
         raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters were not named")
 
 
+def _parameter_names(named_parameters: Any, optimizer: torch.optim.Optimizer) -> dict[torch.Tensor, str]:
+    """Horovod's `_parameter_names`: each parameter's name, `allreduce.noname.<group>.<index>` when not named."""
+    if named_parameters is not None:
+        return {p: name for name, p in named_parameters}
+    return {p: f"allreduce.noname.{g}.{i}" for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])}
+
+
 class GradientReducer:
-    """The buckets of one optimizer, their hooks, and the reduction of one step."""
+    """The buckets of one optimizer, their hooks, and the reduction of one step.
+
+    Each step starts with one negotiation of the whole bucket layout (a cached
+    signature: one small allreduce, checked in full once per round), so a rank
+    whose model differs fails on every rank with CollectiveMismatchError before
+    any bucket moves, and a rank in `join()` serves the buckets with zeros.
+    """
 
     def __init__(self, params: list[torch.Tensor], compression: type[Compressor], backward_passes_per_step: int, op: int,
-                 gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool) -> None:
+                 gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool, process_set: ProcessSet, name: str) -> None:
+        self.process_set = process_set
+        self.name = name
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -176,9 +195,13 @@ class GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         layout = explicit_groups(params, groups) if groups is not None else layout_buckets(params, fusion_threshold())
         self.buckets = [Bucket.of(group) for group in layout]
+        self.signature = self._layout_signature()
+        self.group: Any = None
+        self.step_error: BaseException | None = None
         self.delay = {p: backward_passes_per_step for p in params}
         self.touched = False
         self.next_launch = 0
+        self.step_error = None
         self.hooks = []
         for bucket in self.buckets:
             for p in bucket.params:
@@ -197,10 +220,32 @@ class GradientReducer:
                     self._launch_ready_in_order()
         return grad_ready
 
+    def _layout_signature(self) -> Signature:
+        """The buckets as they travel (after compression): what every rank must agree on before a step."""
+        specs = []
+        for bucket in self.buckets:
+            sent, _ = self.compression.compress(torch.zeros(1, dtype=bucket.buffer.dtype))
+            specs.append(TensorSpec(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
+        device = "cuda" if self.buckets and self.buckets[0].buffer.is_cuda else "cpu"
+        return Signature("optimizer", tuple(specs), self.op, -1, self.predivide, 1.0, device)
+
+    def _agree_on_step(self) -> None:
+        """Before the step's first bucket: the ranks agree on the layout (and joined ranks learn it)."""
+        if self.next_launch or self.step_error is not None:
+            return
+        self.group = process_sets.group_of(self.process_set)
+        try:
+            negotiate(self.process_set, self.name, self.signature)
+        except (RuntimeError, ValueError) as exc:
+            self.step_error = exc
+
     def _launch_ready_in_order(self) -> None:
         while self.next_launch < len(self.buckets):
             bucket = self.buckets[self.next_launch]
             if bucket.ready < len(bucket.params):
+                return
+            self._agree_on_step()
+            if self.step_error is not None:
                 return
             self._launch(bucket)
             self.next_launch += 1
@@ -219,24 +264,27 @@ class GradientReducer:
 
     def _launch(self, bucket: Bucket) -> None:
         torch._foreach_copy_(bucket.views, self._gradients(bucket))
-        if dist.get_world_size() == 1:
+        if dist.get_world_size(self.group) == 1:
             return
         sent, bucket.ctx = self.compression.compress(bucket.buffer)
         if self.op == Average and self.predivide != 1.0:
             sent.div_(self.predivide)
         bucket.sent = sent
         try:
-            bucket.work = launch(lambda: dist.all_reduce(sent, op=TORCH_OPS[self.op], async_op=True))
+            bucket.work = launch(lambda: dist.all_reduce(sent, op=TORCH_OPS[self.op], group=self.group, async_op=True))
         except WorkerInternalError as exc:
             bucket.error = exc
 
     def synchronize(self) -> None:
         """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
         try:
+            self._agree_on_step()
+            if self.step_error is not None:
+                raise self.step_error
             for bucket in self.buckets[self.next_launch :]:
                 self._launch(bucket)
             self.next_launch = len(self.buckets)
-            size = dist.get_world_size()
+            size = dist.get_world_size(self.group)
             for bucket in self.buckets:
                 if bucket.error is not None:
                     raise bucket.error
@@ -309,10 +357,11 @@ class _DistributedOptimizer:
                 reducer._gradients(bucket)
             starts = [p.detach().clone() for p in params]
             loss = super().step(closure)  # type: ignore[misc]
-            if dist.get_world_size() > 1:
+            group = process_sets.group_of(reducer.process_set)
+            if dist.get_world_size(group) > 1:
                 with torch.no_grad():
                     compressed = [reducer.compression.compress(p.detach() - start) for p, start in zip(params, starts)]
-                    adasum.adasum_([delta for delta, _ in compressed])
+                    adasum.adasum_([delta for delta, _ in compressed], group)
                     for p, start, (delta, ctx) in zip(params, starts, compressed):
                         p.copy_(start + reducer.compression.decompress(delta, ctx))
             return loss
@@ -342,8 +391,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          backward_passes_per_step: int = 1, op: Any = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
-    """Wrap `optimizer` so that its step() applies gradients reduced across the round (Horovod's signature)."""
-    check_process_set(process_set)
+    """Wrap `optimizer` so that its step() applies gradients reduced across the round, or across `process_set`
+    (Horovod's signature)."""
+    process_sets.registered_id(process_set)
     resolved = reduce_op(op)
     if gradient_predivide_factor != 1.0 and resolved != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -355,11 +405,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         warnings.warn("Parameter `num_groups` has been replaced by `groups`", DeprecationWarning, stacklevel=2)
         groups = groups if groups is not None else num_groups
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    named_parameters = list(named_parameters) if named_parameters is not None else None
     _check_names(named_parameters, [p for group in optimizer.param_groups for p in group["params"]])
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})  # not a scheduler's patch
-    wrapped._reducer = GradientReducer(params, compression, backward_passes_per_step, resolved, gradient_predivide_factor, groups, sparse_as_dense)
+    wrapped._reducer = GradientReducer(params, compression, backward_passes_per_step, resolved, gradient_predivide_factor, groups,
+                                       sparse_as_dense, process_set, f"DistributedOptimizer.{next(_optimizer_numbers)}")
+    wrapped._parameter_names = _parameter_names(named_parameters, optimizer)
     wrapped._synchronized = False
     wrapped._should_synchronize = True
     return wrapped

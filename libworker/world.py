@@ -62,6 +62,7 @@ class World:
     in_flight: set[Any] = field(default_factory=set)
     retired: list[tuple[Any, list[Any]]] = field(default_factory=list)
     listeners: list[Any] = field(default_factory=list)
+    joined_hooks: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_event(self, msg: Message) -> None:
@@ -213,7 +214,7 @@ def join() -> None:
         world.slot = reply.body
         world.round = int(reply.body["round"])
         world.poisoned = False
-    os.environ.update(RANK=str(world.slot["rank"]), WORLD_SIZE=str(world.slot["size"]), LOCAL_RANK=str(world.slot["local_rank"]), LOCAL_WORLD_SIZE=str(world.slot["local_size"]))
+    _export_environment(world.slot)
     timeout = timedelta(seconds=world.timing.collective_timeout)
     try:
         store = dist.PrefixStore(world.slot["prefix"], _round_store(world.link, timeout))
@@ -226,6 +227,21 @@ def join() -> None:
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
+    for hook in world.joined_hooks:
+        try:
+            hook()
+        except (RuntimeError, dist.DistError) as exc:
+            world.poisoned = True
+            raise WorkerInternalError(f"setting up round {world.round} failed: {exc}") from None
+
+
+def _export_environment(slot: dict[str, Any]) -> None:
+    """torch.distributed's and horovodrun's (Gloo) variables for the round, for scripts and libraries that read them."""
+    values = {"RANK": slot["rank"], "WORLD_SIZE": slot["size"], "LOCAL_RANK": slot["local_rank"], "LOCAL_WORLD_SIZE": slot["local_size"],
+              "HOROVOD_RANK": slot["rank"], "HOROVOD_SIZE": slot["size"], "HOROVOD_LOCAL_RANK": slot["local_rank"],
+              "HOROVOD_LOCAL_SIZE": slot["local_size"], "HOROVOD_CROSS_RANK": slot["cross_rank"], "HOROVOD_CROSS_SIZE": slot["cross_size"],
+              "HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    os.environ.update({name: str(value) for name, value in values.items()})
 
 
 def require_joined() -> dict[str, Any]:

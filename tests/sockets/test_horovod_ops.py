@@ -397,10 +397,13 @@ def _collectives(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["after_join"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
 
     r["process_set_global"] = hvd.allreduce(x, op=hvd.Sum, process_set=hvd.global_process_set)
-    r["process_set"] = [_raises(NotImplementedError, lambda: hvd.allreduce(x, process_set=hvd.ProcessSet([0]))),
-                        _raises(NotImplementedError, lambda: hvd.broadcast(x, 0, process_set=hvd.ProcessSet([0]))),
-                        _raises(NotImplementedError, lambda: hvd.add_process_set([0])),
-                        _raises(NotImplementedError, lambda: hvd.add_process_set(hvd.ProcessSet([0])))]
+    r["process_set"] = [_raises(ValueError, lambda: hvd.allreduce(x, process_set=hvd.ProcessSet([0]))),
+                        _raises(ValueError, lambda: hvd.broadcast(x, 0, process_set=hvd.ProcessSet([0])))]
+    evens = hvd.add_process_set([k for k in range(hvd.size()) if k % 2 == 0])
+    r["evens"] = hvd.allreduce(x, op=hvd.Sum, process_set=evens).numpy() if evens.included() else None
+    r["evens_rank"], r["evens_size"] = evens.rank(), evens.size()
+    r["duplicate_set"] = _raises(ValueError, lambda: hvd.add_process_set([k for k in range(hvd.size()) if k % 2 == 0]))
+    r["removed"] = hvd.remove_process_set(evens)
     return r
 
 
@@ -793,7 +796,15 @@ def test_objects_barrier_join_and_process_sets(world: tuple[int, list[dict[str, 
         assert r["join"] == res[0]["join"], "join returned different ranks"
         assert r["after_join"].tolist() == [float(size)]
         _close(r["process_set_global"], xs.sum(0))
-        assert all(outcome.startswith("NotImplementedError") for outcome in r["process_set"]), r["process_set"]
+        assert all(outcome.startswith("ValueError") for outcome in r["process_set"]), r["process_set"]
+        assert r["duplicate_set"].startswith("ValueError") and r["removed"] is True
+        assert r["evens_size"] == len(range(0, size, 2))
+    for rank, r in enumerate(res):
+        if rank % 2:
+            assert r["evens"] is None and r["evens_rank"] is None
+        else:
+            assert r["evens_rank"] == rank // 2
+            _close(r["evens"], xs[0::2].sum(0))
 
 
 def test_distributed_optimizer_matches_averaged_gradient_training(pair: tuple[int, list[dict[str, Any]]]) -> None:

@@ -60,11 +60,14 @@ def test_build_introspection_answers_for_torch_distributed() -> None:
     assert hvd.rocm_built() == (torch.version.hip is not None)
 
 
-def test_what_is_not_supported_says_so(one_rank_world: None) -> None:
-    with pytest.raises(NotImplementedError, match="process sets are not supported"):
+def test_a_process_set_must_be_registered_before_use(one_rank_world: None) -> None:
+    with pytest.raises(ValueError, match="is not registered"):
         hvd.allreduce(torch.ones(2), process_set=hvd.ProcessSet([0]))
-    with pytest.raises(NotImplementedError, match="process sets are not supported"):
-        hvd.add_process_set([0])
+    with pytest.raises(ValueError, match="must be ranks of this round"):
+        hvd.add_process_set([0, 5])
+
+
+def test_what_is_not_supported_says_so(one_rank_world: None) -> None:
     with pytest.raises(NotImplementedError, match="needs MPI"):
         hvd.init(comm=[0])
     with pytest.raises(NotImplementedError, match="timeline"):

@@ -1,0 +1,328 @@
+"""Every rank agrees on every collective before its data moves: Horovod's coordinator semantics, with no coordinator.
+
+An operation is submitted as a `Request`: its name (Horovod's `name=`, or an
+automatic one: the n-th unnamed operation still pending), and its `Signature`
+(kind, dtypes and shapes, reduce op, root, scale factors, device). Nothing is
+sent at submit. A rank that waits for a request runs negotiation *cycles*
+until it is decided; a cycle is a collective over the process set, so the
+cycles of all ranks pair up, and every rank takes the same decisions from
+the same exchanged data:
+
+- **Fast path (cached).** Each name agreed before keeps a cache slot (the same
+  slot on every rank: slots are given out by the decisions). A cycle is one
+  small allreduce (MIN) of a header and one flag per slot: the operations
+  pending on every rank are the slots still set. When every pending
+  operation of every rank is in the cache, that one allreduce is the whole
+  negotiation, for any number of pending operations.
+- **Full path.** When any rank has an operation the cache does not hold (or
+  holds with another signature), the ranks exchange their pending lists
+  (an allgather). An operation pending on every rank whose signatures agree
+  is launched and cached; one whose signatures differ fails on every rank
+  with CollectiveMismatchError naming the field and what each rank had, and
+  nothing of it moves, so the next operation works.
+
+Operations are launched in the order of the decision, identical everywhere,
+so collectives pair up on the data path even when ranks submitted them in
+different orders (names match them, as in Horovod). A rank in `join()` keeps
+cycling with the others: it serves their agreed allreduces with zeros
+(`serve`) until every rank has joined, and all return the rank that joined
+last. A request that no other rank submits stalls: after the collective
+timeout its wait raises CollectiveMismatchError naming the ranks that lack it.
+The cache holds at most CACHE_CAPACITY names (cleared whole when full, the
+same cycle everywhere) and lives for one round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+import torch.distributed as dist
+
+from libworker.collectives import run_collective
+from libworker.errors import CollectiveMismatchError
+from libworker.world import world
+
+CACHE_CAPACITY = 1024
+JOIN_SERVABLE = frozenset({"allreduce", "barrier", "optimizer"})
+OP_LABELS = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product", -1: "none"}
+HEADER = 4  # uncached-or-stalled (negated), all joined, none joined, newest joiner (negated rank + 1)
+STALL_PROBE_AFTER = 2.0
+IDLE_SLEEP_MAX = 0.01
+
+
+def cache_enabled() -> bool:
+    """ELASTIC_NEGOTIATION_CACHE=0 makes every cycle take the full path (for measuring what the cache saves)."""
+    return os.environ.get("ELASTIC_NEGOTIATION_CACHE", "1") != "0"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a rank is about to do; ranks must agree on all of it. For allgather and alltoall `shape` leaves out
+    the first dimension, which may differ."""
+
+    kind: str
+    tensors: tuple[TensorSpec, ...] = ()
+    op: int = -1
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    device: str = "cpu"
+
+    def to_wire(self) -> list[Any]:
+        return [self.kind, [[t.dtype, list(t.shape)] for t in self.tensors], self.op, self.root, self.prescale, self.postscale, self.device]
+
+    @classmethod
+    def from_wire(cls, wire: list[Any]) -> Signature:
+        kind, tensors, op, root, prescale, postscale, device = wire
+        return cls(kind, tuple(TensorSpec(d, tuple(s)) for d, s in tensors), op, root, prescale, postscale, device)
+
+
+def spec_of(tensor: torch.Tensor, skip_first: bool = False) -> TensorSpec:
+    shape = tuple(tensor.shape)
+    return TensorSpec(str(tensor.dtype).removeprefix("torch."), shape[1:] if skip_first else shape)
+
+
+def _describe(values: dict[int, Any]) -> str:
+    """`rank 0 has X, rank 1 has Y` (ranks with the same value grouped)."""
+    groups: dict[str, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(str(value), []).append(rank)
+    return ", ".join(f"rank {ranks[0]} has {value}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} have {value}"
+                     for value, ranks in groups.items())
+
+
+def mismatch(signatures: dict[int, Signature]) -> str | None:
+    """The first field the ranks' signatures disagree on, as Horovod words it with every rank's value; None if equal."""
+    first = next(iter(signatures.values()))
+    if all(s == first for s in signatures.values()):
+        return None
+    kind = first.kind
+    checks: list[tuple[str, Callable[[Signature], Any]]] = [
+        ("operations", lambda s: s.kind),
+        (f"{kind} CPU/GPU device selection", lambda s: s.device),
+        (f"{kind} number of tensors", lambda s: len(s.tensors)),
+        (f"{kind} data types", lambda s: ", ".join(t.dtype for t in s.tensors)),
+        (f"{kind} tensor shapes" + (" (after the first dimension)" if kind in ("allgather", "alltoall") else ""),
+         lambda s: "; ".join(str(list(t.shape)) for t in s.tensors)),
+        (f"{kind} reduction operation", lambda s: OP_LABELS.get(s.op, s.op)),
+        (f"{kind} root ranks", lambda s: s.root),
+        (f"{kind} prescale and/or postscale factors", lambda s: (s.prescale, s.postscale)),
+    ]
+    for label, value in checks:
+        values = {rank: value(s) for rank, s in signatures.items()}
+        if len(set(map(str, values.values()))) > 1:
+            return f"Mismatched {label}: {_describe(values)}"
+    return f"Mismatched {kind}: {_describe(signatures)}"
+
+
+@dataclass(eq=False)
+class Request:
+    """One submitted operation; `launch` starts its data movement once every rank agreed."""
+
+    name: str | None
+    signature: Signature
+    launch: Callable[[], None]
+    error: BaseException | None = None
+    launched: bool = False
+
+    @property
+    def decided(self) -> bool:
+        return self.launched or self.error is not None
+
+
+@dataclass
+class _Decision:
+    key: str
+    signature: Signature
+    problem: str | None
+
+
+@dataclass(eq=False)
+class Controller:
+    """The negotiation of one process set in one round: pending requests, the cache, join state."""
+
+    group: Any
+    global_ranks: list[int]
+    serve: Callable[[Signature], None]
+    pending: list[Request] = field(default_factory=list)
+    cache: dict[str, tuple[int, Signature]] = field(default_factory=dict)
+    cache_keys: list[str] = field(default_factory=list)
+    joined: bool = False
+    newly_joined: bool = False
+    join_result: int | None = None
+    stalled: bool = False
+    missing: dict[str, list[int]] = field(default_factory=dict)
+    cycles: int = 0
+
+    def submit(self, request: Request) -> Request:
+        if request.name is not None and any(r.name == request.name for r in self.pending):
+            raise ValueError(f"Requested to {request.signature.kind} a tensor with the same name as another tensor that is currently "
+                             f"being processed: {request.name!r}")
+        self.pending.append(request)
+        return request
+
+    def wait(self, request: Request) -> None:
+        """Run cycles until `request` is launched or failed (its error is left on it for the caller)."""
+        started = idle_since = time.monotonic()
+        idle = 0
+        while not request.decided:
+            if self.cycle():
+                idle, idle_since = 0, time.monotonic()
+                continue
+            idle += 1
+            waited = time.monotonic() - idle_since
+            self.stalled = waited > STALL_PROBE_AFTER
+            if waited > world.timing.collective_timeout and time.monotonic() - started > world.timing.collective_timeout:
+                self._give_up(request, waited)
+            time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
+        self.stalled = False
+
+    def _give_up(self, request: Request, waited: float) -> None:
+        key = next((k for k, r in self._keyed() if r is request), request.name or "?")
+        lacking = self.missing.get(key)
+        who = f"ranks {lacking} did not submit it" if lacking else "the other ranks did not submit it"
+        self.pending.remove(request)
+        request.error = CollectiveMismatchError(f"{request.signature.kind} {key!r} stalled for {waited:.0f}s: {who}")
+
+    def join(self) -> int:
+        """Horovod's join on this set: serve the others' allreduces until every rank joined; the last one's rank."""
+        for request in list(self.pending):
+            self.wait(request)
+        self.joined, self.newly_joined, self.join_result = True, True, None
+        idle = 0
+        try:
+            while self.join_result is None:
+                idle = 0 if self.cycle() else idle + 1
+                if idle:
+                    time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
+        finally:
+            self.joined = self.newly_joined = False
+        return self.join_result
+
+    def _keyed(self) -> list[tuple[str, Request]]:
+        """Pending requests with their keys: the name, or `noname.N` for the N-th unnamed one still pending."""
+        keyed, unnamed = [], 0
+        for request in self.pending:
+            if request.name is None:
+                keyed.append((f"noname.{unnamed}", request))
+                unnamed += 1
+            else:
+                keyed.append((request.name, request))
+        return keyed
+
+    def _my_rank(self) -> int:
+        return dist.get_rank(self.group) if self.group is not None else dist.get_rank()
+
+    def cycle(self) -> bool:
+        """One negotiation cycle with every rank of the set; True when anything was decided."""
+        self.cycles += 1
+        keyed = self._keyed()
+        flags = torch.zeros(HEADER + len(self.cache_keys), dtype=torch.int32)
+        uncached = self.stalled or not cache_enabled()
+        for key, request in keyed:
+            hit = self.cache.get(key)
+            if hit is not None and hit[1] == request.signature:
+                flags[HEADER + hit[0]] = 1
+            else:
+                uncached = True
+        if self.joined:
+            flags[HEADER:] = 1
+        flags[0] = -int(uncached)
+        flags[1] = int(self.joined)
+        flags[2] = int(not self.joined)
+        flags[3] = -(self._my_rank() + 1) if self.newly_joined else 0
+        run_collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
+        self.newly_joined = False
+        if int(flags[1]) == 1:
+            self.join_result = self.global_ranks[-int(flags[3]) - 1] if int(flags[3]) < 0 else self.global_ranks[-1]
+            return True
+        any_joined = int(flags[2]) == 0
+        if int(flags[0]) < 0:
+            decisions = self._full_exchange(keyed)
+        else:
+            decisions = [_Decision(self.cache_keys[i], self.cache[self.cache_keys[i]][1], None)
+                         for i in torch.nonzero(flags[HEADER:]).flatten().tolist()]
+        requests = dict(keyed)
+        for decision in decisions:
+            self._apply(decision, requests.get(decision.key), any_joined)
+        return bool(decisions)
+
+    def _full_exchange(self, keyed: list[tuple[str, Request]]) -> list[_Decision]:
+        size = len(self.global_ranks)
+        blob = msgpack.packb([self.joined, [[key, r.signature.to_wire()] for key, r in keyed]])
+        length = torch.tensor([len(blob)], dtype=torch.int64)
+        lengths = [torch.empty_like(length) for _ in range(size)]
+        run_collective(lambda: dist.all_gather(lengths, length, group=self.group, async_op=True))
+        counts = [int(n.item()) for n in lengths]
+        padded = torch.zeros(max(counts), dtype=torch.uint8)
+        padded[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        parts = [torch.empty_like(padded) for _ in range(size)]
+        run_collective(lambda: dist.all_gather(parts, padded, group=self.group, async_op=True))
+        lists = [msgpack.unpackb(part[:n].numpy().tobytes()) for part, n in zip(parts, counts)]
+        active = [rank for rank, (joined, _) in enumerate(lists) if not joined]
+        by_rank = {rank: {key: Signature.from_wire(wire) for key, wire in lists[rank][1]} for rank in active}
+        self.missing = {key: [self.global_ranks[r] for r in active if key not in by_rank[r]] for key, _ in keyed}
+        decisions = []
+        for key, _ in lists[active[0]][1]:
+            if all(key in by_rank[rank] for rank in active):
+                signatures = {self.global_ranks[rank]: by_rank[rank][key] for rank in active}
+                decisions.append(_Decision(key, signatures[self.global_ranks[active[0]]], mismatch(signatures)))
+        return decisions
+
+    def _apply(self, decision: _Decision, request: Request | None, any_joined: bool) -> None:
+        problem = decision.problem
+        if problem is None and any_joined and decision.signature.kind not in JOIN_SERVABLE:
+            problem = f"{decision.signature.kind.capitalize()} is not supported with Join at this time."
+        if request is not None:
+            self.pending.remove(request)
+        if problem is not None:
+            if request is not None:
+                request.error = CollectiveMismatchError(problem)
+            return
+        self._remember(decision.key, decision.signature)
+        if request is None:
+            self.serve(decision.signature)
+            return
+        try:
+            request.launch()
+            request.launched = True
+        except BaseException as exc:
+            request.error = exc
+
+    def _remember(self, key: str, signature: Signature) -> None:
+        """Cache `key`'s agreed signature; every rank takes the same decisions, so every cache stays the same."""
+        if key in self.cache:
+            self.cache[key] = (self.cache[key][0], signature)
+            return
+        if len(self.cache_keys) >= CACHE_CAPACITY:
+            self.cache.clear()
+            self.cache_keys.clear()
+        self.cache[key] = (len(self.cache_keys), signature)
+        self.cache_keys.append(key)
+
+
+_controllers: dict[int, Controller] = {}
+_controllers_round = [0]
+
+
+def controller(set_id: int, group: Any, global_ranks: list[int], serve: Callable[[Signature], None]) -> Controller:
+    """The negotiation of process set `set_id` in the current round (a new round starts with empty ones)."""
+    if _controllers_round[0] != world.round:
+        _controllers.clear()
+        _controllers_round[0] = world.round
+    found = _controllers.get(set_id)
+    if found is None or found.group is not group:
+        found = _controllers[set_id] = Controller(group, global_ranks, serve)
+    return found

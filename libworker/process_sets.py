@@ -1,0 +1,170 @@
+"""Horovod's process sets: subsets of the round's ranks that run collectives among themselves.
+
+`ProcessSet([0, 2])` names global ranks; `init(process_sets=[...])` or the
+collective `add_process_set(...)` (every rank calls it) registers it, and
+`process_set=` on any op runs that op over the set's own process group, with
+its own negotiation (libworker.negotiation). `global_process_set` is every
+rank of the round (id 0).
+
+In an elastic job the registry outlives the round: at every join the ranks
+agree on one registry (the longest one any rank holds, lowest rank first, so
+a worker that just started learns the sets the others made) and each set's
+process group is built again over the new round. A set keeps those of its
+ranks that exist in the new round (ranks are renumbered from 0 on every
+reset); a set left with no rank is removed, and using it raises ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from libworker.world import require_joined, world
+
+
+class ProcessSet:
+    """A set of global ranks; `process_set_id` is set once it is registered (None before, and after removal)."""
+
+    def __init__(self, ranks: Sequence[int] = ()) -> None:
+        ranks = sorted(ranks)
+        if any(not isinstance(rank, int) or isinstance(rank, bool) for rank in ranks):
+            raise ValueError("ProcessSet should be initialized with a list of process ranks (ints)")
+        self.ranks: list[int] = ranks
+        self.process_set_id: int | None = None
+
+    def size(self) -> int | None:
+        """Ranks in the set, or None when it is not registered."""
+        return None if self.process_set_id is None else len(self._ranks())
+
+    def rank(self) -> int | None:
+        """This process's rank within the set (None when the set is not registered or this process is not a member)."""
+        return None if self.process_set_id is None else self.rank_in(int(require_joined()["rank"]))
+
+    def rank_in(self, global_rank: int) -> int | None:
+        """The position of `global_rank` in the set, or None when it is not a member."""
+        ranks = self._ranks()
+        return ranks.index(global_rank) if global_rank in ranks else None
+
+    def included(self) -> bool | None:
+        """Whether this process is a member (None when not registered)."""
+        return None if self.process_set_id is None else int(require_joined()["rank"]) in self._ranks()
+
+    def _ranks(self) -> list[int]:
+        return list(range(int(require_joined()["size"]))) if self.process_set_id == 0 else self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+
+
+@dataclass
+class _Registry:
+    """Registered sets by id, and their process groups in the round they were built for."""
+
+    sets: dict[int, ProcessSet]
+    groups: dict[int, Any]
+    built_for_round: int = 0
+    next_id: int = 1
+
+
+_registry = _Registry({}, {})
+
+
+def _as_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    return process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+
+
+def register(process_sets: Sequence[ProcessSet | Sequence[int]]) -> list[ProcessSet]:
+    """Register sets before the first join (`init(process_sets=...)`); their groups are built at the join."""
+    registered = []
+    for candidate in process_sets:
+        process_set = _as_set(candidate)
+        if not process_set.ranks:
+            raise ValueError("a process set needs at least one rank (the global set is global_process_set)")
+        existing = next((s for s in _registry.sets.values() if s.ranks == process_set.ranks), None)
+        if existing is not None:
+            process_set.process_set_id = existing.process_set_id
+        else:
+            process_set.process_set_id = _registry.next_id
+            _registry.sets[_registry.next_id] = process_set
+            _registry.next_id += 1
+        registered.append(process_set)
+    return registered
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a set while the job runs; collective: every rank of the round calls it, in the same order."""
+    slot = require_joined()
+    process_set = _as_set(process_set)
+    if any(not 0 <= rank < int(slot["size"]) for rank in process_set.ranks) or not process_set.ranks:
+        raise ValueError(f"process set ranks {process_set.ranks} must be ranks of this round (size {slot['size']})")
+    if any(s.ranks == process_set.ranks for s in _registry.sets.values()):
+        raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
+    (registered,) = register([process_set])
+    _registry.groups[registered.process_set_id] = dist.new_group(registered.ranks)
+    return registered
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set (collective, like add_process_set); False for the global set or one not registered."""
+    set_id = process_set.process_set_id
+    if set_id in (None, 0) or set_id not in _registry.sets:
+        return False
+    group = _registry.groups.pop(set_id, None)
+    if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(group)
+    _registry.sets.pop(set_id).process_set_id = None
+    process_set.process_set_id = None
+    return True
+
+
+def rebuild_for_round() -> None:
+    """After a join: agree on one registry across the round, then build every set's group over the new ranks."""
+    _registry.groups.clear()
+    size = dist.get_world_size()
+    mine = sorted((set_id, s.ranks) for set_id, s in _registry.sets.items())
+    if size > 1:
+        everyone: list[Any] = [None] * size
+        dist.all_gather_object(everyone, mine)
+        mine = max(everyone, key=len)
+    known = {tuple(s.ranks): s for s in _registry.sets.values()}
+    _registry.sets.clear()
+    for set_id, ranks in mine:
+        process_set = known.pop(tuple(ranks), None) or ProcessSet(ranks)
+        kept = [rank for rank in ranks if rank < size]
+        if not kept:
+            process_set.process_set_id = None
+            continue
+        process_set.ranks, process_set.process_set_id = kept, set_id
+        _registry.sets[set_id] = process_set
+        _registry.groups[set_id] = dist.new_group(kept)
+        _registry.next_id = max(_registry.next_id, set_id + 1)
+    for orphan in known.values():
+        orphan.process_set_id = None
+    _registry.built_for_round = world.round
+
+
+world.joined_hooks.append(rebuild_for_round)
+
+
+def group_of(process_set: ProcessSet) -> Any:
+    """The torch process group of a set this rank belongs to (None: the round's default group)."""
+    if process_set.process_set_id == 0 or process_set is global_process_set:
+        return None
+    if process_set.process_set_id is None or process_set.process_set_id not in _registry.sets:
+        raise ValueError(f"{process_set} is not registered (add_process_set or init(process_sets=...)), or its ranks left the job")
+    if not process_set.included():
+        raise ValueError(f"rank {require_joined()['rank']} is not a member of {process_set}")
+    return _registry.groups[process_set.process_set_id]
+
+
+def registered_id(process_set: ProcessSet) -> int:
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} is not registered (add_process_set or init(process_sets=...))")
+    return process_set.process_set_id

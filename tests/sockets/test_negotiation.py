@@ -1,0 +1,303 @@
+"""Every rank agrees on every collective: real gloo ranks (2 and 3) running programs with the mistakes users make.
+
+- Each kind of mismatch (shape, rank of shape, dtype, op, root, scale factors, operation kind, allgather's
+  trailing dims) raises CollectiveMismatchError (a RuntimeError) on every rank, naming the field and each rank's
+  value, and the next collective on the same group gives the right answer.
+- Ops submitted in different orders on different ranks are matched by name, as in Horovod; a duplicate name in
+  flight raises ValueError on the rank that submitted it.
+- Every dtype Horovod supports on every op, against a single-process reference (int16 included, which gloo lacks;
+  integer tensors with scale factors follow Horovod's float64 arithmetic).
+- join(): uneven data under DistributedOptimizer (a rank that ran out of batches joins, the others go on), the
+  joined rank's zeros in the others' allreduces, the last rank to join returned everywhere; allgather while a
+  rank is joined fails as Horovod's does.
+- A process set of the even ranks runs its own collectives with its own negotiation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.sockets.ranks import run_ranks
+
+DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"]
+
+
+def _value(dtype: str, rank: int, shape: tuple[int, ...] = (3, 4)) -> torch.Tensor:
+    """A deterministic tensor per rank, small enough that sums and products stay exact in every dtype."""
+    base = torch.arange(int(np.prod(shape)), dtype=torch.int64).reshape(shape)
+    values = (base * 7 + rank * 3) % 5 + (1 if dtype != "bool" else 0)
+    if dtype == "bool":
+        return ((base + rank) % 2 == 0).reshape(shape)
+    return values.to(getattr(torch, dtype))
+
+
+def _mismatch_body() -> dict[str, Any]:
+    import libworker as hvd
+
+    rank = hvd.rank()
+    outcomes: dict[str, Any] = {}
+
+    def attempt(label: str, call: Any) -> None:
+        try:
+            call()
+            outcomes[label] = "nothing raised"
+        except RuntimeError as exc:
+            outcomes[label] = f"{type(exc).__name__}: {exc}"
+        after = hvd.allreduce(torch.ones(5) * (rank + 1), op=hvd.Sum, name=f"after.{label}")
+        outcomes[f"{label}.next"] = after.tolist()
+
+    attempt("shape", lambda: hvd.allreduce(torch.ones([17 + rank] * 2)))
+    attempt("ndim", lambda: hvd.allreduce(torch.ones([17, 23 * 57] if rank == 0 else [17, 23, 57])))
+    attempt("dtype", lambda: hvd.allreduce(torch.ones(4, dtype=torch.int32 if rank % 2 == 0 else torch.float32)))
+    attempt("op", lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum if rank == 0 else hvd.Max))
+    attempt("root", lambda: hvd.broadcast(torch.ones(4), root_rank=rank))
+    attempt("scale", lambda: hvd.allreduce(torch.ones(4), prescale_factor=1.0 + rank))
+    attempt("kind", lambda: hvd.allreduce(torch.ones(4)) if rank == 0 else hvd.allgather(torch.ones(4)))
+    attempt("allgather", lambda: hvd.allgather(torch.ones(2, 10 * (rank + 1))))
+    attempt("reducescatter", lambda: hvd.reducescatter(torch.ones(6, 2 + rank)))
+    attempt("grouped", lambda: hvd.grouped_allreduce([torch.ones(3), torch.ones(2 + rank)]))
+    outcomes["is_runtime_error"] = issubclass(hvd.CollectiveMismatchError, RuntimeError)
+    outcomes["not_internal"] = not issubclass(hvd.CollectiveMismatchError, hvd.HorovodInternalError)
+    return outcomes
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_mismatch_raises_on_every_rank_and_the_next_collective_works(size: int) -> None:
+    outcomes = run_ranks(size, _mismatch_body)
+    expected_next = [float(sum(range(1, size + 1)))] * 5
+    labels = ["shape", "ndim", "dtype", "op", "root", "scale", "kind", "allgather", "reducescatter", "grouped"]
+    for rank, out in enumerate(outcomes):
+        assert out["is_runtime_error"] and out["not_internal"]
+        for label in labels:
+            assert out[label].startswith("CollectiveMismatchError: Mismatched"), (rank, label, out[label])
+            assert out[f"{label}.next"] == expected_next, (rank, label)
+    first = outcomes[0]
+    assert first["shape"] == ("CollectiveMismatchError: Mismatched allreduce tensor shapes: rank 0 has [17, 17], rank 1 has [18, 18]"
+                              + (", rank 2 has [19, 19]" if size == 3 else ""))
+    assert "data types" in first["dtype"] and "int32" in first["dtype"] and "float32" in first["dtype"]
+    assert "reduction operation" in first["op"] and "Sum" in first["op"] and "Max" in first["op"]
+    assert "root ranks" in first["root"]
+    assert "prescale and/or postscale factors" in first["scale"]
+    assert "operations" in first["kind"] and "allgather" in first["kind"]
+    assert "(after the first dimension)" in first["allgather"]
+    assert all(out["shape"] == first["shape"] for out in outcomes), "every rank names the same mismatch"
+
+
+def _order_body() -> dict[str, Any]:
+    import libworker as hvd
+
+    rank = hvd.rank()
+    a, b = torch.full((3,), float(rank + 1)), torch.full((5,), 10.0 * (rank + 1))
+    names = ["a", "b"] if rank == 0 else ["b", "a"]
+    handles = {name: hvd.allreduce_async(a if name == "a" else b, name=name, op=hvd.Sum) for name in names}
+    result = {name: hvd.synchronize(handles[name]).tolist() for name in reversed(names)}
+    duplicate = "nothing raised"
+    pending = hvd.allreduce_async(a, name="twice")
+    try:
+        hvd.allreduce_async(a, name="twice")
+    except ValueError as exc:
+        duplicate = str(exc)
+    hvd.synchronize(pending)
+    return {"result": result, "duplicate": duplicate}
+
+
+def test_ops_submitted_in_different_orders_match_by_name() -> None:
+    outcomes = run_ranks(2, _order_body)
+    for out in outcomes:
+        assert out["result"] == {"a": [3.0] * 3, "b": [30.0] * 5}
+        assert "same name" in out["duplicate"]
+
+
+def _dtypes_body(dtypes: list[str]) -> dict[str, Any]:
+    import libworker as hvd
+
+    rank, size = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+    for dtype in dtypes:
+        mine = _value(dtype, rank)
+        ops = {"sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max, "product": hvd.Product}
+        if dtype != "bool":
+            ops["average"] = hvd.Average
+        for label, op in ops.items():
+            out[f"{dtype}/allreduce/{label}"] = _numpy(hvd.allreduce(mine, op=op))
+        out[f"{dtype}/broadcast"] = _numpy(hvd.broadcast(mine, root_rank=size - 1))
+        out[f"{dtype}/allgather"] = _numpy(hvd.allgather(mine[: rank + 1]))
+        out[f"{dtype}/alltoall"] = _numpy(hvd.alltoall(_value(dtype, rank, (size * 2, 3))))
+        if dtype != "bool":
+            out[f"{dtype}/reducescatter"] = _numpy(hvd.reducescatter(_value(dtype, rank, (size * 2, 3)), op=hvd.Sum))
+        if dtype in ("int32", "int64", "int16", "float16", "float32", "float64"):
+            out[f"{dtype}/prescale"] = _numpy(hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.37))
+            out[f"{dtype}/postscale"] = _numpy(hvd.allreduce(mine, op=hvd.Sum, postscale_factor=2.5))
+        out[f"{dtype}/grouped"] = [_numpy(t) for t in hvd.grouped_allreduce([mine, _value(dtype, rank, (2,))], op=hvd.Max)]
+    return out
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """Horovod's scaling: integers in float64, float16 on the CPU in float32, then back to the dtype."""
+    if not tensor.dtype.is_floating_point:
+        return (tensor.to(torch.float64) * factor).to(tensor.dtype)
+    if tensor.dtype == torch.float16:
+        return (tensor.float() * factor).to(torch.float16)
+    return tensor * factor
+
+
+def _reduced(values: list[torch.Tensor], op: str) -> torch.Tensor:
+    stacked = torch.stack([v.to(torch.int64) if v.dtype == torch.bool else v for v in values])
+    dtype = values[0].dtype
+    if dtype == torch.bool:
+        return (stacked.amax(0) if op in ("sum", "max") else stacked.amin(0)).bool()
+    if op == "sum":
+        return stacked.sum(0).to(dtype)
+    if op == "average":
+        total = stacked.sum(0).to(dtype)
+        return total / len(values) if dtype.is_floating_point else total.div(len(values), rounding_mode="trunc")
+    if op == "min":
+        return stacked.amin(0)
+    if op == "max":
+        return stacked.amax(0)
+    return stacked.prod(0).to(dtype)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_dtype_on_every_op_matches_a_single_process_reference(size: int) -> None:
+    outcomes = run_ranks(size, _dtypes_body, DTYPES, timeout=120)
+    for dtype in DTYPES:
+        values = [_value(dtype, rank) for rank in range(size)]
+        tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-6, "float64": 1e-12}.get(dtype, 0)
+        for rank, out in enumerate(outcomes):
+            for op in ("sum", "min", "max", "product") + (("average",) if dtype != "bool" else ()):
+                np.testing.assert_allclose(out[f"{dtype}/allreduce/{op}"].astype(np.float64), _numpy(_reduced(values, op)).astype(np.float64),
+                                           rtol=tol, err_msg=f"{dtype} {op} rank {rank}")
+            np.testing.assert_array_equal(out[f"{dtype}/broadcast"], _numpy(values[-1]))
+            np.testing.assert_array_equal(out[f"{dtype}/allgather"], _numpy(torch.cat([v[: r + 1] for r, v in enumerate(values)])))
+            rows = [_value(dtype, r, (size * 2, 3)) for r in range(size)]
+            np.testing.assert_array_equal(out[f"{dtype}/alltoall"], _numpy(torch.cat([row[2 * rank : 2 * rank + 2] for row in rows])))
+            if dtype != "bool":
+                np.testing.assert_allclose(out[f"{dtype}/reducescatter"].astype(np.float64),
+                                           _numpy(_reduced(rows, "sum")[2 * rank : 2 * rank + 2]).astype(np.float64), rtol=tol)
+            if f"{dtype}/prescale" in out:
+                pre = _reduced([_scaled(v, 0.37) for v in values], "sum")
+                post = _scaled(_reduced(values, "sum"), 2.5)
+                np.testing.assert_allclose(out[f"{dtype}/prescale"].astype(np.float64), _numpy(pre).astype(np.float64), rtol=tol)
+                np.testing.assert_allclose(out[f"{dtype}/postscale"].astype(np.float64), _numpy(post).astype(np.float64), rtol=tol)
+            small = [_value(dtype, r, (2,)) for r in range(size)]
+            np.testing.assert_array_equal(out[f"{dtype}/grouped"][1].astype(np.float64), _numpy(_reduced(small, "max")).astype(np.float64))
+
+
+def _join_body(batches_per_rank: list[int]) -> dict[str, Any]:
+    import torch.nn.functional as F
+
+    import libworker as hvd
+
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    for step in range(batches_per_rank[rank]):
+        generator = torch.Generator().manual_seed(1000 * rank + step)
+        x, y = torch.randn(4, 6, generator=generator), torch.randn(4, 2, generator=generator)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    last = hvd.join()
+    gathered_while_joined = "nothing raised"
+    if rank == 0:
+        first = hvd.join()
+    else:
+        try:
+            hvd.allgather(torch.ones(2))
+        except RuntimeError as exc:
+            gathered_while_joined = str(exc)
+        first = hvd.join()
+    return {"last": last, "first": first, "gathered_while_joined": gathered_while_joined,
+            "params": [p.detach().numpy().copy() for p in model.parameters()]}
+
+
+def _reference_join_training(batches_per_rank: list[int]) -> list[np.ndarray]:
+    """The model of a rank that trains to the end: each step applies the average over all ranks of the gradients,
+    a rank that has joined counting as zero (a joined rank's own model stops where it joined)."""
+    import torch.nn.functional as F
+
+    size = len(batches_per_rank)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(max(batches_per_rank)):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for rank in range(size):
+            if step >= batches_per_rank[rank]:
+                continue
+            generator = torch.Generator().manual_seed(1000 * rank + step)
+            x, y = torch.randn(4, 6, generator=generator), torch.randn(4, 2, generator=generator)
+            model.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            for total, p in zip(grads, model.parameters()):
+                total += p.grad
+        for p, total in zip(model.parameters(), grads):
+            p.grad = total / size
+        optimizer.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("batches_per_rank", [[3, 5], [5, 2, 4]])
+def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: list[int]) -> None:
+    size = len(batches_per_rank)
+    outcomes = run_ranks(size, _join_body, batches_per_rank, timeout=120)
+    reference = _reference_join_training(batches_per_rank)
+    last_to_join = max(range(size), key=lambda r: (batches_per_rank[r], r))
+    for rank, out in enumerate(outcomes):
+        assert out["last"] == last_to_join, (rank, out["last"])
+        assert out["first"] != 0 and out["first"] == outcomes[0]["first"], "rank 0 joined first the second time"
+        if batches_per_rank[rank] == max(batches_per_rank):
+            for got, want in zip(out["params"], reference):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        if rank:
+            assert out["gathered_while_joined"] == "Allgather is not supported with Join at this time."
+
+
+def _process_set_body() -> dict[str, Any]:
+    import libworker as hvd
+
+    rank, size = hvd.rank(), hvd.size()
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    odds = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
+    mine = evens if rank % 2 == 0 else odds
+    summed = hvd.allreduce(torch.tensor([float(rank + 1)]), op=hvd.Sum, process_set=mine)
+    gathered = hvd.allgather(torch.tensor([rank]), process_set=mine)
+    mismatch = "nothing raised"
+    try:
+        hvd.allreduce(torch.ones(2 + mine.rank()), process_set=mine)
+    except RuntimeError as exc:
+        mismatch = type(exc).__name__
+    whole = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
+    return {"summed": summed.item(), "gathered": gathered.tolist(), "rank_in_set": mine.rank(), "set_size": mine.size(),
+            "included": (evens.included(), odds.included()), "mismatch": mismatch, "whole": whole.item()}
+
+
+def test_process_sets_run_their_own_collectives() -> None:
+    outcomes = run_ranks(3, _process_set_body)
+    for rank, out in enumerate(outcomes):
+        members = [r for r in range(3) if r % 2 == rank % 2]
+        assert out["summed"] == sum(r + 1 for r in members)
+        assert out["gathered"] == members
+        assert out["rank_in_set"] == members.index(rank) and out["set_size"] == len(members)
+        assert out["included"] == (rank % 2 == 0, rank % 2 == 1)
+        assert out["whole"] == 3.0
+        assert out["mismatch"] == ("CollectiveMismatchError" if len(members) > 1 else "nothing raised")
+
+
+def test_mismatch_messages_name_each_rank() -> None:
+    from libworker.negotiation import Signature, TensorSpec, mismatch
+
+    a = Signature("allreduce", (TensorSpec("float32", (17, 17)),), op=0)
+    b = Signature("allreduce", (TensorSpec("float32", (18, 17)),), op=0)
+    assert mismatch({0: a, 1: b, 2: a}) == "Mismatched allreduce tensor shapes: ranks 0, 2 have [17, 17], rank 1 has [18, 17]"
+    assert mismatch({0: a, 1: a}) is None
