@@ -268,7 +268,7 @@ def allreduce_async(tensor: torch.Tensor, average: Any = None, name: str | None 
     return allreduce_async_(tensor.clone(), average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None, compression: type[Compressor] = Compression.none,
+def _allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None, compression: type[Compressor] = Compression.none,
               op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """The reduction of `tensor` across all ranks, as a new tensor; `tensor` is left as it is."""
@@ -300,7 +300,7 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: Any = None, na
     return _grouped_async_([t.clone() for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
+def _grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
                       compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     compressed = [compression.compress(t) for t in tensors]
@@ -352,7 +352,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None =
     return broadcast_async_(tensor.clone(), root_rank, name, process_set)
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """root_rank's value of `tensor`, as a new tensor."""
     return broadcast_(tensor.clone(), root_rank, name, process_set)
 
@@ -388,7 +388,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     return _submit(process_set, name, signature, lambda group: _gather_started(tensor, group))
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ, as in Horovod)."""
     return synchronize(allgather_async(tensor, name, process_set))
 
@@ -404,7 +404,7 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
     return _submit(process_set, name, signature, start)
 
 
-def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def _grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -446,7 +446,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return _submit(process_set, name, signature, start)
 
 
-def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+def _alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
     """The gathered slices; with `splits`, also the counts received from each rank (Horovod's two results)."""
     output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
@@ -485,7 +485,7 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
     return _submit(process_set, name, signature, start)
 
 
-def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
+def _grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
                           op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     compressed = [compression.compress(t) for t in tensors]
@@ -508,11 +508,6 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     return handle
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none, op: Any = Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
-
-
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the set reaches the barrier."""
     signature = Signature("barrier")
@@ -529,3 +524,154 @@ def join(device: int = -1) -> int:
     reducescatter on the other ranks fail meanwhile (as in Horovod). Returns the rank that joined last."""
     controller, _ = _negotiation(global_process_set)
     return controller.join()
+
+
+class _Allreduce(torch.autograd.Function):
+    """Differentiable allreduce, as Horovod's: the gradient is the same reduction of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, *args: Any) -> torch.Tensor:
+        average, name, compression, op, prescale_factor, postscale_factor, process_set = args
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return _allreduce(tensor, average, name, compression, op, prescale_factor, postscale_factor, process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        average, op, prescale_factor, postscale_factor, process_set = ctx.args
+        return (_allreduce(grad, average, None, Compression.none, op, prescale_factor, postscale_factor, process_set), *[None] * 7)
+
+
+def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None, compression: type[Compressor] = Compression.none,
+              op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """The reduction of `tensor` across all ranks, as a new tensor; `tensor` is left as it is. Differentiable."""
+    return _Allreduce.apply(tensor, average, name, compression, op, prescale_factor, postscale_factor, process_set)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, args: tuple[Any, ...], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        average, name, compression, op, prescale_factor, postscale_factor, process_set = args
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return tuple(_grouped_allreduce(list(tensors), average, name, compression, op, prescale_factor, postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        average, op, prescale_factor, postscale_factor, process_set = ctx.args
+        return (None, *_grouped_allreduce(list(grads), average, None, Compression.none, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
+                      compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Every tensor reduced across all ranks (one negotiation, one fused reduction per dtype). Differentiable."""
+    return list(_GroupedAllreduce.apply((average, name, compression, op, prescale_factor, postscale_factor, process_set), *tensors))
+
+
+def _my_rows(grad: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
+    """This rank's rows of a gathered gradient (averaged over the set), as Horovod's allgather backward."""
+    reduced = _allreduce(grad, None, None, Compression.none, Average, 1.0, 1.0, process_set)
+    counts = _allgather(torch.tensor([rows], dtype=torch.int64), None, process_set).tolist()
+    offset = sum(counts[: process_set.rank_in(int(require_joined()["rank"]))])
+    return reduced.narrow(0, offset, rows)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        ctx.rows, ctx.process_set = _gathered(tensor).shape[0], process_set
+        return _allgather(tensor, name, process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return _my_rows(grad, ctx.rows, ctx.process_set), None, None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenate every rank's tensor along dim 0 (first dimensions may differ, as in Horovod). Differentiable."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows, ctx.process_set = [_gathered(t).shape[0] for t in tensors], process_set
+        return tuple(_grouped_allgather(list(tensors), name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        return (None, None, *[_my_rows(g, rows, ctx.process_set) for g, rows in zip(grads, ctx.rows)])
+
+
+def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return _broadcast(tensor, root_rank, name, process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = _allreduce(grad, None, None, Compression.none, Average, 1.0, 1.0, ctx.process_set)
+        if int(require_joined()["rank"]) != int(ctx.root_rank):
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """root_rank's value of `tensor`, as a new tensor. Differentiable (the root gets the averaged gradient)."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet) -> Any:
+        result = _alltoall(tensor, splits, name, process_set)
+        ctx.process_set, ctx.received = process_set, None
+        if splits is None:
+            return result
+        output, received = result
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple[Any, ...]:
+        if ctx.received is None:
+            return _alltoall(grad.contiguous(), None, None, ctx.process_set), None, None, None
+        back, _ = _alltoall(grad.contiguous(), ctx.received, None, ctx.process_set)
+        return back, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+    """The gathered slices; with `splits`, also the counts received from each rank (Horovod's two results). Differentiable."""
+    return _Alltoall.apply(tensor, splits, name, process_set)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, args: tuple[Any, ...], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        name, compression, op, process_set, prescale_factor, postscale_factor = args
+        ctx.args = (reduce_op(op), process_set, prescale_factor, postscale_factor)
+        return tuple(_grouped_reducescatter(list(tensors), name, compression, op, process_set, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, process_set, prescale_factor, postscale_factor = ctx.args
+        factor = (process_set.size() if op == Sum else 1) * prescale_factor * postscale_factor
+        return (None, *_grouped_allgather([g * factor for g in grads], None, process_set))
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
+                          op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Each tensor reduced across ranks, this rank keeping its part of dim 0. Differentiable."""
+    return list(_GroupedReducescatter.apply((name, compression, op, process_set, prescale_factor, postscale_factor), *tensors))
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none, op: Any = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
