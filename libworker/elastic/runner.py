@@ -40,7 +40,7 @@ def _agreed_sync(state: State) -> None:
     state's level is twice its commit counter, plus one when its live state went on past that commit (a
     `check_host_updates()` between commits interrupted it: the live state, not the commit, is the job's)."""
     size, rank = dist.get_world_size(), dist.get_rank()
-    held = 2 * state.commits + int(state.live_ahead) if world.holds_state else -1
+    held = 2 * state._commits + int(state._live_ahead) if world.holds_state else -1
     newest_first = (held + 1) * (size + 1) + (size - rank)
     agreed = allreduce_(torch.tensor([newest_first, -(held + 1)], dtype=torch.int64), op=Max)
     newest = int(agreed[0].item()) // (size + 1) - 1
@@ -48,7 +48,7 @@ def _agreed_sync(state: State) -> None:
     oldest = -int(agreed[1].item()) - 1
     if newest < 0 or oldest < newest:
         state.sync(root_rank=root)
-        state.live_ahead = False
+        state._live_ahead = False
     world.holds_state = True
 
 
@@ -83,7 +83,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     return func(state, *args, **kwargs)
                 except WorkerInternalError:
                     state.restore()
-                    state.live_ahead = False
+                    state._live_ahead = False
                 except HostsUpdatedInterrupt:
                     pass
                 rejoin = True

@@ -6,10 +6,16 @@ all ranks agree, so an update first seen by any rank counts, and all raise
 HostsUpdatedInterrupt at the same commit. Updates older than the host set the
 current round was built from are ignored (they are what made this round).
 
-Every State counts its commits (`commits`, part of the state: sync sends it),
+Every State counts its commits (`_commits`, part of the state: sync sends it),
 and knows whether its live state may be ahead of the last commit
-(`live_ahead`: it was interrupted by a `check_host_updates()` called between
-commits, so it keeps training state that no commit holds).
+(`_live_ahead`: it was interrupted by a `check_host_updates()` called between
+commits, so it keeps training state that no commit holds). The library keeps
+its bookkeeping in `_` names: as in Horovod, a State's public names are its
+methods and the user's attributes (`ObjectState(commits=0)` is the user's).
+ObjectState and TorchState refuse with ValueError a keyword that would shadow
+a method (`commit=`, `save=`, ...) or that starts with `_`. The tree a commit
+writes and sync sends is `{"commits": N, "objects": {the user's attributes},
+"torch": {state_dicts}}`: the user's names live only under "objects".
 ObjectState and TorchState also write each commit into their host's snapshot
 when this process is the host's snapshot writer (libworker.elastic.snapshots);
 the writer keeps no second copy of its tensors in memory: its restore reads
@@ -22,7 +28,7 @@ from __future__ import annotations
 import copy
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -42,8 +48,8 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
         self._host_messages: queue.Queue[tuple[float, int]] = queue.Queue()
         self._last_updated_timestamp = 0.0
-        self.commits = 0
-        self.live_ahead = False
+        self._commits = 0
+        self._live_ahead = False
         self._committing = False
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
@@ -72,8 +78,8 @@ class State:
         started = time.monotonic()
         self.save()
         snapshots.report_commit(time.monotonic() - started)
-        self.commits += 1
-        self.live_ahead = False
+        self._commits += 1
+        self._live_ahead = False
         self._committing = True
         try:
             self.check_host_updates()
@@ -93,7 +99,7 @@ class State:
         if agreed[0].item() > seen_since:
             self._last_updated_timestamp = agreed[0].item()
             added, removed = agreed[1].item() > 0, agreed[2].item() > 0
-            self.live_ahead = self.live_ahead or not self._committing
+            self._live_ahead = self._live_ahead or not self._committing
             raise HostsUpdatedInterrupt(skip_sync=removed and not added)
 
     def save(self) -> None:
@@ -116,10 +122,26 @@ class State:
         """Called after every join, before sync: the round may have changed who writes the host's snapshot."""
 
 
+def _refuse_library_names(state: State, names: Iterable[str]) -> None:
+    """ValueError for a state attribute that would shadow a name the library defines on `state`'s class (a method)
+    or that starts with `_` (the library's bookkeeping)."""
+    kind = type(state).__name__
+    library = [vars(cls) for cls in type(state).__mro__ if cls.__module__ == __name__]
+    for name in names:
+        if name.startswith("_"):
+            raise ValueError(f"{kind}({name}=...): names starting with '_' are reserved for {kind}'s own bookkeeping; pick another name for your state attribute")
+        owner = next((attrs for attrs in library if name in attrs), None)
+        if owner is not None:
+            what = "a method" if callable(owner[name]) else "an attribute"
+            raise ValueError(f"{kind}({name}=...): {name!r} is {what} of {kind}; pick another name for your state attribute")
+
+
 class ObjectState(State):
-    """Plain picklable Python objects, kept as attributes: `ObjectState(epoch=0, batch=0)`."""
+    """Plain picklable Python objects, kept as attributes: `ObjectState(epoch=0, batch=0)`. A keyword may not be
+    the name of one of the class's methods nor start with `_` (ValueError)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        _refuse_library_names(self, kwargs)
         self._saved_state = dict(kwargs)
         self._set_attrs()
         super().__init__()
@@ -129,7 +151,7 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
     def save(self) -> None:
-        self._capture(self.commits + 1)
+        self._capture(self._commits + 1)
 
     def _capture(self, commit: int) -> None:
         """Keep the live values as the committed state `commit`, and write it into the host's snapshot when this
@@ -149,15 +171,15 @@ class ObjectState(State):
         """Make `tree` the live state, as of commit `commit` (the caller keeps it as committed)."""
         self._saved_state = dict(tree["objects"])
         self._set_attrs()
-        self.commits = commit
+        self._commits = commit
 
     def restore(self) -> None:
         self._set_attrs()
 
     def sync(self, root_rank: int = 0) -> None:
-        tree = broadcast_tree({"commits": self.commits, **self._live_tree()}, root_rank)
+        tree = broadcast_tree({"commits": self._commits, **self._live_tree()}, root_rank)
         self._load_tree(tree, tree["commits"])
-        self._capture(self.commits)
+        self._capture(self._commits)
 
     def load_snapshot(self, snapshot: Snapshot) -> bool:
         self._load_tree(snapshot.tree, snapshot.commit)
@@ -193,10 +215,11 @@ class _Handler:
 class TorchState(ObjectState):
     """Model, optimizer, samplers (anything with state_dict/load_state_dict) plus plain values.
 
-    `TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0)`.
+    `TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0)`. Keywords as for ObjectState.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        _refuse_library_names(self, kwargs)
         stateful = {"model": model, "optimizer": optimizer}
         stateful.update({k: v for k, v in kwargs.items() if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")})
         self._handlers = {name: _Handler(value) for name, value in stateful.items() if value is not None}
@@ -245,7 +268,7 @@ class TorchState(ObjectState):
             found = snapshots.host_snapshot()
             if found is None:
                 raise RuntimeError("the committed state is lost: the host's snapshot is gone")
-            if found.commit != self.commits:
+            if found.commit != self._commits:
                 self._load_tree(found.tree, found.commit)
             for name, handler in self._handlers.items():
                 handler.saved = found.tree["torch"][name]

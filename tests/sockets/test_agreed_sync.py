@@ -3,7 +3,22 @@ ranks that all hold the same commit (survivors, or workers that restored it from
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.sockets.ranks import run_ranks
+
+
+def _record_syncs(state: Any) -> list[int]:
+    """Make `state.sync` also note each root it syncs from, in the list returned."""
+    synced_from: list[int] = []
+    real_sync = state.sync
+
+    def recording_sync(root_rank: int = 0) -> None:
+        synced_from.append(root_rank)
+        real_sync(root_rank)
+
+    state.sync = recording_sync
+    return synced_from
 
 
 def _decide(held_by_rank: list[int | str]) -> tuple[int | None, int]:
@@ -18,19 +33,12 @@ def _decide(held_by_rank: list[int | str]) -> tuple[int | None, int]:
 
     held = held_by_rank[dist.get_rank()]
     state = elastic.ObjectState(marker=dist.get_rank())
-    state.live_ahead = isinstance(held, str)
-    state.commits = max(int(str(held).rstrip("+")), 0)
-    world.holds_state = state.commits > 0 or held == 0
-    synced_from: list[int] = []
-    real_sync = state.sync
-
-    def recording_sync(root_rank: int = 0) -> None:
-        synced_from.append(root_rank)
-        real_sync(root_rank)
-
-    state.sync = recording_sync  # type: ignore[method-assign]
+    state._live_ahead = isinstance(held, str)
+    state._commits = max(int(str(held).rstrip("+")), 0)
+    world.holds_state = state._commits > 0 or held == 0
+    synced_from = _record_syncs(state)
     _agreed_sync(state)
-    return (synced_from[0] if synced_from else None), state.commits
+    return (synced_from[0] if synced_from else None), state._commits
 
 
 CASES = [
@@ -55,3 +63,28 @@ def test_the_newest_commit_wins_and_equal_commits_skip_the_broadcast() -> None:
         for index, (held, root, after) in enumerate(cases):
             outcomes = {results[index] for results in per_rank}
             assert outcomes == {(root, after)}, f"commits {held}: {outcomes}"
+
+
+def _sync_users_commits() -> tuple[int, bool, int, int]:
+    """Rank 0 holds library commit 3 and the user's `commits=0`; every other rank holds commit 1, a larger user's
+    `commits` and the user's `live_ahead=True`. Return (commits, live_ahead, the library's counter, the root the sync came from) after the
+    agreed sync."""
+    import torch
+    import torch.distributed as dist
+
+    import libworker as elastic
+    from libworker.elastic.runner import _agreed_sync
+    from libworker.world import world
+
+    rank = dist.get_rank()
+    model = torch.nn.Linear(2, 1)
+    state = elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), commits=100 * rank, live_ahead=rank > 0)
+    state._commits = 3 if rank == 0 else 1
+    world.holds_state = True
+    synced_from = _record_syncs(state)
+    _agreed_sync(state)
+    return state.commits, state.live_ahead, state._commits, synced_from[0]
+
+
+def test_a_users_commits_travels_with_the_sync_and_the_decision_reads_only_the_librarys_counter() -> None:
+    assert run_ranks(3, _sync_users_commits) == [(0, False, 3, 0)] * 3

@@ -100,7 +100,7 @@ def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_
     state.commit()
     committed = {k: v.clone() for k, v in model.state_dict().items()}
     exp_avg = optimizer.state_dict()["state"][0]["exp_avg"].clone()
-    assert state.commits == 1 and all(h.saved is None for h in state._handlers.values())
+    assert state._commits == 1 and all(h.saved is None for h in state._handlers.values())
     assert read_newest(slot_paths(host_snapshot), "job-test", print).commit == 1
     step(model, optimizer)
     state.epoch = 4
@@ -139,7 +139,7 @@ def test_a_fresh_state_loads_a_snapshot_with_its_commit_counter(host_snapshot: s
     with torch.no_grad():
         fresh_model.weight.zero_()
     assert fresh.load_snapshot(found)
-    assert (fresh.commits, fresh.epoch) == (5, 7)
+    assert (fresh._commits, fresh.epoch) == (5, 7)
     assert torch.equal(fresh_model.weight, model.weight)
     assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
 
@@ -150,7 +150,7 @@ def test_the_writer_restores_the_state_it_was_synced_to_before_its_first_commit(
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     step(model, optimizer)
     state.restore()
-    assert state.commits == 0
+    assert state._commits == 0
     assert all(torch.equal(initial[k], v) for k, v in model.state_dict().items())
 
 
@@ -159,14 +159,14 @@ def test_an_interrupt_between_commits_marks_the_live_state_ahead_of_the_last_com
     state.on_hosts_updated(150.0, HOST_ADDED)
     with pytest.raises(elastic.HostsUpdatedInterrupt):
         state.commit()
-    assert not state.live_ahead, "interrupted right after a commit: the live state is that commit"
+    assert not state._live_ahead, "interrupted right after a commit: the live state is that commit"
     state.step = 1
     state.on_hosts_updated(160.0, HOST_ADDED)
     with pytest.raises(elastic.HostsUpdatedInterrupt):
         state.check_host_updates()
-    assert state.live_ahead
+    assert state._live_ahead
     state.commit()
-    assert not state.live_ahead
+    assert not state._live_ahead
 
 
 def test_a_worker_restored_from_its_host_goes_through_the_reset_the_others_did(host_snapshot: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,7 +177,68 @@ def test_a_worker_restored_from_its_host_goes_through_the_reset_the_others_did(h
     state.commit()
     fresh_model, fresh_optimizer, fresh = trained_state()
     resets: list[int] = []
-    fresh.register_reset_callbacks([lambda: resets.append(fresh.commits)])
+    fresh.register_reset_callbacks([lambda: resets.append(fresh._commits)])
     monkeypatch.setattr(world, "holds_state", False)
     _restore_from_host(fresh)
     assert world.holds_state and resets == [1]
+
+
+def test_attributes_named_commits_and_live_ahead_are_the_users(one_rank_world: None) -> None:
+    state = elastic.ObjectState(commits=0, live_ahead=False, epoch=0)
+    state.commits, state.live_ahead = 5, True
+    state.commit()
+    state.commits, state.live_ahead = 9, False
+    state.restore()
+    assert (state.commits, state.live_ahead) == (5, True)
+    state.commit()
+    assert (state.commits, state._commits) == (5, 2), "the library's counter is its own, and the user's is not counted"
+
+
+def test_a_torch_state_with_commits_round_trips_it_through_its_host_snapshot(host_snapshot: str) -> None:
+    from libworker.elastic import snapshots
+
+    def torch_state() -> elastic.TorchState:
+        model = torch.nn.Linear(4, 2)
+        return elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), commits=0)
+
+    state = torch_state()
+    state.commits = 42
+    for _ in range(3):
+        state.commit()
+    state.commits = 43
+    state.restore()
+    assert (state.commits, state._commits) == (42, 3)
+    fresh = torch_state()
+    assert fresh.load_snapshot(snapshots.restorable())
+    assert (fresh.commits, fresh._commits) == (42, 3)
+
+
+@pytest.mark.parametrize("kind", [elastic.ObjectState, elastic.TorchState])
+@pytest.mark.parametrize(
+    "name", ["commit", "save", "restore", "sync", "reset", "register_reset_callbacks", "check_host_updates", "on_reset"]
+)
+def test_a_keyword_that_would_shadow_a_method_is_refused_at_once(kind: type[elastic.State], name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{kind.__name__}\({name}=\.\.\.\): '{name}' is a method of {kind.__name__}; pick another name"):
+        kind(**{name: 1})
+
+
+@pytest.mark.parametrize("kind", [elastic.ObjectState, elastic.TorchState])
+def test_every_public_name_of_the_class_and_every_underscore_name_is_refused(kind: type[elastic.State]) -> None:
+    for name in [n for n in dir(kind) if not n.startswith("_")] + ["_commits", "_saved_state", "_x"]:
+        with pytest.raises(ValueError, match=rf"^{kind.__name__}\({name}=\.\.\.\): "):
+            kind(**{name: 1})
+
+
+def test_a_module_under_a_method_name_is_refused_too() -> None:
+    with pytest.raises(ValueError, match="'save' is a method of TorchState"):
+        elastic.TorchState(torch.nn.Linear(1, 1), save=torch.nn.Linear(1, 1))
+
+
+def test_plain_names_are_the_users() -> None:
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = elastic.ElasticSampler(list(range(4)))
+    state = elastic.TorchState(model, optimizer, sampler=sampler, epoch=1, batch=2, commits=3, live_ahead=4)
+    assert (state.model, state.optimizer, state.sampler) == (model, optimizer, sampler)
+    assert (state.epoch, state.batch, state.commits, state.live_ahead) == (1, 2, 3, 4)
+    assert elastic.ObjectState(commits=0).commits == 0
