@@ -40,7 +40,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from bus.assignments import SlotInfo, slots_of
+from bus.assignments import SlotInfo, round_environment, slots_of
 from bus.client import AsyncClient, incarnation_id
 from bus.config import Endpoints, Timing, unresolved_hosts
 from bus.envelope import Message
@@ -356,7 +356,7 @@ class AgentService(Service):
         else:
             env.update(ELASTIC_LOCAL_RANK=str(local_rank), LOCAL_RANK=str(local_rank))
         if slot is not None:
-            env.update(RANK=str(slot.rank), WORLD_SIZE=str(slot.size), LOCAL_WORLD_SIZE=str(slot.local_size), GROUP_RANK=str(slot.cross_rank))
+            env.update(round_environment(slot))
         try:
             worker = spawn(local_rank, list(job["command"]), env, job.get("cwd"))
         except OSError as exc:

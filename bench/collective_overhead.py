@@ -6,9 +6,14 @@ One job of 2 ranks on one host, started through the real system (services,
 agent, `elasticctl run`); each rank runs `bench/collective_worker.py`, which
 times `hvd.allreduce_(t, op=hvd.Sum)`, `hvd.allreduce_(t, op="sum")` and
 `torch.distributed.all_reduce(t)` on float32 tensors from 4 B to 64 MB,
-interleaved in rotating rounds, medians of the time per call. The ratio is
-raw time / ours (1.0: no overhead; the goal is >= 0.95 from 64 KB up). The
-last line is `COLLECTIVE_OVERHEAD min_ratio_from_64KB=...`.
+interleaved in rotating rounds, medians of the time per call. Every libworker
+call is negotiated (libworker.negotiation): `ours` with the cache (one small
+allreduce per call once its signature is agreed), `ours_no_cache` with
+ELASTIC_NEGOTIATION_CACHE=0 (every call exchanges the whole signature), and
+`ours_8_async` the same tensor as 8 async allreduces synchronized together
+(one negotiation for the batch). The ratio is raw time / ours (1.0: no
+overhead); `negotiation us` is ours - raw at 4 B. The last line is
+`COLLECTIVE_OVERHEAD min_ratio_from_64KB=... negotiation_us=... no_cache_us=...`.
 """
 
 from __future__ import annotations
@@ -51,10 +56,13 @@ def main() -> None:
         for by_size in results.values():
             ratio = raw_seconds / by_size[size]
             cells.append(f"{by_size[size] * 1e6:16.1f} {ratio:6.3f}")
-            if size >= FROM:
-                ratios_from.append(ratio)
+        if size >= FROM:
+            ratios_from.append(raw_seconds / results["ours"][size])
         print(f"{human(size):>7} {raw_seconds * 1e6:10.1f} " + " ".join(cells))
-    print(f"COLLECTIVE_OVERHEAD min_ratio_from_64KB={min(ratios_from):.3f}")
+    smallest = min(raw)
+    cached = (results["ours"][smallest] - raw[smallest]) * 1e6
+    uncached = (results["ours_no_cache"][smallest] - raw[smallest]) * 1e6
+    print(f"COLLECTIVE_OVERHEAD min_ratio_from_64KB={min(ratios_from):.3f} negotiation_us={cached:.0f} no_cache_us={uncached:.0f}")
 
 
 if __name__ == "__main__":

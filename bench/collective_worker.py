@@ -1,4 +1,5 @@
-"""One rank of `bench.collective_overhead`: libworker's allreduce_ against raw torch.distributed.all_reduce.
+"""One rank of `bench.collective_overhead`: libworker's allreduce_ (negotiated, with and without the cache, and
+as a batch of 8 async calls) against raw torch.distributed.all_reduce.
 
     python -m bench.collective_worker --out FILE [--rounds 15] [--budget 0.15]
 
@@ -27,10 +28,31 @@ import torch.distributed as dist
 import libworker as hvd
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+BATCH = 8
+
+
+def without_cache(tensor: torch.Tensor) -> object:
+    """Every negotiation takes the full path (the ranks exchange the whole signature), as with no cache."""
+    os.environ["ELASTIC_NEGOTIATION_CACHE"] = "0"
+    try:
+        return hvd.allreduce_(tensor, op=hvd.Sum)
+    finally:
+        del os.environ["ELASTIC_NEGOTIATION_CACHE"]
+
+
+def batched(tensor: torch.Tensor) -> object:
+    """BATCH async allreduces submitted, then synchronized: one negotiation cycle for the batch."""
+    parts = tensor.chunk(BATCH) if tensor.numel() >= BATCH else [tensor]
+    for handle in [hvd.allreduce_async_(part, op=hvd.Sum) for part in parts]:
+        hvd.synchronize(handle)
+    return tensor
+
+
 METHODS: dict[str, Callable[[torch.Tensor], object]] = {
     "raw": lambda t: dist.all_reduce(t),
-    "ours_op_Sum": lambda t: hvd.allreduce_(t, op=hvd.Sum),
-    "ours_op_str": lambda t: hvd.allreduce_(t, op="sum"),
+    "ours": lambda t: hvd.allreduce_(t, op=hvd.Sum),
+    "ours_no_cache": without_cache,
+    "ours_8_async": batched,
 }
 
 

@@ -40,6 +40,16 @@ class SlotInfo:
         }
 
 
+def round_environment(slot: SlotInfo) -> dict[str, str]:
+    """A worker's place in its round as torch.distributed's and horovodrun's (Gloo) variables: the agent sets them
+    when it starts a worker for a known slot, libworker again at every join."""
+    values = {"RANK": slot.rank, "WORLD_SIZE": slot.size, "LOCAL_RANK": slot.local_rank, "LOCAL_WORLD_SIZE": slot.local_size,
+              "GROUP_RANK": slot.cross_rank, "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size, "HOROVOD_LOCAL_RANK": slot.local_rank,
+              "HOROVOD_LOCAL_SIZE": slot.local_size, "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
+              "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    return {name: str(value) for name, value in values.items()}
+
+
 class NotEnoughSlots(ValueError):
     """Fewer slots than min_np."""
 

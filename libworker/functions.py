@@ -53,16 +53,15 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 
 
 def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
-    saved_grads = []
+    """As Horovod: every parameter that trains gets a zero gradient (sparse for SparseAdam), kept afterwards, and the
+    wrapped optimizer takes one local step."""
     for group in optimizer.param_groups:
         for p in group["params"]:
-            saved_grads.append(p.grad)
-            p.grad = torch.zeros_like(p)
-    local_step = getattr(optimizer, "local_step", optimizer.step)
-    local_step()
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for p, grad in zip(params, saved_grads):
-        p.grad = grad
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    getattr(optimizer, "local_step", optimizer.step)()
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:

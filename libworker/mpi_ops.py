@@ -629,19 +629,16 @@ def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet) -> Any:
-        result = _alltoall(tensor, splits, name, process_set)
-        ctx.process_set, ctx.received = process_set, None
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set, ctx.received = process_set, received
         if splits is None:
-            return result
-        output, received = result
-        ctx.received = received
+            return output
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple[Any, ...]:
-        if ctx.received is None:
-            return _alltoall(grad.contiguous(), None, None, ctx.process_set), None, None, None
+        """What came from each rank goes back to it: the received counts are the splits."""
         back, _ = _alltoall(grad.contiguous(), ctx.received, None, ctx.process_set)
         return back, None, None, None
 

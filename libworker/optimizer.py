@@ -168,6 +168,10 @@ def _check_names(named_parameters: Any, params: list[torch.Tensor]) -> None:
         raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters were not named")
 
 
+class _NotAMember(Exception):
+    """This rank is not in the optimizer's process set: the step reduces nothing (never raised to the user)."""
+
+
 def _parameter_names(named_parameters: Any, optimizer: torch.optim.Optimizer) -> dict[torch.Tensor, str]:
     """Horovod's `_parameter_names`: each parameter's name, `allreduce.noname.<group>.<index>` when not named."""
     if named_parameters is not None:
@@ -185,14 +189,14 @@ class GradientReducer:
     """
 
     def __init__(self, params: list[torch.Tensor], compression: type[Compressor], backward_passes_per_step: int, op: int,
-                 gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool, process_set: ProcessSet, name: str) -> None:
+                 gradient_predivide_factor: float, groups: Any, process_set: ProcessSet, name: str) -> None:
         self.process_set = process_set
         self.name = name
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.predivide = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
+        self.sparse: set[torch.Tensor] = set()
         layout = explicit_groups(params, groups) if groups is not None else layout_buckets(params, fusion_threshold())
         self.buckets = [Bucket.of(group) for group in layout]
         self.signature = self._layout_signature()
@@ -202,6 +206,7 @@ class GradientReducer:
         self.touched = False
         self.next_launch = 0
         self.step_error = None
+        self.sparse.clear()
         self.hooks = []
         for bucket in self.buckets:
             for p in bucket.params:
@@ -229,9 +234,16 @@ class GradientReducer:
         device = "cuda" if self.buckets and self.buckets[0].buffer.is_cuda else "cpu"
         return Signature("optimizer", tuple(specs), self.op, -1, self.predivide, 1.0, device)
 
+    def is_member(self) -> bool:
+        """A rank outside the optimizer's process set steps on its own gradients, as in Horovod."""
+        return bool(self.process_set.included())
+
     def _agree_on_step(self) -> None:
         """Before the step's first bucket: the ranks agree on the layout (and joined ranks learn it)."""
         if self.next_launch or self.step_error is not None:
+            return
+        if not self.is_member():
+            self.step_error = _NotAMember()
             return
         self.group = process_sets.group_of(self.process_set)
         try:
@@ -256,8 +268,7 @@ class GradientReducer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             elif p.grad.is_sparse:
-                if not self.sparse_as_dense:
-                    raise ValueError("sparse gradients are reduced densely here: pass sparse_as_dense=True to DistributedOptimizer")
+                self.sparse.add(p)
                 p.grad = p.grad.to_dense()
             grads.append(p.grad)
         return grads
@@ -279,6 +290,8 @@ class GradientReducer:
         """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
         try:
             self._agree_on_step()
+            if isinstance(self.step_error, _NotAMember):
+                return
             if self.step_error is not None:
                 raise self.step_error
             for bucket in self.buckets[self.next_launch :]:
@@ -296,6 +309,8 @@ class GradientReducer:
                     result.mul_(self.predivide / size)
                 views = bucket.views if result is bucket.buffer else [v.view_as(p) for v, p in zip(result.split(bucket.sizes), bucket.params)]
                 torch._foreach_copy_([p.grad for p in bucket.params], views)
+            for p in self.sparse:
+                p.grad = p.grad.to_sparse()
         finally:
             self.clear()
 
@@ -411,7 +426,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})  # not a scheduler's patch
     wrapped._reducer = GradientReducer(params, compression, backward_passes_per_step, resolved, gradient_predivide_factor, groups,
-                                       sparse_as_dense, process_set, f"DistributedOptimizer.{next(_optimizer_numbers)}")
+                                       process_set, f"DistributedOptimizer.{next(_optimizer_numbers)}")
     wrapped._parameter_names = _parameter_names(named_parameters, optimizer)
     wrapped._synchronized = False
     wrapped._should_synchronize = True

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bus.assignments import SlotInfo, round_environment
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.envelope import Message
@@ -214,7 +215,7 @@ def join() -> None:
         world.slot = reply.body
         world.round = int(reply.body["round"])
         world.poisoned = False
-    _export_environment(world.slot)
+    os.environ.update(round_environment(SlotInfo(**{name: world.slot[name] for name in SlotInfo.__dataclass_fields__})))
     timeout = timedelta(seconds=world.timing.collective_timeout)
     try:
         store = dist.PrefixStore(world.slot["prefix"], _round_store(world.link, timeout))
@@ -233,15 +234,6 @@ def join() -> None:
         except (RuntimeError, dist.DistError) as exc:
             world.poisoned = True
             raise WorkerInternalError(f"setting up round {world.round} failed: {exc}") from None
-
-
-def _export_environment(slot: dict[str, Any]) -> None:
-    """torch.distributed's and horovodrun's (Gloo) variables for the round, for scripts and libraries that read them."""
-    values = {"RANK": slot["rank"], "WORLD_SIZE": slot["size"], "LOCAL_RANK": slot["local_rank"], "LOCAL_WORLD_SIZE": slot["local_size"],
-              "HOROVOD_RANK": slot["rank"], "HOROVOD_SIZE": slot["size"], "HOROVOD_LOCAL_RANK": slot["local_rank"],
-              "HOROVOD_LOCAL_SIZE": slot["local_size"], "HOROVOD_CROSS_RANK": slot["cross_rank"], "HOROVOD_CROSS_SIZE": slot["cross_size"],
-              "HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
-    os.environ.update({name: str(value) for name, value in values.items()})
 
 
 def require_joined() -> dict[str, Any]:
