@@ -9,9 +9,11 @@ rank of the round (id 0).
 In an elastic job the registry outlives the round: at every join the ranks
 agree on one registry (the longest one any rank holds, lowest rank first, so
 a worker that just started learns the sets the others made) and each set's
-process group is built again over the new round. A set keeps those of its
-ranks that exist in the new round (ranks are renumbered from 0 on every
-reset); a set left with no rank is removed, and using it raises ValueError.
+process group is built again over the new round. A set is the rank numbers it
+was made with (ranks are renumbered from 0 on every reset): in a round of
+fewer ranks its members are those of its ranks that exist (`ranks` says which),
+and when the job grows back its other ranks are members again. Using a set
+none of whose ranks is in the round raises ValueError.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class ProcessSet:
         ranks = sorted(ranks)
         if any(not isinstance(rank, int) or isinstance(rank, bool) for rank in ranks):
             raise ValueError("ProcessSet should be initialized with a list of process ranks (ints)")
-        self.ranks: list[int] = ranks
+        self.requested: list[int] = ranks
+        self.ranks: list[int] = list(ranks)
         self.process_set_id: int | None = None
 
     def size(self) -> int | None:
@@ -56,7 +59,8 @@ class ProcessSet:
         return list(range(int(require_joined()["size"]))) if self.process_set_id == 0 else self.ranks
 
     def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        extra = "" if self.ranks == self.requested else f", of {self.requested}"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}{extra})"
 
 
 global_process_set = ProcessSet()
@@ -69,7 +73,6 @@ class _Registry:
 
     sets: dict[int, ProcessSet]
     groups: dict[int, Any]
-    built_for_round: int = 0
     next_id: int = 1
 
 
@@ -87,7 +90,7 @@ def register(process_sets: Sequence[ProcessSet | Sequence[int]]) -> list[Process
         process_set = _as_set(candidate)
         if not process_set.ranks:
             raise ValueError("a process set needs at least one rank (the global set is global_process_set)")
-        existing = next((s for s in _registry.sets.values() if s.ranks == process_set.ranks), None)
+        existing = next((s for s in _registry.sets.values() if s.requested == process_set.requested), None)
         if existing is not None:
             process_set.process_set_id = existing.process_set_id
         else:
@@ -104,7 +107,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     process_set = _as_set(process_set)
     if any(not 0 <= rank < int(slot["size"]) for rank in process_set.ranks) or not process_set.ranks:
         raise ValueError(f"process set ranks {process_set.ranks} must be ranks of this round (size {slot['size']})")
-    if any(s.ranks == process_set.ranks for s in _registry.sets.values()):
+    if any(s.requested == process_set.requested for s in _registry.sets.values()):
         raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
     (registered,) = register([process_set])
     _registry.groups[registered.process_set_id] = dist.new_group(registered.ranks)
@@ -128,26 +131,23 @@ def rebuild_for_round() -> None:
     """After a join: agree on one registry across the round, then build every set's group over the new ranks."""
     _registry.groups.clear()
     size = dist.get_world_size()
-    mine = sorted((set_id, s.ranks) for set_id, s in _registry.sets.items())
+    mine = sorted((set_id, s.requested) for set_id, s in _registry.sets.items())
     if size > 1:
         everyone: list[Any] = [None] * size
         dist.all_gather_object(everyone, mine)
         mine = max(everyone, key=len)
-    known = {tuple(s.ranks): s for s in _registry.sets.values()}
+    known = {tuple(s.requested): s for s in _registry.sets.values()}
     _registry.sets.clear()
-    for set_id, ranks in mine:
-        process_set = known.pop(tuple(ranks), None) or ProcessSet(ranks)
-        kept = [rank for rank in ranks if rank < size]
-        if not kept:
-            process_set.process_set_id = None
-            continue
-        process_set.ranks, process_set.process_set_id = kept, set_id
+    for set_id, requested in mine:
+        process_set = known.pop(tuple(requested), None) or ProcessSet(requested)
+        process_set.ranks = [rank for rank in requested if rank < size]
+        process_set.process_set_id = set_id
         _registry.sets[set_id] = process_set
-        _registry.groups[set_id] = dist.new_group(kept)
+        if process_set.ranks:
+            _registry.groups[set_id] = dist.new_group(process_set.ranks)
         _registry.next_id = max(_registry.next_id, set_id + 1)
     for orphan in known.values():
         orphan.process_set_id = None
-    _registry.built_for_round = world.round
 
 
 world.joined_hooks.append(rebuild_for_round)
@@ -159,6 +159,8 @@ def group_of(process_set: ProcessSet) -> Any:
         return None
     if process_set.process_set_id is None or process_set.process_set_id not in _registry.sets:
         raise ValueError(f"{process_set} is not registered (add_process_set or init(process_sets=...)), or its ranks left the job")
+    if not process_set.ranks:
+        raise ValueError(f"none of the ranks of {process_set} is in this round (size {require_joined()['size']})")
     if not process_set.included():
         raise ValueError(f"rank {require_joined()['rank']} is not a member of {process_set}")
     return _registry.groups[process_set.process_set_id]

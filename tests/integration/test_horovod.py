@@ -50,3 +50,34 @@ def test_the_per_parameter_allreduce_idiom_still_trains(cluster: Cluster, tmp_pa
     assert len(done) == 2 and all(e["identical"] for e in done)
     losses = [e["loss"] for e in read_events(log_dir) if e["event"] == "epoch_end" and e["rank"] == 0]
     assert len(losses) == 2 and losses[1] < losses[0], losses
+
+
+def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_their_own(cluster: Cluster, tmp_path: Path) -> None:
+    """3 hosts x 1 slot; the even ranks form a process set. Rank 2 is SIGKILLed: the round of 2 holds only rank 0
+    in the set, and when the restarted worker is back the set is ranks 0 and 2 again. The script's own
+    `state.commits` counts its steps through every reset, untouched by the library's commit counter."""
+    for host in ("host-1", "host-2", "host-3"):
+        cluster.start_agent(host, 1)
+    log_dir = tmp_path / "train"
+    job = cluster.submit("--min-np", "2", "--", sys.executable, "tests/workers/process_sets.py", "--steps", "600", "--log-dir", str(log_dir))
+
+    def steps_at(size: int, after: float = 0.0) -> list[dict]:
+        return [e for e in read_events(log_dir) if e["event"] == "step" and e["size"] == size and e["time"] > after]
+
+    wait_for(lambda: any(e["rank"] == 2 for e in steps_at(3)), 90, "rank 2 stepping at world size 3")
+    victim = next(e for e in steps_at(3) if e["rank"] == 2)
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_for(lambda: steps_at(2), 60, "the survivors stepping at world size 2")
+    shrunk = max(e["time"] for e in steps_at(2))
+    wait_for(lambda: steps_at(3, after=shrunk), 90, "world size 3 again once the slot restarted")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+
+    events = [e for e in read_events(log_dir) if e["event"] == "step"]
+    assert sizes_in_order(events)[:3] == [3, 2, 3]
+    for e in events:
+        members = [rank for rank in (0, 2, 4) if rank < e["size"]]
+        assert e["commits"] == e["step"], f"the user's commits counter was changed: {e}"
+        assert e["world"] == e["size"] and e["set_size"] == len(members), e
+        assert e["included"] == (e["rank"] in members), e
+        if e["included"]:
+            assert e["set_sum"] == len(members) and e["set_rank"] == members.index(e["rank"]), e
