@@ -278,6 +278,7 @@ def _process_set_body() -> dict[str, Any]:
     except RuntimeError as exc:
         mismatch = type(exc).__name__
     whole = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
+    assert mine.rank_in(rank) == mine.rank() and evens.rank_in(1) is None
     return {"summed": summed.item(), "gathered": gathered.tolist(), "rank_in_set": mine.rank(), "set_size": mine.size(),
             "included": (evens.included(), odds.included()), "mismatch": mismatch, "whole": whole.item()}
 
@@ -292,6 +293,31 @@ def test_process_sets_run_their_own_collectives() -> None:
         assert out["included"] == (rank % 2 == 0, rank % 2 == 1)
         assert out["whole"] == 3.0
         assert out["mismatch"] == ("CollectiveMismatchError" if len(members) > 1 else "nothing raised")
+
+
+def _stall_body() -> dict[str, Any]:
+    import dataclasses
+
+    import libworker as hvd
+    from libworker.world import world
+
+    world.timing = dataclasses.replace(world.timing, collective_timeout=3.0)
+    rank = hvd.rank()
+    try:
+        hvd.allreduce(torch.ones(2), name=f"only-on-rank-{rank}")
+        stalled = "nothing raised"
+    except hvd.CollectiveMismatchError as exc:
+        stalled = str(exc)
+    after = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    return {"stalled": stalled, "after": after.tolist()}
+
+
+def test_an_op_no_other_rank_submits_fails_after_the_timeout_naming_who_lacks_it() -> None:
+    outcomes = run_ranks(2, _stall_body)
+    for rank, out in enumerate(outcomes):
+        assert f"'only-on-rank-{rank}' stalled" in out["stalled"], out["stalled"]
+        assert f"ranks [{1 - rank}] did not submit it" in out["stalled"], out["stalled"]
+        assert out["after"] == [2.0, 2.0]
 
 
 def test_mismatch_messages_name_each_rank() -> None:
