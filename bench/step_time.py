@@ -1,6 +1,6 @@
 """Training step time: torch DDP against libworker's DistributedOptimizer (and the old per-parameter allreduce).
 
-    python -m bench.step_time [--ranks 2,4] [--steps 100] [--quick]
+    python -m bench.step_time [--ranks 2,4] [--steps 100] [--models mlp-1M,...] [--quick]
 
 For each rank count, one job on one host started through the real system
 (services, agent, `elasticctl run`); each rank runs `bench/step_time_worker.py`
@@ -59,10 +59,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="2,4", help="Comma-separated rank counts, one job each.")
     parser.add_argument("--steps", type=int, default=100, help="Timed steps per trainer and model (after 5 warm-up steps).")
+    parser.add_argument("--models", help="Comma-separated models (default: all of bench.step_time_worker's).")
     parser.add_argument("--quick", action="store_true", help="CI smoke run: 2 ranks, the 1M MLP, 6 steps.")
     args = parser.parse_args()
     ranks = [2] if args.quick else [int(n) for n in args.ranks.split(",")]
     worker_args = ["--models", "mlp-1M", "--steps", "6", "--warmup", "2"] if args.quick else ["--steps", str(args.steps)]
+    if args.models and not args.quick:
+        worker_args += ["--models", args.models]
     minima = {}
     with cluster() as c:
         c.start_agent("host-1", slots=max(ranks))

@@ -3,12 +3,18 @@
 Same names, arguments and results as Horovod: reduce ops as constants
 (`Average`, `Sum`, `Adasum`, `Min`, `Max`, `Product`; the strings "mean",
 "sum", ... still work), `name=`, `prescale_factor`/`postscale_factor`,
-`compression=`, and the deprecated `average=`. The `_async` forms return a
-handle for `poll` / `synchronize`; allreduce and broadcast are issued at once
-and overlap with the caller, the others complete before they return their
-handle. A dead peer or an abort of the round makes any of them raise
-WorkerInternalError (Horovod's HorovodInternalError); a handle of an earlier
-round raises it too. Process sets other than the global one are refused.
+`compression=`, `process_set=`, and the deprecated `average=`.
+
+Every operation is submitted to the negotiation of its process set
+(libworker.negotiation) with its signature and a launcher; the `_async` forms
+return a handle at once, and `synchronize` / `poll` negotiate every operation
+queued so far, launch the agreed ones in the order all ranks share, and wait.
+A mismatch raises CollectiveMismatchError on every rank with nothing sent.
+Launchers move data through libworker.wire, which makes every dtype exact on
+gloo. The out-of-place forms are differentiable, as Horovod's (autograd
+Functions at the end). A dead peer or an abort of the round makes any of
+them raise WorkerInternalError (Horovod's HorovodInternalError); a handle of
+an earlier round raises it too.
 """
 
 from __future__ import annotations
@@ -114,9 +120,19 @@ def _submit(process_set: ProcessSet, name: str | None, signature: Signature, sta
     return handle
 
 
-def negotiate(process_set: ProcessSet, name: str | None, signature: Signature) -> None:
-    """Agree on an operation the caller then runs itself (DistributedOptimizer's buckets); raises what a mismatch raises."""
+def agree(process_set: ProcessSet, name: str, signature: Signature) -> Callable[[], None]:
+    """Agree on an operation the caller then runs itself (DistributedOptimizer's buckets), before it starts it.
+
+    Once the signature is cached the agreement is sent ahead (Controller.send_ahead) and the caller starts its
+    data at once; the returned function waits for the agreement (WorkerInternalError if the ranks turn out not
+    to agree). Otherwise it agrees now, raising what a mismatch raises, and returns a function with nothing to
+    wait for."""
+    controller, _ = _negotiation(process_set)
+    ahead = controller.send_ahead(Request(name, signature, lambda: None))
+    if ahead is not None:
+        return functools.partial(controller.confirm, ahead)
     synchronize(_submit(process_set, name, signature, lambda group: _Started([], lambda: None)))
+    return lambda: None
 
 
 def poll(handle: int) -> bool:
@@ -336,9 +352,16 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None 
     signature = Signature("broadcast", (spec_of(tensor),), root=int(root_rank), device=_device_label([tensor]))
 
     def start(group: Any) -> _Started:
-        sent = tensor.reshape(-1).view(torch.uint8) if wire.moves_as_bytes(tensor) and tensor.is_contiguous() else tensor
+        dense = tensor if tensor.is_contiguous() else tensor.contiguous()
+        sent = dense.reshape(-1).view(torch.uint8) if wire.moves_as_bytes(dense) else dense
         work = launch(lambda: dist.broadcast(sent, src=int(root_rank), group=group, async_op=True))
-        return _Started([work], lambda: tensor, waits_on_stream(tensor))
+
+        def result() -> torch.Tensor:
+            if dense is not tensor:
+                tensor.copy_(dense)
+            return tensor
+
+        return _Started([work], result, waits_on_stream(tensor))
 
     return _submit(process_set, name, signature, start)
 

@@ -44,7 +44,7 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libworker.collectives import run_collective
+from libworker.collectives import fail, finish, launch, run_collective
 from libworker.errors import CollectiveMismatchError
 from libworker.world import world
 
@@ -143,6 +143,15 @@ class Request:
 
 
 @dataclass
+class SentAhead:
+    """An agreement in flight ahead of the data it covers (`Controller.send_ahead`)."""
+
+    flags: torch.Tensor
+    work: Any
+    slot: int
+
+
+@dataclass
 class _Decision:
     key: str
     signature: Signature
@@ -210,6 +219,27 @@ class Controller:
         finally:
             self.joined = self.newly_joined = False
         return self.join_result
+
+    def send_ahead(self, request: Request) -> SentAhead | None:
+        """Start the cycle that agrees on `request` without waiting for it, so its data can be launched right
+        behind it: only when `request` (named) would be the only pending one and its signature is cached, as a
+        training step's is from its second step in a round. The cycle is the same one small allreduce the others
+        run (a rank in join() learns from it to serve the data with zeros). None: agree the usual way."""
+        hit = self.cache.get(request.name or "")
+        if self.pending or hit is None or hit[1] != request.signature or self.joined or self.stalled or not cache_enabled():
+            return None
+        self.cycles += 1
+        flags = torch.zeros(HEADER + len(self.cache_keys), dtype=torch.int32)
+        flags[2], flags[HEADER + hit[0]] = 1, 1
+        work = launch(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
+        return SentAhead(flags, work, hit[0])
+
+    def confirm(self, ahead: SentAhead) -> None:
+        """Wait for an agreement sent ahead. Every other rank either agreed on the same request or did something
+        else while this one's data was already on its way: then the round's process group cannot be trusted."""
+        finish(ahead.work)
+        if int(ahead.flags[0]) < 0 or int(ahead.flags[HEADER + ahead.slot]) != 1:
+            raise fail("the ranks did not all take the same step: this rank's data was already sent ahead of the agreement")
 
     def _keyed(self) -> list[tuple[str, Request]]:
         """Pending requests with their keys: the name, or `noname.N` for the N-th unnamed one still pending."""

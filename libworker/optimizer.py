@@ -51,7 +51,7 @@ from libworker.collectives import finish, launch, waits_on_stream
 from libworker.compression import Compression, Compressor
 from libworker.errors import WorkerInternalError
 from libworker import process_sets
-from libworker.mpi_ops import TORCH_OPS, Adasum, Average, ProcessSet, global_process_set, negotiate, reduce_op
+from libworker.mpi_ops import TORCH_OPS, Adasum, Average, ProcessSet, agree, global_process_set, reduce_op
 from libworker.negotiation import Signature, TensorSpec
 
 FIRST_BUCKET_BYTES = 1 << 20
@@ -168,6 +168,10 @@ def _check_names(named_parameters: Any, params: list[torch.Tensor]) -> None:
         raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters were not named")
 
 
+def _nothing_to_confirm() -> None:
+    """The step's agreement was reached before its buckets started."""
+
+
 class _NotAMember(Exception):
     """This rank is not in the optimizer's process set: the step reduces nothing (never raised to the user)."""
 
@@ -182,10 +186,12 @@ def _parameter_names(named_parameters: Any, optimizer: torch.optim.Optimizer) ->
 class GradientReducer:
     """The buckets of one optimizer, their hooks, and the reduction of one step.
 
-    Each step starts with one negotiation of the whole bucket layout (a cached
-    signature: one small allreduce, checked in full once per round), so a rank
-    whose model differs fails on every rank with CollectiveMismatchError before
-    any bucket moves, and a rank in `join()` serves the buckets with zeros.
+    Each step starts with one negotiation of the whole bucket layout: on the
+    first step of a round in full and before any bucket moves, so a rank whose
+    model differs fails on every rank with CollectiveMismatchError; from then
+    on as the cached signature's one small allreduce, sent ahead of the first
+    bucket without waiting (confirmed in synchronize), so backward never waits
+    for it. A rank in `join()` serves the buckets with zeros either way.
     """
 
     def __init__(self, params: list[torch.Tensor], compression: type[Compressor], backward_passes_per_step: int, op: int,
@@ -202,10 +208,12 @@ class GradientReducer:
         self.signature = self._layout_signature()
         self.group: Any = None
         self.step_error: BaseException | None = None
+        self.confirm_step: Any = _nothing_to_confirm
         self.delay = {p: backward_passes_per_step for p in params}
         self.touched = False
         self.next_launch = 0
         self.step_error = None
+        self.confirm_step = _nothing_to_confirm
         self.sparse.clear()
         self.hooks = []
         for bucket in self.buckets:
@@ -247,7 +255,7 @@ class GradientReducer:
             return
         self.group = process_sets.group_of(self.process_set)
         try:
-            negotiate(self.process_set, self.name, self.signature)
+            self.confirm_step = agree(self.process_set, self.name, self.signature)
         except (RuntimeError, ValueError) as exc:
             self.step_error = exc
 
@@ -297,6 +305,7 @@ class GradientReducer:
             for bucket in self.buckets[self.next_launch :]:
                 self._launch(bucket)
             self.next_launch = len(self.buckets)
+            self.confirm_step()
             size = dist.get_world_size(self.group)
             for bucket in self.buckets:
                 if bucket.error is not None:
