@@ -22,8 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+import torch
 import torch.distributed as dist
 
+from libworker.collectives import run_collective
 from libworker.world import require_joined, world
 
 
@@ -130,12 +133,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 def rebuild_for_round() -> None:
     """After a join: agree on one registry across the round, then build every set's group over the new ranks."""
     _registry.groups.clear()
+    mine = _agreed_registry(sorted((set_id, s.requested) for set_id, s in _registry.sets.items()))
     size = dist.get_world_size()
-    mine = sorted((set_id, s.requested) for set_id, s in _registry.sets.items())
-    if size > 1:
-        everyone: list[Any] = [None] * size
-        dist.all_gather_object(everyone, mine)
-        mine = max(everyone, key=len)
     known = {tuple(s.requested): s for s in _registry.sets.values()}
     _registry.sets.clear()
     for set_id, requested in mine:
@@ -151,6 +150,27 @@ def rebuild_for_round() -> None:
 
 
 world.joined_hooks.append(rebuild_for_round)
+
+
+def _agreed_registry(mine: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """The longest registry any rank of the round holds (lowest rank first): one small allreduce when no rank has
+    a set, else a broadcast of it too; abortable, like every collective of libworker."""
+    size, rank = dist.get_world_size(), dist.get_rank()
+    if size == 1:
+        return mine
+    holder = torch.tensor([len(mine) * size + (size - 1 - rank)], dtype=torch.int64)
+    run_collective(lambda: dist.all_reduce(holder, op=dist.ReduceOp.MAX, async_op=True))
+    longest, source = divmod(int(holder.item()), size)
+    if longest == 0:
+        return []
+    source = size - 1 - source
+    payload = torch.frombuffer(bytearray(msgpack.packb(mine)), dtype=torch.uint8) if rank == source else torch.empty(0, dtype=torch.uint8)
+    length = torch.tensor([payload.numel()], dtype=torch.int64)
+    run_collective(lambda: dist.broadcast(length, src=source, async_op=True))
+    if rank != source:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    run_collective(lambda: dist.broadcast(payload, src=source, async_op=True))
+    return [(int(set_id), list(ranks)) for set_id, ranks in msgpack.unpackb(payload.numpy().tobytes())]
 
 
 def group_of(process_set: ProcessSet) -> Any:

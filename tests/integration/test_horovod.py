@@ -55,7 +55,8 @@ def test_the_per_parameter_allreduce_idiom_still_trains(cluster: Cluster, tmp_pa
 def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_their_own(cluster: Cluster, tmp_path: Path) -> None:
     """3 hosts x 1 slot; the even ranks form a process set. Rank 2 is SIGKILLed: the round of 2 holds only rank 0
     in the set, and when the restarted worker is back the set is ranks 0 and 2 again. The script's own
-    `state.commits` counts its steps through every reset, untouched by the library's commit counter."""
+    `state.commits` counts its steps through every reset, untouched by the library's commit counter. HOROVOD_RANK
+    and HOROVOD_SIZE follow every round, and are there before `init()` in the workers the job started with."""
     for host in ("host-1", "host-2", "host-3"):
         cluster.start_agent(host, 1)
     log_dir = tmp_path / "train"
@@ -81,3 +82,6 @@ def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_thei
         assert e["included"] == (e["rank"] in members), e
         if e["included"]:
             assert e["set_sum"] == len(members) and e["set_rank"] == members.index(e["rank"]), e
+        assert (e["horovod_rank"], e["horovod_size"]) == (str(e["rank"]), str(e["size"])), e
+        if e["round"] == 1:
+            assert e["rank_before_init"] == str(e["rank"]), "the agent sets HOROVOD_RANK before a worker of a known slot starts"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
+from bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments, round_environment
 
 UNEVEN = [("a", 2), ("b", 1), ("c", 3)]
 # a: ranks 0,1   b: rank 2   c: ranks 3,4,5
@@ -197,3 +197,11 @@ def test_slot_ids_keep_their_local_rank_across_a_hole():
 
 def test_slot_ids_and_counts_agree_without_holes():
     assert get_host_assignments([("a", [0, 1]), ("b", [0])], 1, 2) == get_host_assignments([("a", 2), ("b", 1)], 1, 2)
+
+
+def test_a_slot_exports_torchruns_and_horovodruns_variables() -> None:
+    env = round_environment(SlotInfo(hostname="host-2", rank=5, local_rank=1, cross_rank=2, size=8, local_size=2, cross_size=4))
+    assert env["RANK"] == env["HOROVOD_RANK"] == "5" and env["WORLD_SIZE"] == env["HOROVOD_SIZE"] == "8"
+    assert env["LOCAL_RANK"] == env["HOROVOD_LOCAL_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == env["HOROVOD_LOCAL_SIZE"] == "2"
+    assert env["GROUP_RANK"] == env["HOROVOD_CROSS_RANK"] == "2" and env["HOROVOD_CROSS_SIZE"] == "4"
+    assert env["HOROVOD_HOSTNAME"] == "host-2" and env["HOROVOD_CONTROLLER"] == "gloo"
