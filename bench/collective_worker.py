@@ -40,11 +40,21 @@ def without_cache(tensor: torch.Tensor) -> object:
         del os.environ["ELASTIC_NEGOTIATION_CACHE"]
 
 
+def chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
+    return list(tensor.chunk(BATCH)) if tensor.numel() >= BATCH else [tensor]
+
+
 def batched(tensor: torch.Tensor) -> object:
     """BATCH async allreduces submitted, then synchronized: one negotiation cycle for the batch."""
-    parts = tensor.chunk(BATCH) if tensor.numel() >= BATCH else [tensor]
-    for handle in [hvd.allreduce_async_(part, op=hvd.Sum) for part in parts]:
+    for handle in [hvd.allreduce_async_(part, op=hvd.Sum) for part in chunks(tensor)]:
         hvd.synchronize(handle)
+    return tensor
+
+
+def raw_batch(tensor: torch.Tensor) -> object:
+    """The same BATCH allreduces, raw: what `batched` is compared with."""
+    for work in [dist.all_reduce(part, async_op=True) for part in chunks(tensor)]:
+        work.wait()
     return tensor
 
 
@@ -52,6 +62,7 @@ METHODS: dict[str, Callable[[torch.Tensor], object]] = {
     "raw": lambda t: dist.all_reduce(t),
     "ours": lambda t: hvd.allreduce_(t, op=hvd.Sum),
     "ours_no_cache": without_cache,
+    "raw_8_async": raw_batch,
     "ours_8_async": batched,
 }
 

@@ -259,31 +259,28 @@ class Controller:
         """One negotiation cycle with every rank of the set; True when anything was decided."""
         self.cycles += 1
         keyed = self._keyed()
-        flags = torch.zeros(HEADER + len(self.cache_keys), dtype=torch.int32)
+        slots = [int(self.joined)] * len(self.cache_keys)
         uncached = self.stalled or not cache_enabled()
         for key, request in keyed:
             hit = self.cache.get(key)
             if hit is not None and hit[1] == request.signature:
-                flags[HEADER + hit[0]] = 1
+                slots[hit[0]] = 1
             else:
                 uncached = True
-        if self.joined:
-            flags[HEADER:] = 1
-        flags[0] = -int(uncached)
-        flags[1] = int(self.joined)
-        flags[2] = int(not self.joined)
-        flags[3] = -(self._my_rank() + 1) if self.newly_joined else 0
+        header = [-int(uncached), int(self.joined), int(not self.joined), -(self._my_rank() + 1) if self.newly_joined else 0]
+        flags = torch.tensor(header + slots, dtype=torch.int32)
         run_collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
         self.newly_joined = False
-        if int(flags[1]) == 1:
-            self.join_result = self.global_ranks[-int(flags[3]) - 1] if int(flags[3]) < 0 else self.global_ranks[-1]
+        agreed = flags.tolist()
+        if agreed[1] == 1:
+            self.join_result = self.global_ranks[-agreed[3] - 1] if agreed[3] < 0 else self.global_ranks[-1]
             return True
-        any_joined = int(flags[2]) == 0
-        if int(flags[0]) < 0:
+        any_joined = agreed[2] == 0
+        if agreed[0] < 0:
             decisions = self._full_exchange(keyed)
         else:
             decisions = [_Decision(self.cache_keys[i], self.cache[self.cache_keys[i]][1], None)
-                         for i in torch.nonzero(flags[HEADER:]).flatten().tolist()]
+                         for i, flag in enumerate(agreed[HEADER:]) if flag]
         requests = dict(keyed)
         for decision in decisions:
             self._apply(decision, requests.get(decision.key), any_joined)
