@@ -184,7 +184,7 @@ class Controller:
 
     def wait(self, request: Request) -> None:
         """Run cycles until `request` is launched or failed (its error is left on it for the caller)."""
-        started = idle_since = time.monotonic()
+        idle_since = time.monotonic()
         idle = 0
         while not request.decided:
             if self.cycle():
@@ -193,7 +193,7 @@ class Controller:
             idle += 1
             waited = time.monotonic() - idle_since
             self.stalled = waited > STALL_PROBE_AFTER
-            if waited > world.timing.collective_timeout and time.monotonic() - started > world.timing.collective_timeout:
+            if waited > world.timing.collective_timeout:
                 self._give_up(request, waited)
             time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
         self.stalled = False

@@ -212,9 +212,6 @@ class GradientReducer:
         self.delay = {p: backward_passes_per_step for p in params}
         self.touched = False
         self.next_launch = 0
-        self.step_error = None
-        self.confirm_step = _nothing_to_confirm
-        self.sparse.clear()
         self.hooks = []
         for bucket in self.buckets:
             for p in bucket.params:
@@ -330,6 +327,9 @@ class GradientReducer:
             self.delay[p] = self.backward_passes_per_step
         self.touched = False
         self.next_launch = 0
+        self.step_error = None
+        self.confirm_step = _nothing_to_confirm
+        self.sparse.clear()
 
 
 class _DistributedOptimizer:

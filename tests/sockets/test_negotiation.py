@@ -10,7 +10,10 @@
 - join(): uneven data under DistributedOptimizer (a rank that ran out of batches joins, the others go on), the
   joined rank's zeros in the others' allreduces, the last rank to join returned everywhere; allgather while a
   rank is joined fails as Horovod's does.
-- A process set of the even ranks runs its own collectives with its own negotiation.
+- A process set of the even ranks runs its own collectives with its own negotiation; a DistributedOptimizer on it
+  averages over its members, and a rank outside it steps on its own gradients.
+- Gradients flow back through allreduce, allgather and broadcast as Horovod's; a sparse gradient is reduced and
+  handed back sparse (SparseAdam); sparse_allreduce_async's handle can be called.
 """
 
 from __future__ import annotations
@@ -327,3 +330,103 @@ def test_mismatch_messages_name_each_rank() -> None:
     b = Signature("allreduce", (TensorSpec("float32", (18, 17)),), op=0)
     assert mismatch({0: a, 1: b, 2: a}) == "Mismatched allreduce tensor shapes: ranks 0, 2 have [17, 17], rank 1 has [18, 17]"
     assert mismatch({0: a, 1: a}) is None
+
+
+def _autograd_and_optimizer_body() -> dict[str, Any]:
+    import libworker as hvd
+
+    rank, size = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    (hvd.allreduce(x, op=hvd.Sum) * torch.arange(3.0)).sum().backward()
+    out["allreduce_grad"] = x.grad.tolist()
+    y = torch.ones(rank + 1, 2, requires_grad=True)
+    hvd.allgather(y).sum().backward()
+    out["allgather_grad"] = y.grad.tolist()
+    z = torch.ones(4, requires_grad=True)
+    hvd.broadcast(z, root_rank=0).sum().backward()
+    out["broadcast_grad"] = z.grad.tolist()
+
+    handle = hvd.sparse_allreduce_async(torch.tensor([0.0, rank + 1.0, 0.0]).to_sparse(), op=hvd.Sum)
+    out["sparse"] = handle().to_dense().tolist()
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(6, 2, sparse=True)
+    sparse_opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(embedding.parameters()), lr=0.1))
+    sparse_opt.zero_grad()
+    embedding(torch.tensor([rank, 3])).sum().backward()
+    sparse_opt.step()
+    out["sparse_grad_is_sparse"] = embedding.weight.grad.is_sparse
+    out["sparse_grad"] = embedding.weight.grad.to_dense().tolist()
+    out["parameter_names"] = sorted(sparse_opt._parameter_names.values())
+
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(2, 1, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(linear.parameters(), lr=1.0), process_set=evens)
+    opt.zero_grad()
+    linear(torch.full((1, 2), float(rank + 1))).sum().backward()
+    opt.step()
+    out["set_step"] = linear.weight.detach().flatten().tolist()
+    return out
+
+
+def test_gradients_flow_through_collectives_and_the_optimizer_handles_sparse_grads_and_process_sets() -> None:
+    size = 3
+    outcomes = run_ranks(size, _autograd_and_optimizer_body)
+    members = [0, 2]
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(2, 1, bias=False).weight.detach().flatten().numpy()
+    for rank, out in enumerate(outcomes):
+        assert out["allreduce_grad"] == [0.0, float(size), 2.0 * size], "the gradient of a sum is the sum of the gradients"
+        assert out["allgather_grad"] == [[1.0, 1.0]] * (rank + 1), "each rank gets its rows of the averaged gradient"
+        assert out["broadcast_grad"] == ([1.0] * 4 if rank == 0 else [0.0] * 4)
+        assert out["sparse"] == [0.0, float(sum(range(1, size + 1))), 0.0]
+        assert out["sparse_grad_is_sparse"]
+        expected = torch.zeros(6, 2)
+        for r in range(size):
+            expected[r] += 1.0 / size
+            expected[3] += 1.0 / size
+        np.testing.assert_allclose(np.array(out["sparse_grad"]), expected.numpy(), rtol=1e-6)
+        assert out["parameter_names"] == ["allreduce.noname.0.0"]
+        inputs = [float(r + 1) for r in (members if rank in members else [rank])]
+        np.testing.assert_allclose(np.array(out["set_step"]), initial - np.mean(inputs), rtol=1e-6)
+
+
+def _step_after_a_failed_step_body() -> dict[str, Any]:
+    import torch.nn.functional as F
+
+    import libworker as hvd
+    from libworker.world import world
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+
+    def step() -> None:
+        optimizer.zero_grad()
+        F.mse_loss(model(torch.full((3, 4), float(hvd.rank()))), torch.zeros(3, 2)).backward()
+        optimizer.step()
+
+    step()
+    world.aborted_round = world.round  # the control plane aborts this round: the next step fails
+    try:
+        step()
+        failed = "nothing raised"
+    except hvd.HorovodInternalError as exc:
+        failed = str(exc)
+    world.aborted_round, world.poisoned = 0, False  # as after a re-join: a new round on a working group
+    world.round += 1
+    world.slot = {**world.slot, "round": world.round}
+    step()
+    step()
+    return {"failed": failed, "params": [p.detach().numpy().copy() for p in model.parameters()]}
+
+
+def test_a_step_after_a_failed_step_reduces_again() -> None:
+    """A step that failed (an abort) leaves nothing behind: the next round's steps reduce and stay identical."""
+    outcomes = run_ranks(2, _step_after_a_failed_step_body)
+    for out in outcomes:
+        assert "aborted by the control plane" in out["failed"]
+    for mine, theirs in zip(outcomes[0]["params"], outcomes[1]["params"]):
+        np.testing.assert_array_equal(mine, theirs)
