@@ -228,7 +228,7 @@ def _grouped_reduce_started(tensors: list[torch.Tensor], op: int, prescale_facto
 
 def _serve(group: Any, signature: Signature) -> None:
     """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
-    zeros = [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=_device(signature.device)) for spec in signature.tensors]
+    zeros = [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device)) for spec in signature.tensors]
     if signature.kind == "optimizer":
         for buffer in zeros:
             run_collective(lambda b=buffer: dist.all_reduce(b, group=group, async_op=True), waits_on_stream(buffer))
@@ -239,10 +239,6 @@ def _serve(group: Any, signature: Signature) -> None:
     started = _grouped_reduce_started(zeros, Sum if signature.op == Average else signature.op, 1.0, 1.0, group)
     for work in started.works:
         finish(work, started.on_stream)
-
-
-def _device(label: str) -> torch.device:
-    return torch.device(label)
 
 
 def _reduce_signature(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float) -> Signature:
