@@ -41,7 +41,6 @@ def launch(issue: Callable[[], Any]) -> Any:
         work = issue()
     except (RuntimeError, dist.DistError) as exc:
         raise fail(f"collective failed: {exc}") from None
-    world.in_flight.add(work)
     return work
 
 
@@ -51,16 +50,13 @@ def finish(work: Any, on_stream: bool = False) -> None:
     `on_stream`: the work is NCCL on CUDA tensors; waiting makes the current
     stream wait for it, which returns at once (an abort ends the communicator).
     """
+    if not on_stream:
+        _wait_in_slices(work)
+        return
     try:
-        if on_stream:
-            try:
-                work.wait()
-            except (RuntimeError, dist.DistError) as exc:
-                raise fail(f"collective failed: {exc}") from None
-        else:
-            _wait_in_slices(work)
-    finally:
-        world.in_flight.discard(work)
+        work.wait()
+    except (RuntimeError, dist.DistError) as exc:
+        raise fail(f"collective failed: {exc}") from None
 
 
 def _wait_in_slices(work: Any) -> None:

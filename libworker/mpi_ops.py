@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,14 +74,13 @@ def _check_root(root_rank: int, process_set: ProcessSet) -> None:
 
 @dataclass(eq=False)
 class _Pending:
-    """An operation behind a handle: its negotiation request, then its works and what synchronize returns."""
+    """An operation behind a handle: its negotiation request (whose `started` is a _Started once it is launched),
+    and what synchronize makes of the result (`then`)."""
 
     request: Request
     controller: Controller
     round: int
-    works: list[Any] = field(default_factory=list)
-    result: Callable[[], Any] = lambda: None
-    on_stream: bool = False
+    then: Callable[[Any], Any] = lambda result: result
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,7 @@ def _submit(process_set: ProcessSet, name: str | None, signature: Signature, sta
     for stale in [h for h, p in _handles.items() if p.round != world.round]:
         del _handles[stale]
 
-    def launch() -> None:
-        started = start(group)
-        pending.works, pending.result, pending.on_stream = started.works, started.result, started.on_stream
-
-    pending = _Pending(Request(name, signature, launch), controller, world.round)
+    pending = _Pending(Request(name, signature, functools.partial(start, group)), controller, world.round)
     controller.submit(pending.request)
     handle = next(_handle_ids)
     _handles[handle] = pending
@@ -145,7 +141,9 @@ def poll(handle: int) -> bool:
         return True
     if not pending.request.decided:
         pending.controller.cycle()
-    return pending.request.decided and all(work.is_completed() for work in pending.works)
+    if not pending.request.decided:
+        return False
+    return pending.request.error is not None or all(work.is_completed() for work in pending.request.started.works)
 
 
 def synchronize(handle: int) -> Any:
@@ -159,9 +157,10 @@ def synchronize(handle: int) -> Any:
         pending.controller.wait(pending.request)
     if pending.request.error is not None:
         raise pending.request.error
-    for work in pending.works:
-        finish(work, pending.on_stream)
-    return pending.result()
+    started: _Started = pending.request.started
+    for work in started.works:
+        finish(work, started.on_stream)
+    return pending.then(started.result())
 
 
 def _group_size(group: Any) -> int:
@@ -331,15 +330,7 @@ class _SparseHandle(int):
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None, process_set: ProcessSet = global_process_set) -> _SparseHandle:
     """A sparse tensor, reduced densely; call the result (or synchronize it) for the reduced sparse tensor."""
     handle = allreduce_async_(tensor.to_dense(), name=name, op=op, process_set=process_set)
-    pending = _handles[handle]
-    request_launch = pending.request.launch
-
-    def launch() -> None:
-        request_launch()
-        dense_result = pending.result
-        pending.result = lambda: dense_result().to_sparse()
-
-    pending.request.launch = launch
+    _handles[handle].then = torch.Tensor.to_sparse
     return _SparseHandle(handle)
 
 
@@ -515,15 +506,7 @@ def _grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     handle = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor)
-    pending = _handles[handle]
-    request_launch = pending.request.launch
-
-    def launch() -> None:
-        request_launch()
-        parts_result = pending.result
-        pending.result = lambda: parts_result()[0]
-
-    pending.request.launch = launch
+    _handles[handle].then = operator.itemgetter(0)
     return handle
 
 

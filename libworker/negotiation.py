@@ -129,13 +129,16 @@ def mismatch(signatures: dict[int, Signature]) -> str | None:
 
 @dataclass(eq=False)
 class Request:
-    """One submitted operation; `launch` starts its data movement once every rank agreed."""
+    """One submitted operation; `start` starts its data movement once every rank agreed, and what it returns is
+    kept as `started` for the caller. (`start` must not refer back to its request: a cycle would keep a finished
+    round's process group alive until the garbage collector runs.)"""
 
     name: str | None
     signature: Signature
-    launch: Callable[[], None]
+    start: Callable[[], Any]
     error: BaseException | None = None
     launched: bool = False
+    started: Any = None
 
     @property
     def decided(self) -> bool:
@@ -323,7 +326,7 @@ class Controller:
             self.serve(decision.signature)
             return
         try:
-            request.launch()
+            request.started = request.start()
             request.launched = True
         except BaseException as exc:
             request.error = exc

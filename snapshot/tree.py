@@ -24,31 +24,28 @@ class TensorRef:
 def split(tree: Any) -> tuple[Any, list[torch.Tensor]]:
     """(skeleton, tensors): `join(skeleton, tensors)` rebuilds the tree."""
     tensors: list[torch.Tensor] = []
+    return _split(tree, tensors), tensors
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            tensors.append(node.detach())
-            return TensorRef(len(tensors) - 1)
-        if isinstance(node, Mapping):
-            return _same_mapping(node, {key: walk(value) for key, value in node.items()})
-        if type(node) in (list, tuple):
-            return type(node)(walk(item) for item in node)
-        return node
 
-    return walk(tree), tensors
+def _split(node: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(node, torch.Tensor):
+        tensors.append(node.detach())
+        return TensorRef(len(tensors) - 1)
+    if isinstance(node, Mapping):
+        return _same_mapping(node, {key: _split(value, tensors) for key, value in node.items()})
+    if type(node) in (list, tuple):
+        return type(node)(_split(item, tensors) for item in node)
+    return node
 
 
 def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    def walk(node: Any) -> Any:
-        if isinstance(node, TensorRef):
-            return tensors[node.index]
-        if isinstance(node, Mapping):
-            return _same_mapping(node, {key: walk(value) for key, value in node.items()})
-        if type(node) in (list, tuple):
-            return type(node)(walk(item) for item in node)
-        return node
-
-    return walk(skeleton)
+    if isinstance(skeleton, TensorRef):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, Mapping):
+        return _same_mapping(skeleton, {key: join(value, tensors) for key, value in skeleton.items()})
+    if type(skeleton) in (list, tuple):
+        return type(skeleton)(join(item, tensors) for item in skeleton)
+    return skeleton
 
 
 def _same_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
