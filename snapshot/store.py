@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -44,6 +44,34 @@ class Snapshot:
     path: str
 
 
+class TensorSpec(NamedTuple):
+    """Where one tensor of the tree lies in the payload, and what it was (the metadata keeps a list of these)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    cuda: bool
+
+
+def lay_out(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
+    """Each tensor's spec, at aligned offsets from the payload's start; and where the metadata then starts."""
+    specs, offset = [], 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        specs.append(TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda))
+        offset = _aligned(offset + nbytes)
+    return specs, offset
+
+
+def copy_into(payload: memoryview, copies: list[tuple[torch.Tensor, TensorSpec]]) -> None:
+    """Copy tensors into their places in the payload, without waiting (on CUDA: device to host, asynchronously)."""
+    whole = torch.frombuffer(payload, dtype=torch.uint8)
+    for tensor, spec in copies:
+        whole[spec.offset : spec.offset + spec.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
+    del whole
+
+
 class SnapshotWriter:
     """The writing side of a host's snapshot, kept by the one worker that writes it: the slots stay mapped."""
 
@@ -57,11 +85,7 @@ class SnapshotWriter:
         """Write `tree` as commit `commit` into the older slot; returns the bytes written. Raises SnapshotError
         (with both slots as they were) when the slot cannot be grown."""
         skeleton, tensors = split(tree)
-        specs, offset = [], 0
-        for tensor in tensors:
-            nbytes = tensor.numel() * tensor.element_size()
-            specs.append((str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda))
-            offset = _aligned(offset + nbytes)
+        specs, offset = lay_out(tensors)
         meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": specs})
         length = offset + len(meta)
         index = self._older_slot()
@@ -70,25 +94,22 @@ class SnapshotWriter:
         mapping[PAYLOAD_START + offset : PAYLOAD_START + length] = meta
         with memoryview(mapping) as view, view[PAYLOAD_START : PAYLOAD_START + length] as payload:
             self._copy_from_devices(index, mapping, payload, tensors, specs)
-            sources = [(spec[2], copying.tensor_bytes(t.contiguous())) for t, spec in zip(tensors, specs) if not t.is_cuda and spec[3]]
+            sources = [(spec.offset, copying.tensor_bytes(t.contiguous())) for t, spec in zip(tensors, specs) if not spec.cuda and spec.nbytes]
             checksum = copying.copy_checksum(payload, sources, length)
             del sources
         mapping[: HEADER_BYTES] = SlotHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
         return length
 
-    def _copy_from_devices(self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[Any]) -> None:
+    def _copy_from_devices(self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[TensorSpec]) -> None:
         """CUDA tensors go device-to-host into the slot, asynchronously (pinned when the slot is registered), then
         one synchronize; the checksum that follows covers their bytes too."""
-        on_device = [(t, spec) for t, spec in zip(tensors, specs) if t.is_cuda and spec[3]]
+        on_device = [(t, spec) for t, spec in zip(tensors, specs) if spec.cuda and spec.nbytes]
         if not on_device:
             return
         if index not in self._pinned and copying.register_pinned(mapping):
             self._pinned.add(index)
-        whole = torch.frombuffer(payload, dtype=torch.uint8)
-        for tensor, (_, _, offset, nbytes) in on_device:
-            whole[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
+        copy_into(payload, on_device)
         torch.cuda.synchronize()
-        del whole
 
     def _older_slot(self) -> int:
         ages = [(header.commit, header.written_at) if (header := self._header(i)) is not None else (0, 0.0) for i in (0, 1)]
@@ -173,20 +194,20 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
                 return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
             try:
                 meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
-                tensors = [_tensor(payload, *spec) for spec in meta["tensors"]]
+                tensors = [_tensor(payload, TensorSpec(*spec)) for spec in meta["tensors"]]
             except (pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError, ValueError, RuntimeError) as exc:
                 return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
     return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
 
 
-def _tensor(payload: memoryview, dtype_name: str, shape: tuple[int, ...], offset: int, nbytes: int, cuda: bool) -> torch.Tensor:
+def _tensor(payload: memoryview, spec: TensorSpec) -> torch.Tensor:
     """A private copy of one tensor's bytes (never a view of the mapping, which the next commits overwrite), back on
     the current CUDA device when it was a CUDA tensor and this process has one."""
-    out = torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes:
-        out.numpy()[:] = np.frombuffer(payload, dtype=np.uint8, count=nbytes, offset=offset)
-    tensor = out.view(getattr(torch, dtype_name)).view(shape)
-    return tensor.to(torch.device("cuda", torch.cuda.current_device())) if cuda and torch.cuda.is_available() else tensor
+    out = torch.empty(spec.nbytes, dtype=torch.uint8)
+    if spec.nbytes:
+        out.numpy()[:] = np.frombuffer(payload, dtype=np.uint8, count=spec.nbytes, offset=spec.offset)
+    tensor = out.view(getattr(torch, spec.dtype)).view(spec.shape)
+    return tensor.to(torch.device("cuda", torch.cuda.current_device())) if spec.cuda and torch.cuda.is_available() else tensor
 
 
 def _aligned(offset: int) -> int:

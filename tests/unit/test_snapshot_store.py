@@ -14,7 +14,8 @@ import torch
 
 from snapshot import durable, layout
 from snapshot.layout import PAYLOAD_START, read_header, slot_paths
-from snapshot.store import SnapshotError, SnapshotWriter, read_newest
+from snapshot.store import SnapshotError, SnapshotWriter, _tensor, copy_into, lay_out, read_newest
+from snapshot.tree import split
 
 
 def model_state(seed: int) -> dict:
@@ -207,3 +208,15 @@ def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(pr
     assert read_newest(slot_paths(prefix), "job-a", reject) is None
     assert "its metadata cannot be read by this version (TypeError: unexpected spec)" in heard[0][1]
     writer.close()
+
+
+def test_the_device_copy_puts_every_tensor_where_its_spec_says() -> None:
+    """The path CUDA tensors take into a slot (copy_into, then one synchronize), driven with CPU tensors: every
+    tensor of a real state tree, of every dtype and shape, lands at its spec's offset and reads back equal."""
+    _, tensors = split(model_state(3))
+    specs, end = lay_out(tensors)
+    payload = memoryview(bytearray(end))
+    copy_into(payload, [(t, spec) for t, spec in zip(tensors, specs) if spec.nbytes])
+    assert all(spec.offset % layout.ALIGN == 0 and not spec.cuda for spec in specs)
+    for tensor, spec in zip(tensors, specs):
+        assert_same(tensor.contiguous(), _tensor(payload, spec))
