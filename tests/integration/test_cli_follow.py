@@ -115,6 +115,7 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
     cluster.start_agent("host-1", 1)
     job = cluster.submit("--", sys.executable, "-c", "import libworker as e; e.init(); e.barrier()")
     assert cluster.wait_job_end(job, 60) == 0, cluster.output("elasticctl-run")
+    wait_for(lambda: "job_finished" in cluster.elasticctl("events").stdout, 15, "the notifier to have the job_finished event")
 
     history = cluster.elasticctl("events")
     assert history.returncode == 0, history.stderr

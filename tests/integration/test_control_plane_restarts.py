@@ -46,9 +46,9 @@ def kill_and_restart(cluster: Cluster, log_dir: Path, killed: tuple[str, ...]) -
     assert (job["job"], job["job_key"], job["state"]) == (before["job"], before["job_key"], "running"), job
     after_restart = committed(log_dir)
     wait_for(lambda: committed(log_dir) >= after_restart + 10, 30, "training to go on after the restart")
+    wait_for(lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"} == {"host-1", "host-2"}, 30, "both agents active in discovery")
     job = cluster.job()
     assert (job["round"], job["resets"]) == (before["round"], before["resets"]), f"no reset for the outage of {killed}: {before} -> {job}"
-    assert {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"} == {"host-1", "host-2"}
 
 
 def kill_a_worker_and_see_it_recovered(cluster: Cluster, log_dir: Path) -> None:

@@ -56,7 +56,7 @@ def test_every_sample_once_across_world_size_changes_within_an_epoch(cluster: Cl
 
 def test_drain_leaves_at_a_commit_without_rollback_and_undrain_brings_it_back(cluster: Cluster, tmp_path: Path) -> None:
     job, log_dir = start_training(cluster, tmp_path, step_delay=0.03)
-    host2_pids = {e["pid"] for e in steps(log_dir) if e["host"] == "host-2"}
+    host2_pids = wait_for(lambda: len(pids := {e["pid"] for e in steps(log_dir) if e["host"] == "host-2"}) >= 2 and pids, 30, "both of host-2's workers to step")
     result = cluster.elasticctl("drain", "host-2")
     assert result.returncode == 0 and "draining" in result.stdout
     wait_for_size(log_dir, 2)
@@ -80,7 +80,7 @@ def test_new_agent_joins_and_sigterm_removes_its_host_gracefully(cluster: Cluste
     cluster.start_agent("host-3", 2)
     wait_for_size(log_dir, 4)
     assert cluster.output("agent-host-3").count('"warming": true') == 2, "host-3 started its workers before it counted"
-    warm_pids = {e["pid"] for e in steps(log_dir) if e["host"] == "host-3"}
+    warm_pids = wait_for(lambda: len(pids := {e["pid"] for e in steps(log_dir) if e["host"] == "host-3"}) >= 2 and pids, 30, "both of host-3's workers to step")
     assert len(warm_pids) == 2
     assert cluster.stop("agent-host-3", signal.SIGTERM, timeout=60) == 0
     started = max(e["time"] for e in steps(log_dir))
