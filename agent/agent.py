@@ -394,9 +394,12 @@ class AgentService(Service):
         for worker, code in reap(self.workers):
             self.event_routes.pop(worker.pid, None)
             self.joined.discard(worker.local_rank)
-            self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code)
+            self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code, after_script_end=worker.script_ended, after_job_end=self.plan is None)
             self._warmed(worker.local_rank)
-            if self._crashed(worker, code):
+            if worker.died_after_its_script(code):
+                self.log.warning("worker_died_after_its_script_ended", local_rank=worker.local_rank, pid=worker.pid, signal=-code)
+                self._report_exit(worker.local_rank, worker.pid, code, after_script_end=True)
+            elif self._crashed(worker, code):
                 self._restart_in_place(worker, code)
             else:
                 self._report_exit(worker.local_rank, worker.pid, code)
@@ -409,11 +412,16 @@ class AgentService(Service):
         if killed_on_request:
             self._ensure_workers()
 
-    def _report_exit(self, local_rank: int, pid: int, code: int, **verdict: Any) -> None:
+    def _report_exit(self, local_rank: int, pid: int, code: int, then: Any = None, **verdict: Any) -> None:
+        """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached). A slot
+        given up while down (it crashed again before its replacement was ready) is up again only then: the report
+        makes the registry blacklist the host at the round's decision, and the host comes back whole, with this
+        slot, when its cooldown ends (a slot left down would keep it out of every round for good)."""
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
-        self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, timeout=self.timing.request_timeout, deadline=300.0)
+        self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, on_reply=lambda _: then and then(), on_timeout=then,
+                           timeout=self.timing.request_timeout, deadline=300.0)
         self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
     # -- crashes: restart in place ---------------------------------------------------------------
@@ -429,7 +437,7 @@ class AgentService(Service):
         if delay is None:
             reason = give_up_reason(self.crashes.count(local_rank), self.policy)
             self.log.warning("slot_given_up", local_rank=local_rank, pid=pid, exit_code=code, reason=reason)
-            self._report_exit(local_rank, pid, code, restarting=False, gave_up=reason)
+            self._report_exit(local_rank, pid, code, then=lambda: self._set_down(self.down - {local_rank}), restarting=False, gave_up=reason)
             return
         if self._admit_standby(local_rank):
             self._report_exit(local_rank, pid, code, restarting=True)
@@ -612,6 +620,15 @@ class AgentService(Service):
         pid = field(request.body, "pid", int)
         self.event_routes[pid] = request.route
         return {"host": self.host, "heartbeat": self.timing.heartbeat}
+
+    @handles("script_ended")
+    def on_script_ended(self, request: Request) -> dict[str, Any]:
+        """A worker's script has ended (libworker tells us at exit, before the interpreter tears down)."""
+        pid = field(request.body, "pid", int)
+        for worker in self.workers.values():
+            if worker.pid == pid:
+                worker.script_ended, worker.uncaught_exception = True, request.body.get("uncaught_exception") is True
+        return {}
 
     @handles("committed")
     def on_committed(self, request: Request) -> dict[str, Any]:

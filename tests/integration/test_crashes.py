@@ -4,6 +4,7 @@ blacklisted, without ever stalling the job."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -181,7 +182,7 @@ def test_elasticctl_local_standby_gives_each_agent_a_standby_that_takes_a_crashe
     try:
         wait_for(lambda: len(standbys_of(cluster, "host-1")) == 1 and len(standbys_of(cluster, "host-2")) == 1, 90, "a standby per agent")
         wait_for_size(log_dir, 2)
-        victim = next(e["pid"] for e in steps(log_dir) if e["host"] == "host-2")
+        victim = wait_for(lambda: next((e["pid"] for e in steps(log_dir) if e["host"] == "host-2"), None), 30, "host-2's worker to step")
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: any(e["host"] == "host-2" and e["pid"] != victim and e["size"] == 2 and e["time"] > killed_at for e in steps(log_dir)), 30, "the standby training in host-2's slot")
@@ -193,3 +194,30 @@ def test_elasticctl_local_standby_gives_each_agent_a_standby_that_takes_a_crashe
         if local.poll() is None:
             local.kill()
             local.wait()
+
+
+def started_pids(cluster: Cluster, host: str) -> list[int]:
+    lines = [line for line in cluster.output(f"agent-{host}").splitlines() if line.startswith("{") and '"event": "worker_started"' in line]
+    return [json.loads(line)["pid"] for line in lines]
+
+
+def test_a_given_up_slot_comes_back_when_its_hosts_blacklist_cooldown_ends(cluster: Cluster, tmp_path: Path) -> None:
+    """Horovod brings a blacklisted host back when its cooldown ends; a slot given up for crashing must too, or a
+    host that had one bad minute is lost to a weeks-long job for good. host-2's worker is SIGKILLed 3 times, each
+    time once it trains again, then its next replacement as soon as it starts (while the slot is still down): the
+    4th crash within the window is one more than --max-restarts 3."""
+    job, log_dir = start_job(cluster, tmp_path, "--blacklist-cooldown", "0", "0", epochs=1000)
+    killed: list[int] = []
+    for _ in range(3):
+        victim = wait_for(lambda: (pid := worker_pid(cluster, "host-2", 0)) not in killed and pid, 60, "host-2's worker training again")
+        os.kill(victim, signal.SIGKILL)
+        killed.append(victim)
+    starting = wait_for(lambda: [pid for pid in started_pids(cluster, "host-2") if pid not in killed], 30, "host-2's next replacement to start")[0]
+    os.kill(starting, signal.SIGKILL)
+    killed.append(starting)
+    wait_for(lambda: "slot_given_up" in cluster.output("agent-host-2"), 30, "host-2's slot given up")
+    back = wait_for(lambda: [e for e in steps(log_dir) if e["host"] == "host-2" and e["pid"] not in killed and e["size"] == 3], 60, "host-2 training again after its cooldown")
+    assert back[0]["round"] > 1
+    assert job.poll() is None
+    cluster.call("registry", "cancel", {"reason": "test done"})
+    assert cluster.wait_job_end(job, 30) != 0
