@@ -27,6 +27,13 @@ class Worker:
     process: subprocess.Popen[bytes]
     stop_requested: bool = False
     output: list[PrefixedPipe] = field(default_factory=list)
+    script_ended: bool = False
+    uncaught_exception: bool = False
+
+    def died_after_its_script(self, code: int) -> bool:
+        """Killed by a signal after it told us its script had ended without an exception: a crash in the
+        interpreter's teardown, after the worker's work was done (not a crash during the job)."""
+        return code < 0 and self.script_ended and not self.uncaught_exception
 
     @property
     def pid(self) -> int:

@@ -90,6 +90,19 @@ def shutdown() -> None:
     release_process_group()
 
 
+def tell_agent_the_script_ended() -> None:
+    """At exit, before the interpreter tears down: the user's script has ended, with an exception that escaped it
+    or not (`sys.last_value` is set only for one). The agent then knows a signal that kills this process from
+    here on (a C++ destructor in teardown) came after the script's work, not during it. A request, not a notice:
+    the process must not exit before the agent heard it."""
+    if world.link is None:
+        return
+    try:
+        world.link.requests.request("script_ended", {"pid": os.getpid(), "uncaught_exception": hasattr(sys, "last_value")}, timeout=1.0, deadline=2.0)
+    except (Unreachable, ServiceError):
+        pass
+
+
 def _connect() -> AgentLink:
     endpoint = os.environ.get("ELASTIC_AGENT")
     if not endpoint:
@@ -99,6 +112,7 @@ def _connect() -> AgentLink:
     link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "-1")), orphan_after)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
+    atexit.register(tell_agent_the_script_ended)
     link.wait_subscribed(5.0)
     return link
 

@@ -5,10 +5,12 @@ Messages:
   job                                 -> {state, round, size, resets, exit_code, reason}
   status                              -> job + every worker of the current round
   cancel {reason}                     stop the job (elasticctl run interrupted)
-  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, snapshot_commit}   from agents:
+  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, after_script_end, snapshot_commit}   from agents:
                                       `restarting` means the agent restarts the slot in place (the host stays);
                                       `gave_up` is the reason it stopped restarting a crash-looping slot (the host
-                                      is blacklisted); `snapshot_commit` the commit in the host's snapshot
+                                      is blacklisted); `after_script_end`: killed by a signal after its script
+                                      ended (a crash in teardown: the worker's work is done, it counts as
+                                      finished); `snapshot_commit` the commit in the host's snapshot
 
 On every tick the driver reads the host set (discovery) and the rounds
 (rendezvous): it starts a round when enough slots exist, records READY /
@@ -226,7 +228,8 @@ class RegistryService(Service):
         gave_up = gave_up if isinstance(gave_up, str) and gave_up else None
         report = self.reports.get(slot)
         if report is None or not self._belongs_to_round(report, pid):
-            self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
+            after_job_end = self.state in (SUCCEEDED, FAILED)
+            self.log.info("worker_exited_after_job_end" if after_job_end else "worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
             if gave_up and self.state in (WAITING, RUNNING_JOB):
                 self._blacklist(slot[0], f"slot {slot[1]} {gave_up}")
             self._commit()
@@ -234,6 +237,9 @@ class RegistryService(Service):
         report.pid, report.exit_code = pid, code
         if code == 0:
             report.state, report.reason = SUCCESS, "exited with code 0"
+        elif body.get("after_script_end") is True and isinstance(code, int) and code < 0:
+            report.state, report.reason = SUCCESS, f"its script ended, then it died of signal {-code} in interpreter teardown"
+            self.log.warning("worker_died_after_its_script_ended", host=slot[0], local_rank=slot[1], rank=report.rank, pid=pid, exit_code=code)
         else:
             report.host_stays = restarting and not gave_up
             why = f"; {gave_up}" if gave_up else "; restarting in place" if report.host_stays else ""
