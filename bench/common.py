@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from tests.harness import Cluster, read_events, wait_for
+from testing.harness import Cluster, read_events, wait_for
 
 JOB = [sys.executable, "examples/train_elastic.py"]
 

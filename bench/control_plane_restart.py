@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cluster
-from tests.harness import SERVICES, Cluster, read_events, wait_for
-from tests.integration.training import worker_pid
+from testing.harness import SERVICES, Cluster, read_events, wait_for, worker_pid
 
 JOB = [sys.executable, "tests/workers/counter.py", "--batches", "100000", "--step-delay", "0.02"]
 CASES = {**{name: (name,) for name in SERVICES}, "all-four": SERVICES}

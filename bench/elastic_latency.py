@@ -17,7 +17,7 @@ import signal
 import time
 
 from bench.common import JOB, cluster, first_step_after, warm_up, report, steady_step_seconds, steps
-from tests.harness import wait_for
+from testing.harness import wait_for
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ from typing import Any
 from bench.common import JOB, cluster
 from bench.gpu_smoke import running_pid
 from bus.config import Timing
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")
 FULL_SIZE = len(HOSTS)

@@ -44,7 +44,7 @@ import torch
 
 from bus.gpus import gpu_devices
 from bench.common import cluster
-from tests.harness import Cluster, read_events, wait_for
+from testing.harness import Cluster, read_events, wait_for
 
 WORKER = [sys.executable, "-m", "bench.gpu_worker"]  # as a module: run as a file, bench/ comes first on the path and bench/snapshot.py hides the snapshot package
 COOLDOWN = "1"

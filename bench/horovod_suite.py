@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness import free_ports, processes_with_env
+from testing.harness import free_ports, processes_with_env
 
 HOROVOD_COMMIT = "2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a"
 MARKER_VAR = "HVD_SUITE_RUN"

@@ -23,7 +23,7 @@ import signal
 import time
 
 from bench.common import JOB, cluster, first_step_after, warm_up, log_time, report, steady_step_seconds
-from tests.harness import read_events, wait_for
+from testing.harness import read_events, wait_for
 
 
 def _running_pid(c, host: str, local_rank: int) -> int:  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
     python bench/scale.py --hosts 64,256,1024 --slots 8 [--procs 2] [--heartbeat 1.0]
 
-For each size, with fresh services (their own processes, as tests/harness.py `Cluster` starts them):
+For each size, with fresh services (their own processes, as testing/harness.py `Cluster` starts them):
 1. start: the agents register and subscribe; a job for every slot is submitted (`command` ["true"]: the
    simulated workers run nothing); `round_s` is submit -> every worker holds its rank, and
    `last_join_to_round_s` the last join sent -> the last rank received;
@@ -54,7 +54,7 @@ import msgpack
 import zmq
 
 from bench.scale_agents import host_name, raise_fd_limit
-from tests.harness import SERVICES, Cluster, wait_for
+from testing.harness import SERVICES, Cluster, wait_for
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CONTROL_REPLY_TIMEOUT = 20.0

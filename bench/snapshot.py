@@ -59,7 +59,7 @@ from libworker.elastic.state import TorchState
 from libworker.world import world
 from snapshot import copying, layout
 from snapshot.tree import split
-from tests.harness import Cluster, read_events, wait_for
+from testing.harness import Cluster, read_events, wait_for
 
 SHM = Path("/dev/shm")
 WIDTH = 1024

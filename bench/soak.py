@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 from bench.goodput import FULL_SIZE, Event, EventTail, chaos_cluster, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
 from bench.gpu_smoke import running_pid
-from tests.harness import SERVICES, Cluster
+from testing.harness import SERVICES, Cluster
 
 FAULTS = ("worker", "drain", "agent")
 FAULTED_HOSTS = ("host-2", "host-3")

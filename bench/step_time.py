@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from bench.common import cluster
-from tests.harness import Cluster
+from testing.harness import Cluster
 
 
 def run_job(c: Cluster, ranks: int, worker_args: list[str]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from snapshot.tree import split
-from tests.sockets.ranks import run_ranks
+from testing.ranks import run_ranks
 
 LAYERS, TRIES = 8, 3
 

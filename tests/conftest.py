@@ -1,16 +1,18 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
 fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), and a check that the run leaves no snapshot slot in
-/dev/shm."""
+shared memory."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster
+from testing.harness import Cluster
 
 SHM = Path("/dev/shm")
 
@@ -26,10 +28,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def no_snapshot_left_in_shared_memory() -> Iterator[None]:
-    before = set(SHM.glob("elastic-snapshot-*"))
+    """Snapshots of this run go to a directory of its own in /dev/shm (ELASTIC_SHM_DIR, inherited by every process
+    it starts), so a second copy of the suite or a job running beside it is never taken for a leak of this one."""
+    directory = Path(tempfile.mkdtemp(prefix="elastic-test-", dir=SHM))
+    os.environ["ELASTIC_SHM_DIR"] = str(directory)
     yield
-    left = sorted(str(p) for p in set(SHM.glob("elastic-snapshot-*")) - before)
-    assert not left, f"snapshot slots left in {SHM} by this test run: {left}"
+    left = sorted(str(p) for p in directory.glob("elastic-snapshot-*"))
+    shutil.rmtree(directory, ignore_errors=True)
+    assert not left, f"snapshot slots left in {directory} by this test run: {left}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -12,7 +12,7 @@ import zmq
 
 from bus.client import ServiceError
 from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
-from tests.harness import REPO, SERVICES, Cluster, free_ports, wait_for
+from testing.harness import REPO, SERVICES, Cluster, free_ports, wait_for
 
 
 def _raw_exchange(endpoint: str, frames: list[bytes], timeout_ms: int = 2000) -> Message | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 
 HOSTS = ("host-1", "host-2")
 HOROVOD = [sys.executable, "examples/horovod_elastic.py", "--epochs", "3", "--samples", "512", "--step-delay", "0.05"]

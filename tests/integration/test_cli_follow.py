@@ -18,7 +18,7 @@ from typing import IO
 import pytest
 
 from elasticctl.outage import UNREACHABLE
-from tests.harness import REPO, Cluster, free_ports, read_events, wait_for
+from testing.harness import REPO, Cluster, free_ports, read_events, wait_for
 
 OUTAGE = 10.0
 BACK = re.compile(r"\[elasticctl\] control plane reachable again after ([0-9.]+)s")

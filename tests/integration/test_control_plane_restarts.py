@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.harness import SERVICES, Cluster, free_ports, wait_for
+from testing.harness import SERVICES, Cluster, free_ports, wait_for, worker_pid
 from tests.integration.test_snapshots import BATCHES, assert_finished_exactly, committed
-from tests.integration.training import worker_pid
 
 OUTAGE = 2.0  # seconds between the kill and the restart, as a supervisor (compose's `restart:`) would take
 

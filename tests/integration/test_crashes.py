@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tests.harness import Cluster, processes_with_env, read_events, wait_for
-from tests.integration.training import JOB, assert_training_invariants, host_row, steps, wait_for_size, worker_pid
+from testing.harness import Cluster, processes_with_env, read_events, wait_for, worker_pid
+from tests.integration.training import JOB, assert_training_invariants, host_row, steps, wait_for_size
 
 HOSTS = ("host-1", "host-2", "host-3")
 

@@ -6,7 +6,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.harness import Cluster, read_events, wait_for
+from testing.harness import Cluster, read_events, wait_for
 from tests.integration.training import (
     JOB,
     assert_training_invariants,

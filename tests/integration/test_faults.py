@@ -7,8 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.harness import Cluster, read_events, wait_for
-from tests.integration.training import JOB, assert_training_invariants, host_row, start_training, steps, wait_for_size, worker_pid
+from testing.harness import Cluster, read_events, wait_for, worker_pid
+from tests.integration.training import JOB, assert_training_invariants, host_row, start_training, steps, wait_for_size
 
 
 def test_kill_9_of_a_worker_with_horovods_rule_resumes_from_the_last_commit_and_blacklists_its_host(cluster: Cluster, tmp_path: Path) -> None:

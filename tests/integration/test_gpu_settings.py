@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 
 RECORD_ENV = """
 import os, pathlib, sys, time

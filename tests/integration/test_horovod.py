@@ -8,8 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.harness import Cluster, read_events, wait_for
-from tests.integration.training import JOB, sizes_in_order, worker_pid
+from testing.harness import Cluster, read_events, wait_for, worker_pid
+from tests.integration.training import JOB, sizes_in_order
 
 SCRIPT = [sys.executable, "examples/horovod_elastic.py"]
 

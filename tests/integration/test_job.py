@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.harness import REPO, Cluster, processes_with_env, wait_for
+from testing.harness import REPO, Cluster, processes_with_env, wait_for
 
 
 def _registry_pid(cluster: Cluster) -> int:

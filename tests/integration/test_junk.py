@@ -30,7 +30,7 @@ from agent.agent import agent_endpoint
 from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
 from bus.pubsub import EVENT_TOPIC
 from bus.sockets import HARD_MAX_MESSAGE_BYTES
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 
 JUNK_PER_SOCKET = 20_000
 WARM_UP = 1_000

@@ -14,7 +14,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.client import ServiceError
-from tests.harness import SERVICES, Cluster, free_ports, wait_for
+from testing.harness import SERVICES, Cluster, free_ports, wait_for
 
 COUNTER_JOB = [sys.executable, "tests/workers/counter.py", "--batches", "150", "--step-delay", "0.02"]
 IN_USE = "--metrics-port='{port}': cannot serve metrics on 127.0.0.1:{port}: Address already in use"

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from agent.agent import agent_endpoint
-from tests.harness import REPO, SERVICES, Cluster, processes_with_env, wait_for
+from testing.harness import REPO, SERVICES, Cluster, processes_with_env, wait_for
 
 BAD_PORT = "tcp://127.0.0.1:70000"
 

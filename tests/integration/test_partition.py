@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
 HOST_IP, NS_IP = "10.231.0.1", "10.231.0.2"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster, wait_for
+from testing.harness import Cluster, wait_for
 from tests.integration.training import JOB, steps, wait_for_size
 
 FD_LIMIT = 256

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import uuid
 
-from tests.harness import REPO, processes_with_env
+from testing.harness import REPO, processes_with_env
 
 HOSTS, SLOTS = 64, 2
 BOUND_S = 30.0  # round_s and reset_s take well under a second here; anything near this is a regression

@@ -14,8 +14,8 @@ import pytest
 
 from bus.client import Client, Unreachable
 from bus.sockets import Security, generate_keys
-from tests.harness import REPO, SERVICES, Cluster, wait_for
-from tests.integration.training import JOB, assert_training_invariants, wait_for_size, worker_pid
+from testing.harness import REPO, SERVICES, Cluster, wait_for, worker_pid
+from tests.integration.training import JOB, assert_training_invariants, wait_for_size
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshot.durable import checkpoint_files
-from tests.harness import Cluster, read_events, wait_for
-from tests.integration.training import worker_pid
+from testing.harness import Cluster, read_events, wait_for, worker_pid
 
 SHM = Path("/dev/shm")
 BATCHES = 240

@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests.harness import Cluster, read_events, wait_for
+from testing.harness import Cluster, read_events, wait_for
 
 JOB = [sys.executable, "examples/train_elastic.py"]
 
@@ -81,16 +81,6 @@ def start_training(
     job = cluster.submit("--min-np", "2", *options, "--", *JOB, "--epochs", str(epochs), "--step-delay", str(step_delay), "--log-dir", str(log_dir))
     wait_for_size(log_dir, 2 * len(hosts))
     return job, log_dir
-
-
-def worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
-    def find() -> int | None:
-        for worker in cluster.status()["workers"]:
-            if worker["host"] == host and worker["local_rank"] == local_rank and worker["state"] == "RUNNING":
-                return int(worker["pid"])
-        return None
-
-    return wait_for(find, 60, f"a running worker at {host}/{local_rank}")
 
 
 def host_row(cluster: Cluster, name: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.sockets.ranks import run_ranks
+from testing.ranks import run_ranks
 
 
 def _record_syncs(state: Any) -> list[int]:

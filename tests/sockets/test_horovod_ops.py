@@ -41,7 +41,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.sockets.ranks import run_ranks
+from testing.ranks import run_ranks
 
 LR, MOMENTUM, STEPS, CLIP = 0.1, 0.9, 3, 0.05
 

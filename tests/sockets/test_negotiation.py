@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.sockets.ranks import run_ranks
+from testing.ranks import run_ranks
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"]
 

@@ -18,7 +18,7 @@ from services.discovery.hostset import HostsDiff, apply_diff
 from services.discovery.service import DiscoveryService
 from services.notifier.service import NotifierService
 from services.rendezvous.service import RendezvousService
-from tests.harness import free_ports, wait_for
+from testing.harness import free_ports, wait_for
 
 
 def _serve(service: Service) -> Iterator[Service]:

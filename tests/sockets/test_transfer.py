@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from snapshot.tree import split
-from tests.sockets.ranks import run_ranks
+from testing.ranks import run_ranks
 
 ROOT, SMALL_CAP = 1, 777
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.float16, torch.bfloat16,

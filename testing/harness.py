@@ -217,3 +217,11 @@ class Cluster:
         return "\n".join(parts)
 
 
+def worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
+    def find() -> int | None:
+        for worker in cluster.status()["workers"]:
+            if worker["host"] == host and worker["local_rank"] == local_rank and worker["state"] == "RUNNING":
+                return int(worker["pid"])
+        return None
+
+    return wait_for(find, 60, f"a running worker at {host}/{local_rank}")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from tests.harness import free_ports
+from testing.harness import free_ports
 
 
 def _rank_main(func: Callable[..., Any], rank: int, size: int, port: int, args: tuple[Any, ...], results: Any) -> None:
