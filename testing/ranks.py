@@ -35,9 +35,17 @@ def _rank_main(func: Callable[..., Any], rank: int, size: int, port: int, args: 
         os._exit(0)
 
 
+def _context() -> multiprocessing.context.ForkServerContext:
+    """Ranks are forked from a server that imported torch and libworker once and ran nothing else (no thread, no
+    OpenMP pool to fork): each rank starts in milliseconds instead of importing torch again."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "libworker", "testing.ranks"])
+    return context
+
+
 def run_ranks(size: int, func: Callable[..., Any], *args: Any, timeout: float = 60.0) -> list[Any]:
     """Start `size` processes, run `func(*args)` on each after joining a gloo group, return their results."""
-    context = multiprocessing.get_context("spawn")
+    context = _context()
     results = context.Queue()
     port = free_ports(1)[0]
     processes = [context.Process(target=_rank_main, args=(func, rank, size, port, args, results)) for rank in range(size)]
