@@ -226,10 +226,13 @@ class RegistryService(Service):
             self.snapshot_commits[slot[0]] = max(snapshot_commit, self.snapshot_commits.get(slot[0], 0))
         restarting, gave_up = body.get("restarting") is True, body.get("gave_up")
         gave_up = gave_up if isinstance(gave_up, str) and gave_up else None
+        if self.state in (SUCCEEDED, FAILED):
+            self.log.info("worker_exited_after_job_end", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
+            self._commit()
+            return {"recorded": False}
         report = self.reports.get(slot)
         if report is None or not self._belongs_to_round(report, pid):
-            after_job_end = self.state in (SUCCEEDED, FAILED)
-            self.log.info("worker_exited_after_job_end" if after_job_end else "worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
+            self.log.info("worker_left", host=slot[0], local_rank=slot[1], pid=pid, exit_code=code)
             if gave_up and self.state in (WAITING, RUNNING_JOB):
                 self._blacklist(slot[0], f"slot {slot[1]} {gave_up}")
             self._commit()

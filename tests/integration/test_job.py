@@ -102,3 +102,5 @@ def test_after_a_success_workers_that_never_exit_are_stopped(cluster: Cluster) -
     assert cluster.wait_job_end(job, 60) == 0
     assert "still running were stopped" in cluster.output("elasticctl-run")
     wait_for(lambda: not cluster.leftover_workers(), 15, "the lingering worker to be stopped")
+    wait_for(lambda: '"event": "worker_exited_after_job_end"' in cluster.output("registry"), 15, "the registry to log the stopped worker's exit as after the job's end")
+    assert "worker_failed" not in cluster.output("registry")

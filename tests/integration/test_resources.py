@@ -47,7 +47,7 @@ def reset_count(cluster: Cluster) -> int:
     return int(cluster.call("registry", "job")["resets"])
 
 
-@pytest.mark.parametrize("resets", [50, pytest.param(200, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("resets", [20, pytest.param(200, marks=pytest.mark.slow)])
 def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(cluster: Cluster, tmp_path: Path, resets: int) -> None:
     for host, slots in (("host-1", 1), ("host-2", 1), ("host-3", 2)):
         start_agent_with_fd_limit(cluster, host, slots)
