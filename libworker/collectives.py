@@ -62,17 +62,28 @@ def finish(work: Any, on_stream: bool = False) -> None:
 def _wait_in_slices(work: Any) -> None:
     round_number = world.round
     deadline = time.monotonic() + world.timing.collective_timeout + 5.0
-    while True:
-        try:
-            work.wait(WAIT_SLICE)
-            return
-        except (RuntimeError, dist.DistError) as exc:
-            if "timed out" not in str(exc):
-                raise fail(f"collective failed: {exc}") from None
+    while not _ended_within_a_slice(work):
         if world.aborted_round == round_number:
             raise fail("aborted by the control plane (a peer failed)")
         if time.monotonic() > deadline:
             raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
+
+
+def _ended_within_a_slice(work: Any) -> bool:
+    """True when `work` ended well within one slice, False when the slice ran out (the wait raises and the work stays
+    pending); WorkerInternalError when it ended in error. A work that completes just as its slice runs out is asked
+    once more, without a timeout, how it ended."""
+    try:
+        work.wait(WAIT_SLICE)
+        return True
+    except (RuntimeError, dist.DistError):
+        if not work.is_completed():
+            return False
+    try:
+        work.wait()
+        return True
+    except (RuntimeError, dist.DistError) as exc:
+        raise fail(f"collective failed: {exc}") from None
 
 
 def waits_on_stream(tensor: torch.Tensor) -> bool:
