@@ -10,11 +10,11 @@ new round leaves: the process exits 0 at once.
 Leaving a round releases its process group, its store connections and
 threads with it, even while a collective of it is still stuck on a hung or
 departed peer: gloo's group ends its pending work when destroyed (measured on
-torch 2.13: instant, and a survivor's fds and threads stay flat over hundreds
-of resets), and NCCL communicators of an abandoned round are aborted first,
-which frees their GPU memory and ends their kernels. The release holds
-`world.lock`, as `abort()` does, so an abort arriving on the event thread never
-races it.
+torch 2.13: at once, and a survivor's fds and threads stay flat over repeated
+resets; bench/RESULTS.md). NCCL communicators of an abandoned round are
+aborted first, which frees their GPU memory and ends their kernels. The
+release holds `world.lock`, as `abort()` does, so an abort arriving on the
+event thread never races it.
 
 A standby process (started by `elastic-agent --standby N`) first waits in
 `join()` until its agent gives it the slot of a crashed worker; from then on
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from bus.assignments import SlotInfo, round_environment
