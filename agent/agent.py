@@ -10,7 +10,13 @@
 - serves its workers on an owner-only ipc socket: their rendezvous and store
   requests are forwarded with this host's name stamped on them, and each
   worker's event channel (`subscribe`) receives the relayed events;
-- reports every worker exit at once (SIGCHLD) to the registry;
+- reports every worker exit at once (SIGCHLD) to the registry; a worker
+  that told it its script ended (`script_ended`, sent by libworker at exit)
+  and was then killed by a signal died in the interpreter's teardown, after
+  its work: that is reported as such, never restarted;
+- gives a slot up after too many crashes (its host is blacklisted) and puts
+  it up again once the registry has the report, so the host comes back whole
+  after its cooldown;
 - owns the host's snapshot of the job's committed state (agent/snapshots.py):
   creates it for each job, reports its commit counter with every heartbeat
   and worker exit, flushes it to `--checkpoint-dir`, removes it at job end;
