@@ -87,7 +87,7 @@ def standbys_of(cluster: Cluster, host: str) -> list[int]:
 
 
 def test_a_standby_takes_the_crashed_slot_and_the_job_is_back_at_full_size_within_a_second(cluster: Cluster, tmp_path: Path) -> None:
-    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "1"))
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "1"), epochs=16)  # long enough to outlast a slow standby start on a loaded machine
     wait_for(lambda: "standby_waiting" in cluster.output("agent-host-2"), 60, "host-2's standby to wait in init()")
     first_standby = standbys_of(cluster, "host-2")
     assert len(first_standby) == 1
