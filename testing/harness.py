@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,15 +40,44 @@ FAST_TIMING = {
 }
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
+def _ephemeral_range() -> range:
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+_EPHEMERAL = _ephemeral_range()
+_LISTEN_PORTS = range(20000, min(_EPHEMERAL.start, 32768))
+_handed_out: set[int] = set()
+_pick = random.Random(os.getpid())
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` ports nobody listens on, for servers a test starts.
+
+    They lie below the kernel's ephemeral range, so that no outgoing connection
+    (a ZeroMQ client, a gloo peer) is given one as its local port between now and
+    the moment its server binds it, and none is handed out twice in this process.
+    The CI failure this prevents: a service's port taken before it could bind it.
+    """
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _pick.choice(_LISTEN_PORTS)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            ports.append(port)
+    return ports
 
 
 def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:

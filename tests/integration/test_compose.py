@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.client import Client, Unreachable, incarnation_id
+from testing.harness import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -86,20 +86,6 @@ def healthcheck_argv(service: dict[str, Any]) -> list[str]:
     assert isinstance(test, list) and test[0] in ("CMD", "CMD-SHELL"), test
     assert test[0] == "CMD", "healthcheck should use the exec form (no shell in the image needed)"
     return list(test[1:])
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on loopback (bound to port 0 together, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def local_argv(argv: list[str], port_map: dict[int, int] | None = None) -> list[str]:
