@@ -12,11 +12,8 @@ return route updated (a client that reconnected still gets the answer). A
 request refused by its handler (bad input, a bound) changed nothing: its
 answer is not kept, and a retry is judged again.
 
-Nothing a peer sends grows memory without bound. The reply cache keeps at most
-`REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes; a reply larger than
-`REPLY_CACHE_ENTRY_BYTES` is not kept (large replies answer reads, which a
-retry runs again). At most `MAX_PARKED_PER_SENDER` requests of one sender,
-`MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages are parked: past that, a
+Nothing a peer sends grows memory without bound. The reply cache and the
+parked requests are bounded (bus/kept_requests.py): past the parking bounds, a
 request of a type that parks (its handler has returned `DEFERRED` before) is
 refused with `too_many_parked`. Large buffers are mapped on their own rather
 than carved from the heap (`keep_large_buffers_out_of_the_heap`), and after a
@@ -30,7 +27,6 @@ import ctypes
 import signal
 import threading
 import time
-from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -39,22 +35,10 @@ import zmq
 
 from bus import metrics
 from bus.envelope import Message, WireError, decode, encode, error_body, reply_to
+from bus.kept_requests import ParkingLot, ReplyCache
 from bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
-# A retry is answered from the reply cache for as long as the reply stays in it: the busiest legitimate burst is a
-# round of 32,768 ranks answered at once (4,096 hosts x 8), whose replies must outlive the clients' retries.
-REPLY_CACHE_SIZE = 32768
-# A join's answer is ~250 bytes, so 32,768 of them take about 8 MiB; junk with large replies stops there.
-REPLY_CACHE_BYTES = 8 * 1024 * 1024
-# Replies above this answer reads (`since`, `hosts`, `status`, `job`): a retry runs them again instead.
-REPLY_CACHE_ENTRY_BYTES = 64 * 1024
-# An agent parks, at the rendezvous, one join and one key lookup per worker of its host: 512 slots per host.
-MAX_PARKED_PER_SENDER = 1024
-# A round change of 32,768 ranks parks 32,768 joins and 32,768 key lookups at once.
-MAX_PARKED = 65536 + 8192
-# A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
-MAX_PARKED_BYTES = 12 * 1024 * 1024
 # Messages handled in one turn of the loop before its timers get theirs: a few tens of milliseconds of work.
 MESSAGES_PER_TURN = 256
 # After this many bytes through a service's sockets, the loop returns freed memory to the system when next idle: a
@@ -94,82 +78,6 @@ def handles(msg_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 class LimitExceeded(RequestError):
     """A peer reached one of the service's bounds: refused like any `RequestError`, and logged as a warning."""
-
-
-class ReplyCache:
-    """The latest replies by (sender, id); past `entries` replies or `max_bytes` bytes the oldest are dropped."""
-
-    def __init__(self, entries: int = REPLY_CACHE_SIZE, max_bytes: int = REPLY_CACHE_BYTES, entry_bytes: int = REPLY_CACHE_ENTRY_BYTES) -> None:
-        self.entries = entries
-        self.max_bytes = max_bytes
-        self.entry_bytes = entry_bytes
-        self.nbytes = 0
-        self._replies: OrderedDict[tuple[str, str], tuple[list[bytes], int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._replies)
-
-    def get(self, key: tuple[str, str]) -> list[bytes] | None:
-        kept = self._replies.get(key)
-        return kept[0] if kept is not None else None
-
-    def put(self, key: tuple[str, str], frames: list[bytes]) -> None:
-        """Keep `frames` as the reply to `key`, unless they take more than `entry_bytes`."""
-        size = sum(len(f) for f in frames)
-        if size > self.entry_bytes:
-            return
-        previous = self._replies.pop(key, None)
-        if previous is not None:
-            self.nbytes -= previous[1]
-        self._replies[key] = (frames, size)
-        self.nbytes += size
-        while len(self._replies) > self.entries or self.nbytes > self.max_bytes:
-            _, (_, dropped) = self._replies.popitem(last=False)
-            self.nbytes -= dropped
-
-
-class ParkingLot:
-    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, and
-    `max_bytes` of their messages."""
-
-    def __init__(self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES) -> None:
-        self.per_sender = per_sender
-        self.total = total
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._requests: dict[tuple[str, str], Request] = {}
-        self._by_sender: Counter[str] = Counter()
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    def get(self, key: tuple[str, str]) -> Request | None:
-        return self._requests.get(key)
-
-    def refusal(self, sender: str, size: int) -> str | None:
-        """Why one more request of `sender`, of `size` bytes, may not park now, or None when it may."""
-        if len(self._requests) >= self.total:
-            return f"{self.total} requests are parked already, the most this service keeps"
-        if self.nbytes + size > self.max_bytes:
-            return f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this service keeps"
-        if self._by_sender[sender] >= self.per_sender:
-            return f"sender {sender!r} has {self.per_sender} requests parked already, the most one sender may"
-        return None
-
-    def park(self, key: tuple[str, str], request: Request) -> None:
-        self.unpark(key)
-        self._by_sender[key[0]] += 1
-        self.nbytes += request.size
-        self._requests[key] = request
-
-    def unpark(self, key: tuple[str, str]) -> None:
-        request = self._requests.pop(key, None)
-        if request is None:
-            return
-        self.nbytes -= request.size
-        self._by_sender[key[0]] -= 1
-        if not self._by_sender[key[0]]:
-            del self._by_sender[key[0]]
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -254,7 +162,7 @@ class Service:
         self._sockets: dict[zmq.Socket, Callable[[], None]] = {self.router: self._on_router}
         self._timers: list[list[Any]] = []
         self._replied = ReplyCache()
-        self._parked = ParkingLot()
+        self._parked: ParkingLot[Request] = ParkingLot()
         self._parking_types: set[str] = set()
         self._traffic_bytes = 0
         self._stopping = threading.Event()

@@ -52,7 +52,6 @@ every second from the loop, and `elastic_discovery_heartbeats_total{status}`.
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from typing import Any
@@ -64,8 +63,9 @@ from bus.config import Timing
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
 from services.discovery.hostset import (
-    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, hosts_diff, parse_script_output, slot_ids,
+    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, hosts_diff, slot_ids,
 )
+from services.discovery.script import DiscoveryScript
 
 
 MAX_PATH = 4096
@@ -89,8 +89,7 @@ class DiscoveryService(Service):
         self.expected: list[tuple[str, tuple[int, ...]]] | None = None
         self.outbox = Outbox(self, notifier_endpoint, incarnation_id(self.name), self.security)
         self.max_np: int | None = None
-        self.script: str | None = None
-        self._script_proc: subprocess.Popen[str] | None = None
+        self.script = DiscoveryScript(self.log, wait_timeout=timing.discovery_poll * 10)
         self.published: list[tuple[str, tuple[int, ...]]] = []
         self.version = 0
         self.timestamp = time.time()
@@ -269,8 +268,7 @@ class DiscoveryService(Service):
         self.hostset.pending_marks.clear()
         for record in self.hostset.hosts.values():
             record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
-        if self.script:
-            self._run_script(wait=True)
+        self._read_script(wait=True)
         self.settle_until, self.expected = None, None
         self._set_published(effective(self.hostset.available(), self.max_np))
         return {"incarnation": self.incarnation}
@@ -281,8 +279,7 @@ class DiscoveryService(Service):
         self._settings(request.body)
         self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
-        if self.script:
-            self._run_script(wait=True)
+        self._read_script(wait=True)
         self.log.info("restored", marks=sorted(marks), expected=[name for name, _ in expected], settling=self.settle_until is not None)
         if self.settle_until is None:
             missing = self.hostset.record_missing(expected, self.clock())
@@ -298,7 +295,7 @@ class DiscoveryService(Service):
             raise RequestError("bad_request", "discovery_script must be a path or null")
         if cooldown is not None and not (isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)):
             raise RequestError("bad_request", "cooldown must be [min, max] seconds or null")
-        self.max_np, self.script = max_np, script
+        self.max_np, self.script.path = max_np, script
         self.hostset.cooldown_range = None if cooldown is None else (float(cooldown[0]), float(cooldown[1]))
         self.hostset.script_hosts = None
 
@@ -331,35 +328,11 @@ class DiscoveryService(Service):
 
     # -- discovery script ----------------------------------------------------------------------
     def _poll_script(self) -> None:
-        if self.script:
-            self._run_script(wait=False)
+        self._read_script(wait=False)
 
-    def _run_script(self, wait: bool) -> None:
-        if self._script_proc is None:
-            try:
-                self._script_proc = subprocess.Popen([self.script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # type: ignore[list-item]
-            except OSError as exc:
-                self.log.warning("discovery_script_failed", script=self.script, reason=str(exc))
-                return
-        proc = self._script_proc
-        if wait:
-            try:
-                proc.wait(timeout=self.timing.discovery_poll * 10)
-            except subprocess.TimeoutExpired:
-                pass
-        if proc.poll() is None:
-            return
-        self._script_proc = None
-        out, err = proc.communicate()
-        if proc.returncode != 0:
-            self.log.warning("discovery_script_failed", script=self.script, exit_code=proc.returncode, stderr=err.strip()[-500:])
-            return
-        try:
-            hosts = parse_script_output(out)
-        except ValueError as exc:
-            self.log.warning("discovery_script_bad_output", script=self.script, reason=str(exc))
-            return
-        if hosts != self.hostset.script_hosts:
+    def _read_script(self, wait: bool) -> None:
+        hosts = self.script.run(wait)
+        if hosts is not None and hosts != self.hostset.script_hosts:
             self.hostset.script_hosts = hosts
             self._changed()
 
@@ -405,7 +378,5 @@ class DiscoveryService(Service):
             HOSTS_BY_STATE.labels(state).set(states.count(state))
 
     def close(self) -> None:
-        if self._script_proc is not None:
-            self._script_proc.kill()
-            self._script_proc.wait()
+        self.script.stop()
         super().close()

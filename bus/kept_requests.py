@@ -1,0 +1,114 @@
+"""What a service keeps of its requests between messages, each bounded: the answers it gave and the ones it owes.
+
+`ReplyCache` holds the latest replies by (sender, id), so that a retried request gets the same answer again. It
+keeps at most `REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes; a reply larger than
+`REPLY_CACHE_ENTRY_BYTES` is not kept (large replies answer reads, which a retry runs again).
+
+`ParkingLot` holds the requests parked until their answer is known: at most `MAX_PARKED_PER_SENDER` of one
+sender, `MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages. It says why one more may not park (`refusal`);
+refusing it is the service's business.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Generic, Protocol, TypeVar
+
+# A retry is answered from the reply cache for as long as the reply stays in it: the busiest legitimate burst is a
+# round of 32,768 ranks answered at once (4,096 hosts x 8), whose replies must outlive the clients' retries.
+REPLY_CACHE_SIZE = 32768
+# A join's answer is ~250 bytes, so 32,768 of them take about 8 MiB; junk with large replies stops there.
+REPLY_CACHE_BYTES = 8 * 1024 * 1024
+# Replies above this answer reads (`since`, `hosts`, `status`, `job`): a retry runs them again instead.
+REPLY_CACHE_ENTRY_BYTES = 64 * 1024
+# An agent parks, at the rendezvous, one join and one key lookup per worker of its host: 512 slots per host.
+MAX_PARKED_PER_SENDER = 1024
+# A round change of 32,768 ranks parks 32,768 joins and 32,768 key lookups at once.
+MAX_PARKED = 65536 + 8192
+# A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
+MAX_PARKED_BYTES = 12 * 1024 * 1024
+
+
+class ReplyCache:
+    """The latest replies by (sender, id); past `entries` replies or `max_bytes` bytes the oldest are dropped."""
+
+    def __init__(self, entries: int = REPLY_CACHE_SIZE, max_bytes: int = REPLY_CACHE_BYTES, entry_bytes: int = REPLY_CACHE_ENTRY_BYTES) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self.entry_bytes = entry_bytes
+        self.nbytes = 0
+        self._replies: OrderedDict[tuple[str, str], tuple[list[bytes], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def get(self, key: tuple[str, str]) -> list[bytes] | None:
+        kept = self._replies.get(key)
+        return kept[0] if kept is not None else None
+
+    def put(self, key: tuple[str, str], frames: list[bytes]) -> None:
+        """Keep `frames` as the reply to `key`, unless they take more than `entry_bytes`."""
+        size = sum(len(f) for f in frames)
+        if size > self.entry_bytes:
+            return
+        previous = self._replies.pop(key, None)
+        if previous is not None:
+            self.nbytes -= previous[1]
+        self._replies[key] = (frames, size)
+        self.nbytes += size
+        while len(self._replies) > self.entries or self.nbytes > self.max_bytes:
+            _, (_, dropped) = self._replies.popitem(last=False)
+            self.nbytes -= dropped
+
+
+class Parkable(Protocol):
+    """What the parking lot needs of a request: the size of its message in bytes."""
+
+    size: int
+
+
+ParkedRequest = TypeVar("ParkedRequest", bound=Parkable)
+
+
+class ParkingLot(Generic[ParkedRequest]):
+    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, and
+    `max_bytes` of their messages."""
+
+    def __init__(self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES) -> None:
+        self.per_sender = per_sender
+        self.total = total
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._requests: dict[tuple[str, str], ParkedRequest] = {}
+        self._by_sender: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def get(self, key: tuple[str, str]) -> ParkedRequest | None:
+        return self._requests.get(key)
+
+    def refusal(self, sender: str, size: int) -> str | None:
+        """Why one more request of `sender`, of `size` bytes, may not park now, or None when it may."""
+        if len(self._requests) >= self.total:
+            return f"{self.total} requests are parked already, the most this service keeps"
+        if self.nbytes + size > self.max_bytes:
+            return f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this service keeps"
+        if self._by_sender[sender] >= self.per_sender:
+            return f"sender {sender!r} has {self.per_sender} requests parked already, the most one sender may"
+        return None
+
+    def park(self, key: tuple[str, str], request: ParkedRequest) -> None:
+        self.unpark(key)
+        self._by_sender[key[0]] += 1
+        self.nbytes += request.size
+        self._requests[key] = request
+
+    def unpark(self, key: tuple[str, str]) -> None:
+        request = self._requests.pop(key, None)
+        if request is None:
+            return
+        self.nbytes -= request.size
+        self._by_sender[key[0]] -= 1
+        if not self._by_sender[key[0]]:
+            del self._by_sender[key[0]]
