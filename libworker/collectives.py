@@ -7,19 +7,22 @@ aborts the round (a peer failed or hung), or at the collective timeout,
 whichever comes first. NCCL work on CUDA tensors is waited for on the stream,
 as torch does, and is ended by aborting the communicator (see world.abort).
 Any transport error, abort or timeout raises WorkerInternalError and marks the
-round's process group as abandoned.
+round's process group as abandoned. `Started` holds what one operation
+launched: its works, and how to make its result once they have ended.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from libworker import torch_compat
 from libworker.errors import WorkerInternalError
 from libworker.world import require_joined, world
 
@@ -70,18 +73,10 @@ def _wait_in_slices(work: Any) -> None:
 
 
 def _ended_within_a_slice(work: Any) -> bool:
-    """True when `work` ended well within one slice, False when the slice ran out (the wait raises and the work stays
-    pending); WorkerInternalError when it ended in error. A work that completes just as its slice runs out is asked
-    once more, without a timeout, how it ended."""
+    """True when `work` ended within one slice, False when the slice ran out; WorkerInternalError when it ended in
+    error."""
     try:
-        work.wait(WAIT_SLICE)
-        return True
-    except (RuntimeError, dist.DistError):
-        if not work.is_completed():
-            return False
-    try:
-        work.wait()
-        return True
+        return torch_compat.ended_within(work, WAIT_SLICE)
     except (RuntimeError, dist.DistError) as exc:
         raise fail(f"collective failed: {exc}") from None
 
@@ -94,3 +89,17 @@ def waits_on_stream(tensor: torch.Tensor) -> bool:
 def run_collective(issue: Callable[[], Any], on_stream: bool = False) -> None:
     """Issue and wait: the synchronous form of every collective."""
     finish(launch(issue), on_stream)
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a launcher started: works to wait for, and how to make the result once they are done."""
+
+    works: list[Any]
+    result: Callable[[], Any]
+    on_stream: bool = False
+
+    def wait(self) -> None:
+        """Wait for every work, as `finish` does."""
+        for work in self.works:
+            finish(work, self.on_stream)

@@ -9,12 +9,10 @@ new round leaves: the process exits 0 at once.
 
 Leaving a round releases its process group, its store connections and
 threads with it, even while a collective of it is still stuck on a hung or
-departed peer: gloo's group ends its pending work when destroyed (measured on
-torch 2.13: at once, and a survivor's fds and threads stay flat over repeated
-resets; bench/RESULTS.md). NCCL communicators of an abandoned round are
-aborted first, which frees their GPU memory and ends their kernels. The
-release holds `world.lock`, as `abort()` does, so an abort arriving on the
-event thread never races it.
+departed peer; NCCL communicators of an abandoned round are aborted first
+(what torch does with them is in libworker.torch_compat). The release holds
+`world.lock`, as `abort()` does, so an abort arriving on the event thread
+never races it.
 
 A standby process (started by `elastic-agent --standby N`) first waits in
 `join()` until its agent gives it the slot of a crashed worker; from then on
@@ -37,7 +35,7 @@ from bus.assignments import SlotInfo, round_environment
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.envelope import Message
-from libworker import devices
+from libworker import devices, torch_compat
 from libworker.agent_link import AgentLink
 from libworker.errors import WorkerInternalError
 
@@ -75,7 +73,7 @@ class World:
         with self.lock:
             self.aborted_round = self.round
             if dist.is_initialized() and self.uses_nccl():
-                _abort_nccl(dist.group.WORLD)
+                torch_compat.abort_nccl(dist.group.WORLD)
 
     def uses_nccl(self) -> bool:
         return "nccl" in self.backend
@@ -116,21 +114,12 @@ def _connect() -> AgentLink:
     return link
 
 
-def _abort_nccl(group: Any) -> None:
-    try:
-        group.abort()
-    except (RuntimeError, AttributeError):
-        pass  # already aborted, or a torch without communicator abort: destroy still releases what it can
-
-
 def release_process_group() -> None:
     """Release the current round's process group (see the module docstring)."""
     with world.lock:
         if not dist.is_initialized():
             return
-        if world.poisoned and world.uses_nccl():
-            _abort_nccl(dist.group.WORLD)
-        dist.destroy_process_group()
+        torch_compat.destroy_default_group(abort_nccl_first=world.poisoned and world.uses_nccl())
 
 
 def _leave() -> None:

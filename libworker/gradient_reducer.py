@@ -1,0 +1,191 @@
+"""GradientReducer: the reduction of one DistributedOptimizer's gradients, bucket by bucket, while backward runs.
+
+A hook on each parameter's gradient accumulation counts backward passes
+(`backward_passes_per_step`); when every gradient of a bucket
+(libworker.buckets) is ready, they are copied into its buffer, compressed,
+pre-scaled, and the buffer's allreduce starts while backward goes on.
+Buckets start strictly in layout order on every rank (a ready bucket waits
+for the ones before it), since collectives pair up in the order they are
+issued: a parameter that gets no gradient on some ranks cannot make ranks
+reduce different buckets. `synchronize()` starts the buckets whose gradients
+never came (as zeros, as Horovod), waits for all of them through the
+abortable core, decompresses, applies the average and
+`gradient_predivide_factor`, and copies the results back into `.grad`. A
+failed or aborted reduction raises WorkerInternalError from synchronize; the
+hooks never raise into backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from libworker import process_sets
+from libworker.buckets import Bucket
+from libworker.collectives import finish, launch, waits_on_stream
+from libworker.compression import Compressor
+from libworker.errors import WorkerInternalError
+from libworker.handles import agree
+from libworker.negotiation import Signature, TensorSpec
+from libworker.process_sets import ProcessSet
+from libworker.reduction import TORCH_OPS, Adasum, Average
+
+
+def _nothing_to_confirm() -> None:
+    """The step's agreement was reached before its buckets started."""
+
+
+class _NotAMember(Exception):
+    """This rank is not in the optimizer's process set: the step reduces nothing (never raised to the user)."""
+
+
+class GradientReducer:
+    """The buckets of one optimizer (`layout`: each one's parameters), their hooks, and the reduction of one step.
+
+    Each step starts with one negotiation of the whole bucket layout: on the
+    first step of a round in full and before any bucket moves, so a rank whose
+    model differs fails on every rank with CollectiveMismatchError; from then
+    on as the cached signature's one small allreduce, sent ahead of the first
+    bucket without waiting (confirmed in synchronize), so backward never waits
+    for it. A rank in `join()` serves the buckets with zeros either way.
+    """
+
+    def __init__(self, params: list[torch.Tensor], layout: list[list[torch.Tensor]], compression: type[Compressor], backward_passes_per_step: int,
+                 op: int, gradient_predivide_factor: float, process_set: ProcessSet, name: str) -> None:
+        self.process_set = process_set
+        self.name = name
+        self.compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.predivide = gradient_predivide_factor
+        self.sparse: set[torch.Tensor] = set()
+        self.buckets = [Bucket.of(group) for group in layout]
+        self.signature = self._layout_signature()
+        self.group: Any = None
+        self.step_error: BaseException | None = None
+        self.confirm_step: Any = _nothing_to_confirm
+        self.delay = {p: backward_passes_per_step for p in params}
+        self.touched = False
+        self.next_launch = 0
+        self.hooks = []
+        for bucket in self.buckets:
+            for p in bucket.params:
+                self.hooks.append(p.register_post_accumulate_grad_hook(self._hook(bucket)))
+
+    def _hook(self, bucket: Bucket) -> Any:
+        def grad_ready(p: torch.Tensor) -> None:
+            self.touched = True
+            if self.delay[p] <= 0:
+                raise AssertionError("Gradients were computed more than backward_passes_per_step times before call to step(). "
+                                     "Increase backward_passes_per_step to accumulate gradients locally.")
+            self.delay[p] -= 1
+            if self.delay[p] == 0:
+                bucket.ready += 1
+                if bucket.ready == len(bucket.params) and self.op != Adasum:
+                    self._launch_ready_in_order()
+        return grad_ready
+
+    def _layout_signature(self) -> Signature:
+        """The buckets as they travel (after compression): what every rank must agree on before a step."""
+        specs = []
+        for bucket in self.buckets:
+            sent, _ = self.compression.compress(torch.zeros(1, dtype=bucket.buffer.dtype))
+            specs.append(TensorSpec(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
+        device = "cuda" if self.buckets and self.buckets[0].buffer.is_cuda else "cpu"
+        return Signature("optimizer", tuple(specs), self.op, -1, self.predivide, 1.0, device)
+
+    def is_member(self) -> bool:
+        """A rank outside the optimizer's process set steps on its own gradients, as in Horovod."""
+        return bool(self.process_set.included())
+
+    def _agree_on_step(self) -> None:
+        """Before the step's first bucket: the ranks agree on the layout (and joined ranks learn it)."""
+        if self.next_launch or self.step_error is not None:
+            return
+        if not self.is_member():
+            self.step_error = _NotAMember()
+            return
+        self.group = process_sets.group_of(self.process_set)
+        try:
+            self.confirm_step = agree(self.process_set, self.name, self.signature)
+        except (RuntimeError, ValueError) as exc:
+            self.step_error = exc
+
+    def _launch_ready_in_order(self) -> None:
+        while self.next_launch < len(self.buckets):
+            bucket = self.buckets[self.next_launch]
+            if bucket.ready < len(bucket.params):
+                return
+            self._agree_on_step()
+            if self.step_error is not None:
+                return
+            self._launch(bucket)
+            self.next_launch += 1
+
+    def gradients(self, bucket: Bucket) -> list[torch.Tensor]:
+        """The bucket's gradients, dense: zeros for a parameter that got none, a sparse one made dense (and made
+        sparse again after the step's reduction)."""
+        grads = []
+        for p in bucket.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse:
+                self.sparse.add(p)
+                p.grad = p.grad.to_dense()
+            grads.append(p.grad)
+        return grads
+
+    def _launch(self, bucket: Bucket) -> None:
+        torch._foreach_copy_(bucket.views, self.gradients(bucket))
+        if dist.get_world_size(self.group) == 1:
+            return
+        sent, bucket.ctx = self.compression.compress(bucket.buffer)
+        if self.op == Average and self.predivide != 1.0:
+            sent.div_(self.predivide)
+        bucket.sent = sent
+        try:
+            bucket.work = launch(lambda: dist.all_reduce(sent, op=TORCH_OPS[self.op], group=self.group, async_op=True))
+        except WorkerInternalError as exc:
+            bucket.error = exc
+
+    def synchronize(self) -> None:
+        """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
+        try:
+            self._agree_on_step()
+            if isinstance(self.step_error, _NotAMember):
+                return
+            if self.step_error is not None:
+                raise self.step_error
+            for bucket in self.buckets[self.next_launch :]:
+                self._launch(bucket)
+            self.next_launch = len(self.buckets)
+            self.confirm_step()
+            size = dist.get_world_size(self.group)
+            for bucket in self.buckets:
+                if bucket.error is not None:
+                    raise bucket.error
+                if bucket.work is None:
+                    continue
+                finish(bucket.work, waits_on_stream(bucket.buffer))
+                result = self.compression.decompress(bucket.sent, bucket.ctx)
+                if self.op == Average:
+                    result.mul_(self.predivide / size)
+                views = bucket.views if result is bucket.buffer else [v.view_as(p) for v, p in zip(result.split(bucket.sizes), bucket.params)]
+                torch._foreach_copy_([p.grad for p in bucket.params], views)
+            for p in self.sparse:
+                p.grad = p.grad.to_sparse()
+        finally:
+            self.clear()
+
+    def clear(self) -> None:
+        for bucket in self.buckets:
+            bucket.clear()
+        for p in self.delay:
+            self.delay[p] = self.backward_passes_per_step
+        self.touched = False
+        self.next_launch = 0
+        self.step_error = None
+        self.confirm_step = _nothing_to_confirm
+        self.sparse.clear()

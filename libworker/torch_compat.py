@@ -1,0 +1,63 @@
+"""libworker's workarounds for torch behaviour, each with the torch version it was written and measured for.
+
+Everything here leans on how a given torch release behaves rather than on
+what its API promises: how a timed wait on a Work says that it ran out,
+what destroying a process group does to a collective stuck in it, and how
+NCCL communicators are aborted. When torch is upgraded, these are the places to
+measure again (bench/RESULTS.md has the resource measurements). Two choices
+elsewhere also follow torch 2.13 and are design rather than workarounds:
+gloo's missing dtypes travel widened or as bytes (libworker.wire), and each
+round bootstraps from a TCPStore because a Python Store cannot back gloo
+(libworker.world; docs/design-notes.md).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+
+def ended_within(work: Any, timeout: timedelta) -> bool:
+    """Wait up to `timeout` for a torch.distributed Work: True when it ended, False when it is still pending. A work
+    that failed raises its error (RuntimeError or dist.DistError).
+
+    Measured on torch 2.13 (gloo): `Work.wait(timeout)` raises the same error for a wait that ran out as for a
+    work that failed, so they are told apart by the work's state, not the error's text: a wait that ran out leaves
+    `is_completed()` False, a peer's death sets it. A work that completes just as the wait runs out is asked once
+    more, without a timeout, how it ended."""
+    try:
+        work.wait(timeout)
+        return True
+    except (RuntimeError, dist.DistError):
+        if not work.is_completed():
+            return False
+    work.wait()
+    return True
+
+
+def abort_nccl(group: Any) -> None:
+    """Abort a process group's NCCL communicators, which ends their kernels and frees their GPU memory (waiting on
+    the stream would never notice an abort).
+
+    Written for torch 2.13, whose ProcessGroup has `abort()`. A group aborted already raises RuntimeError, and a
+    torch without communicator abort AttributeError (not measured): both are let go, since destroying the group
+    still releases what it can."""
+    try:
+        group.abort()
+    except (RuntimeError, AttributeError):
+        pass
+
+
+def destroy_default_group(abort_nccl_first: bool) -> None:
+    """Destroy the default process group, its store connections and threads with it, even while a collective of
+    it is still stuck on a hung or departed peer. `abort_nccl_first`: the group was abandoned with NCCL
+    communicators in it, which are aborted before the destroy.
+
+    Measured on torch 2.13: gloo's group ends its pending work when destroyed, at once, and a survivor's fds and
+    threads stay flat over repeated resets (bench/RESULTS.md), so nothing has to be kept alive or patched for a
+    stuck collective."""
+    if abort_nccl_first:
+        abort_nccl(dist.group.WORLD)
+    dist.destroy_process_group()
