@@ -16,7 +16,8 @@ the window, so it stays small however long the job runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from bus.contract import JobPlan
 
 BACKOFF_FIRST = 1.0
 BACKOFF_CAP = 30.0
@@ -28,12 +29,12 @@ class RestartPolicy:
     window: float = 60.0
 
     @classmethod
-    def of_job(cls, plan: dict[str, Any]) -> RestartPolicy:
-        """The policy a job's round event (or job state) carries; the defaults where it says nothing."""
-        max_restarts, window = plan.get("max_restarts"), plan.get("restart_window")
+    def of_plan(cls, plan: JobPlan) -> RestartPolicy:
+        """The policy a job's plan carries; the defaults where it says nothing usable."""
+        max_restarts, window = plan.max_restarts, plan.restart_window
         return cls(
-            max_restarts if isinstance(max_restarts, int) and max_restarts >= 0 else cls.max_restarts,
-            float(window) if isinstance(window, (int, float)) and window > 0 else cls.window,
+            max_restarts if max_restarts is not None and max_restarts >= 0 else cls.max_restarts,
+            window if window is not None and window > 0 else cls.window,
         )
 
 
@@ -58,6 +59,10 @@ class CrashHistory:
 
     def count(self, slot: int) -> int:
         return len(self.crashes.get(slot, []))
+
+    def forget_slot(self, slot: int) -> None:
+        """The slot was given up: when it comes back (its host's cooldown ended) it starts with a fresh count."""
+        self.crashes.pop(slot, None)
 
     def forget(self) -> None:
         """A new job: earlier crashes do not count against it."""

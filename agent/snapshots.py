@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bus.contract import JobPlan, WorkerEnv
 from snapshot import durable, layout
 
 _SLOT_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")
@@ -63,12 +64,11 @@ class SnapshotKeeper:
         self._executor: ThreadPoolExecutor | None = None
         remove_orphans(self.directory, log)
 
-    def start_job(self, plan: dict[str, Any]) -> None:
+    def start_job(self, plan: JobPlan) -> None:
         """Fresh, empty slots for a new job (a worker of the previous one can no longer be restored from them)."""
-        self.job_key = str(plan.get("job_key") or "")
-        directory = plan.get("checkpoint_dir")
-        self.checkpoint_dir = Path(directory) if directory else None
-        self.checkpoint_interval = float(plan.get("checkpoint_interval") or 30.0)
+        self.job_key = plan.job_key
+        self.checkpoint_dir = Path(plan.checkpoint_dir) if plan.checkpoint_dir else None
+        self.checkpoint_interval = plan.checkpoint_interval or 30.0
         self.last_checkpoint = None
         self._flushing = None
         try:
@@ -79,9 +79,9 @@ class SnapshotKeeper:
             self.log.error("snapshot_unavailable", path=self.prefix, reason=exc.strerror, effect="this job's commits are not snapshotted on this host")
 
     def worker_env(self) -> dict[str, str]:
-        env = {"ELASTIC_SNAPSHOT": self.prefix, "ELASTIC_JOB_KEY": self.job_key} if self.created else {}
+        env = {WorkerEnv.SNAPSHOT: self.prefix, WorkerEnv.JOB_KEY: self.job_key} if self.created else {}
         if self.checkpoint_dir is not None:
-            env["ELASTIC_CHECKPOINT_DIR"] = str(self.checkpoint_dir)
+            env[WorkerEnv.CHECKPOINT_DIR] = str(self.checkpoint_dir)
         return env
 
     def end_job(self) -> None:

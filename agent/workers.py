@@ -1,4 +1,4 @@
-"""Worker processes of one host: spawn (dying with the agent), signal, reap.
+"""Worker processes of one host: their environment, spawn (dying with the agent), signal, reap.
 
 A worker's stdout and stderr are pipes the agent reads (agent/output.py).
 A standby (local rank STANDBY until its agent admits it to a slot) is a
@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.output import PrefixedPipe
+from bus.assignments import SlotInfo, round_environment
+from bus.contract import JobPlan, WorkerEnv
 from bus.lifetime import die_with_parent
 
 
@@ -44,6 +47,45 @@ class Worker:
             os.killpg(self.process.pid, sig)
         except ProcessLookupError:
             pass
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What every worker of this host is told about the host and its agent."""
+
+    host: str
+    agent_endpoint: str
+    advertise_address: str
+    share_gpus: bool
+    timing_env: Mapping[str, str]
+
+
+def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local_rank: int, slot: SlotInfo | None,
+               snapshot_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the worker of `local_rank` (STANDBY: a spare, with no local rank until admitted): the
+    agent's own, the job's, the host's, the snapshot's and, for a worker started into a known slot, its place in
+    the round."""
+    env = {
+        **base,
+        **plan.env,
+        **host.timing_env,
+        WorkerEnv.AGENT: host.agent_endpoint,
+        WorkerEnv.HOST: host.host,
+        WorkerEnv.ADVERTISE_ADDR: host.advertise_address,
+        WorkerEnv.GPU_SHARED: "1" if host.share_gpus else "0",
+        WorkerEnv.JOB: str(plan.job),
+        **snapshot_env,
+    }
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if local_rank == STANDBY:
+        env[WorkerEnv.STANDBY] = "1"
+        for name in (WorkerEnv.LOCAL_RANK, "LOCAL_RANK"):
+            env.pop(name, None)
+    else:
+        env.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
+    if slot is not None:
+        env.update(round_environment(slot))
+    return env
 
 
 def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | None) -> Worker:

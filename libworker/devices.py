@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from bus.contract import WorkerEnv
+
 CPU_BACKEND = "gloo"
 GPU_BACKEND = "cpu:gloo,cuda:nccl"
 SHARED_GPU_BACKEND = "cpu:gloo,cuda:gloo"
@@ -22,7 +24,7 @@ SHARED_GPU_BACKEND = "cpu:gloo,cuda:gloo"
 
 def gpus_shared() -> bool:
     """Whether this host's agent lets several workers share a GPU."""
-    return os.environ.get("ELASTIC_GPU_SHARED") == "1"
+    return os.environ.get(WorkerEnv.GPU_SHARED) == "1"
 
 
 def device_index(local_rank: int, device_count: int, shared: bool) -> int:
@@ -39,14 +41,14 @@ def device_index(local_rank: int, device_count: int, shared: bool) -> int:
 
 def is_standby() -> bool:
     """Whether this process is a standby still waiting for a slot."""
-    return os.environ.get("ELASTIC_STANDBY") == "1"
+    return os.environ.get(WorkerEnv.STANDBY) == "1"
 
 
 def bind_device() -> None:
     """Make this worker's GPU the current CUDA device; nothing outside an agent's worker or without CUDA."""
-    if not os.environ.get("ELASTIC_AGENT") or is_standby() or not torch.cuda.is_available():
+    if not os.environ.get(WorkerEnv.AGENT) or is_standby() or not torch.cuda.is_available():
         return
-    local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
+    local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "0"))
     torch.cuda.set_device(device_index(local_rank, torch.cuda.device_count(), gpus_shared()))
 
 

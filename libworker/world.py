@@ -34,6 +34,7 @@ import torch.distributed as dist
 from bus.assignments import SlotInfo, round_environment
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
+from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
 from libworker.agent_link import AgentLink
@@ -101,12 +102,12 @@ def tell_agent_the_script_ended() -> None:
 
 
 def _connect() -> AgentLink:
-    endpoint = os.environ.get("ELASTIC_AGENT")
+    endpoint = os.environ.get(WorkerEnv.AGENT)
     if not endpoint:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
     orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * world.timing.heartbeat)
-    link = AgentLink(endpoint, os.environ.get("ELASTIC_HOST", "?"), int(os.environ.get("ELASTIC_LOCAL_RANK", "-1")), orphan_after)
+    link = AgentLink(endpoint, os.environ.get(WorkerEnv.HOST, "?"), int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1")), orphan_after)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
     atexit.register(tell_agent_the_script_ended)
@@ -142,7 +143,7 @@ def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
 
 
 def advertise_address() -> str:
-    return os.environ.get("ELASTIC_ADVERTISE_ADDR", "127.0.0.1")
+    return os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1")
 
 
 def _wait_for_a_slot(link: AgentLink) -> None:
@@ -152,8 +153,8 @@ def _wait_for_a_slot(link: AgentLink) -> None:
     except (Unreachable, ServiceError) as exc:
         raise WorkerInternalError(f"standby was not admitted: {exc}") from None
     local_rank = int(reply.body["local_rank"])
-    os.environ.update(ELASTIC_LOCAL_RANK=str(local_rank), LOCAL_RANK=str(local_rank))
-    del os.environ["ELASTIC_STANDBY"]
+    os.environ.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
+    del os.environ[WorkerEnv.STANDBY]
     link.local_rank = local_rank
     devices.bind_device()
 
@@ -165,7 +166,7 @@ def join() -> None:
     if devices.is_standby():
         _wait_for_a_slot(world.link)
     release_process_group()
-    local_rank = int(os.environ.get("ELASTIC_LOCAL_RANK", "0"))
+    local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "0"))
     try:
         reply = world.link.requests.request(
             "rank_and_size",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bus.contract import WorkerEnv
 from libworker.agent_link import say
 from libworker.world import world
 from snapshot.durable import checkpoint_files
@@ -29,7 +30,7 @@ _writer: SnapshotWriter | None = None
 def writer() -> SnapshotWriter | None:
     """The host snapshot's writer when this process writes it this round, else None."""
     global _writer
-    prefix, job = os.environ.get("ELASTIC_SNAPSHOT"), os.environ.get("ELASTIC_JOB_KEY", "")
+    prefix, job = os.environ.get(WorkerEnv.SNAPSHOT), os.environ.get(WorkerEnv.JOB_KEY, "")
     if not prefix or not world.slot.get("snapshot_writer"):
         return None
     if _writer is None or (_writer.prefix, _writer.job) != (prefix, job):
@@ -48,19 +49,19 @@ def report_commit(seconds: float) -> None:
 
 def host_snapshot() -> Snapshot | None:
     """This job's newest verified snapshot on this host, or None."""
-    prefix = os.environ.get("ELASTIC_SNAPSHOT")
-    return read_newest(slot_paths(prefix), os.environ.get("ELASTIC_JOB_KEY", ""), _rejected) if prefix else None
+    prefix = os.environ.get(WorkerEnv.SNAPSHOT)
+    return read_newest(slot_paths(prefix), os.environ.get(WorkerEnv.JOB_KEY, ""), _rejected) if prefix else None
 
 
 def restorable() -> Snapshot | None:
     """What a worker that holds no state restores from: the newer of the host's snapshot and the newest checkpoint
     (either falls back to the other when it fails verification), or None."""
-    prefix, directory = os.environ.get("ELASTIC_SNAPSHOT"), os.environ.get("ELASTIC_CHECKPOINT_DIR")
+    prefix, directory = os.environ.get(WorkerEnv.SNAPSHOT), os.environ.get(WorkerEnv.CHECKPOINT_DIR)
     host_paths = list(slot_paths(prefix)) if prefix else []
     durable_paths = checkpoint_files(Path(directory)) if directory else []
     host_newest, durable_newest = newest_header(host_paths), newest_header(durable_paths)
     durable_first = durable_newest is not None and (host_newest is None or durable_newest.commit > host_newest.commit)
-    sources = [(durable_paths, None), (host_paths, os.environ.get("ELASTIC_JOB_KEY", ""))]
+    sources = [(durable_paths, None), (host_paths, os.environ.get(WorkerEnv.JOB_KEY, ""))]
     for paths, job in sources if durable_first else reversed(sources):
         found = read_newest(paths, job, _rejected) if paths else None
         if found is not None:

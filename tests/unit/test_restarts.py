@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
+from bus.contract import JobPlan
 
 
 def test_first_crash_restarts_at_once_then_the_delay_doubles_up_to_the_cap():
@@ -55,4 +56,4 @@ def test_history_stays_bounded_over_any_number_of_crashes():
     ],
 )
 def test_policy_of_a_job(plan, expected):
-    assert RestartPolicy.of_job(plan) == expected
+    assert RestartPolicy.of_plan(JobPlan.from_wire({"job": 1, "command": ["python", "train.py"], **plan})) == expected

@@ -1,0 +1,134 @@
+"""The agent's link to discovery: register, heartbeat, slot and drain reports, and whether the control plane answers.
+
+Paranoid Pirate: one register or heartbeat is in flight at a time, sent
+again (the same request, answered once) every heartbeat interval until the
+host would count as lost, so an overloaded discovery answers each once
+instead of getting a new registration from every agent every second. A reply
+of `unknown` means register again; `lost` means the host was declared lost:
+the agent stops its workers (`on_lost`) before registering afresh. An
+unreachable control plane leaves the workers running while the link keeps
+trying, with a warning naming where it tries (then one a minute) and one line
+when discovery answers again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.slots import SlotBook
+from bus.client import AsyncClient
+from bus.config import Timing, unresolved_hosts
+from bus.envelope import Message
+from bus.reachability import Reachability
+
+SLOT_REPORT_DEADLINE = 1.0
+
+
+class DiscoveryLink:
+    def __init__(self, discovery: AsyncClient, host: str, slots: int, incarnation: str, timing: Timing, control_endpoints: list[str],
+                 book: SlotBook, host_report: Callable[[], dict[str, Any]], on_lost: Callable[[], None], log: Any) -> None:
+        self.discovery, self.host, self.slots, self.incarnation, self.timing = discovery, host, slots, incarnation, timing
+        self.control_endpoints = control_endpoints
+        self.book, self.host_report, self.on_lost, self.log = book, host_report, on_lost, log
+        self.control_plane = Reachability(timing.lost_after, time.monotonic())
+        self.registered = False
+        self.warm = False
+        self._in_flight = False
+        self._reported_warm = False
+
+    def beat(self) -> None:
+        """Every heartbeat interval: register until registered, then heartbeat (never two at once)."""
+        if self._in_flight:
+            return
+        if not self.registered:
+            self.register()
+            return
+        self._ping("heartbeat", {}, self._on_heartbeat_reply)
+
+    def register(self) -> None:
+        body = {"slots": self.slots, "down": sorted(self.book.down), "down_version": self.book.down_version}
+        self._ping("register", body, self._on_registered)
+
+    def become_warm(self) -> None:
+        """Tell discovery at once that the host's workers are ready (if the last ping went out before they were)."""
+        self.warm = True
+        self._report_warmth()
+
+    def _report_warmth(self) -> None:
+        if self.warm and self.registered and not self._reported_warm and not self._in_flight:
+            self.beat()
+
+    def report_down(self, then: Callable[[], None] | None = None) -> None:
+        """Send the book's down slots; `then` runs once discovery has them (or could not be reached)."""
+        body = {"host": self.host, "incarnation": self.incarnation, "down": sorted(self.book.down), "down_version": self.book.down_version}
+        self.discovery.send("slots", body, on_reply=lambda _: then and then(), on_timeout=then, timeout=SLOT_REPORT_DEADLINE / 2,
+                            deadline=SLOT_REPORT_DEADLINE)
+
+    def drain(self, deadline: float) -> None:
+        self.discovery.send("drain", {"host": self.host}, timeout=self.timing.request_timeout, deadline=deadline)
+
+    def unregister(self, then: Callable[[], None]) -> None:
+        """Leave discovery, then `then` (at once when not registered and nothing is in flight)."""
+        if self.registered:
+            self.registered = False
+            self.discovery.send("unregister", {"host": self.host, "incarnation": self.incarnation}, on_reply=lambda _: then(), on_timeout=then,
+                                timeout=1.0, deadline=2.0)
+        elif not self.discovery.in_flight:
+            then()
+
+    def _ping(self, msg_type: str, body: dict[str, Any], on_reply: Callable[[Message], None]) -> None:
+        self._in_flight = True
+        self._reported_warm = self.warm
+        self.discovery.send(
+            msg_type,
+            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **self.host_report(), **body},
+            on_reply=on_reply,
+            on_timeout=self._no_reply,
+            timeout=self.timing.heartbeat,
+            deadline=self.timing.lost_after,
+        )
+
+    def _on_registered(self, reply: Message) -> None:
+        self._in_flight = False
+        self._reached()
+        if reply.error:
+            self.log.warning("register_refused", reason=reply.body.get("message"))
+            return
+        if not self.registered:
+            self.log.info("registered")
+        self.registered = True
+        self._report_warmth()
+
+    def _on_heartbeat_reply(self, reply: Message) -> None:
+        self._in_flight = False
+        self._reached()
+        status = reply.body.get("status")
+        if status == "lost":
+            self.on_lost()
+        if status in ("lost", "unknown"):
+            self.registered = False
+            self.register()
+        else:
+            self._report_warmth()
+
+    def _no_reply(self) -> None:
+        """No reply within a heartbeat: after a few in a row, a warning naming where the agent tries (then one a
+        minute). Resolving the hosts blocks the loop while DNS answers, at most once a minute."""
+        self._in_flight = False
+        now = time.monotonic()
+        if self.control_plane.missed(now):
+            unresolved = unresolved_hosts(self.control_endpoints)
+            self.log.warning(
+                "control_plane_unreachable",
+                endpoints=self.control_endpoints,
+                silent_s=round(self.control_plane.silent_for(now), 1),
+                reason="; ".join(f"{host} does not resolve" for host in unresolved) or "no reply",
+                retrying_every_s=self.timing.heartbeat,
+            )
+
+    def _reached(self) -> None:
+        silent = self.control_plane.reached(time.monotonic())
+        if silent is not None:
+            self.log.warning("control_plane_reachable", endpoint=self.discovery.endpoint, silent_s=round(silent, 1))

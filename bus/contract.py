@@ -1,0 +1,84 @@
+"""The contract between processes that is not a service's request/reply: the job plan, the worker environment, the events.
+
+- `JobPlan`: what a host needs to run a job's workers (command, environment,
+  restart policy, snapshot settings). The registry builds it once from the
+  job's spec and sends it in every `round` event and in its `job` reply; the
+  agent, its restart policy and its snapshot keeper read it from there.
+- `WorkerEnv`: the names of the variables an agent sets for its workers and
+  libworker reads (beside torch's and Horovod's own, see
+  bus.assignments.round_environment).
+- `Event`: the types of the notifier's events an agent acts on.
+
+A name spelled here and imported everywhere turns a typo into an import error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class WorkerEnv:
+    """Variables of a worker's environment set by its agent."""
+
+    AGENT = "ELASTIC_AGENT"  # the agent's ipc endpoint: rendezvous, store, events, standby admission
+    HOST = "ELASTIC_HOST"  # the host's name as the job knows it
+    ADVERTISE_ADDR = "ELASTIC_ADVERTISE_ADDR"  # the address peers reach this host's process groups at
+    GPU_SHARED = "ELASTIC_GPU_SHARED"  # "1": every worker of the host sees every GPU (no per-slot pinning)
+    JOB = "ELASTIC_JOB"  # the job's number
+    LOCAL_RANK = "ELASTIC_LOCAL_RANK"  # the slot's id on the host (absent for a standby until admitted)
+    STANDBY = "ELASTIC_STANDBY"  # "1": a spare that waits in init() for a slot
+    SNAPSHOT = "ELASTIC_SNAPSHOT"  # the path prefix of the host's snapshot slots
+    JOB_KEY = "ELASTIC_JOB_KEY"  # the key the host's snapshot belongs to (a snapshot of another job is refused)
+    CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where durable copies of the snapshot go (the job's --checkpoint-dir)
+
+
+class Event:
+    """Notifier events an agent acts on (published by the registry and discovery)."""
+
+    ROUND = "round"  # a new round: its hosts and slots, with the job plan
+    HOSTS_UPDATED = "hosts_updated"  # the available hosts changed (relayed to workers)
+    ABORT = "abort"  # the round's collectives must stop (relayed to workers)
+    KILL_WORKER = "kill_worker"  # the registry found a worker hung
+    JOB_FINISHED = "job_finished"  # the job ended: stop every worker
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What every host needs to run a job's workers; it travels inside `round` events (with the round's fields)."""
+
+    job: int
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    job_key: str = ""
+    max_restarts: int | None = None
+    restart_window: float | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> JobPlan:
+        """The plan in a `round` event or a job state (which may carry other fields); ValueError when it has none."""
+        job, command = body.get("job"), body.get("command")
+        if not isinstance(job, int) or not isinstance(command, list) or not command:
+            raise ValueError("a job plan needs a job number and a command")
+        env = body.get("env")
+        return cls(
+            job=job,
+            command=[str(part) for part in command],
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+            cwd=body.get("cwd") if isinstance(body.get("cwd"), str) else None,
+            job_key=str(body.get("job_key") or ""),
+            max_restarts=body.get("max_restarts") if isinstance(body.get("max_restarts"), int) else None,
+            restart_window=_number(body.get("restart_window")),
+            checkpoint_dir=body.get("checkpoint_dir") if isinstance(body.get("checkpoint_dir"), str) else None,
+            checkpoint_interval=_number(body.get("checkpoint_interval")),
+        )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
