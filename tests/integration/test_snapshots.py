@@ -124,11 +124,13 @@ def test_a_respawned_worker_restores_from_its_hosts_snapshot(cluster: Cluster, t
     log_dir = tmp_path / "train"
     cluster.start_agent("host-1", 2)
     cluster.start_agent("host-2", 1)
-    job = cluster.submit("--min-np", "2", "--", *COUNTER_JOB, "--log-dir", str(log_dir))
+    # Long enough that the job still trains when a replacement, importing torch on a loaded machine, is ready.
+    batches = 3 * BATCHES
+    job = cluster.submit("--min-np", "2", "--", *COUNTER_JOB, "--batches", str(batches), "--log-dir", str(log_dir))
     wait_for(lambda: committed(log_dir) >= 20, 60, "20 commits")
     victim = worker_pid(cluster, "host-1", 1)
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len({e["pid"] for e in events(log_dir, "enter")}) == 4, 60, "the replacement to enter training")
     assert cluster.wait_job_end(job, 120) == 0
     assert "[host-1:1] libworker: restored commit" in cluster.output("agent-host-1")
-    assert_finished_exactly(log_dir, ranks=3)
+    assert_finished_exactly(log_dir, ranks=3, batches=batches)
