@@ -1,4 +1,5 @@
-"""What the driver does once every slot of a round has reported (Horovod's WorkerStateRegistry, made pure).
+"""What the driver does once every slot of a round has reported (Horovod's WorkerStateRegistry, made pure), and
+why a round it resumes is reset.
 
 Each slot of a round ends as READY (its worker re-joined for the next round),
 SUCCESS (exit 0) or FAILURE (non-zero exit, lost host, hung). Then: any SUCCESS
@@ -19,35 +20,10 @@ Two departures from Horovod:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
 
-PENDING, RUNNING, READY, SUCCESS, FAILURE = "PENDING", "RUNNING", "READY", "SUCCESS", "FAILURE"
-REPORTED = (READY, SUCCESS, FAILURE)
-
-Slot = tuple[str, int]
-
-
-@dataclass
-class SlotReport:
-    rank: int
-    state: str = PENDING
-    pid: int | None = None
-    exit_code: int | None = None
-    reason: str = ""
-    failed_order: int = 0
-    host_stays: bool = False
-
-    # Every field set on any report counts here: whoever keeps a copy of the reports (the registry's saved one)
-    # knows in O(1) whether it is still up to date.
-    changes: ClassVar[int] = 0
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        SlotReport.changes += 1
-
-    def describe(self, slot: Slot) -> str:
-        return f"rank {self.rank} on {slot[0]} {self.reason}"
+from services.registry.reports import FAILURE, SUCCESS, Slot, SlotReport
 
 
 @dataclass(frozen=True)
@@ -59,11 +35,7 @@ class Decision:
     resume_from: int = 0
 
 
-def barrier_complete(reports: dict[Slot, SlotReport]) -> bool:
-    return bool(reports) and all(r.state in REPORTED for r in reports.values())
-
-
-def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0) -> Decision:
+def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0) -> Decision:
     """`newest_snapshot`: the newest commit held in a live host's snapshot (0: none); `resumed_from`: the commit the
     job last resumed from after every worker failed (0: never)."""
     failures = {slot: r for slot, r in reports.items() if r.state == FAILURE}
@@ -84,3 +56,17 @@ def decide(reports: dict[Slot, SlotReport], resets: int, reset_limit: int | None
     if all_failed:
         return Decision("resume", f"every worker failed; resuming from the snapshot of commit {newest_snapshot}: {details}", blacklist=blacklist, resume_from=newest_snapshot)
     return Decision("resume", details, blacklist=blacklist)
+
+
+def reset_cause(decision: Decision, failure_reasons: Iterable[str]) -> str:
+    """Why a round that resumes is reset, for the registry's metrics (metrics.RESET_CAUSES)."""
+    if decision.resume_from:
+        return "resume"
+    reasons = list(failure_reasons)
+    if not reasons:
+        return "hosts_changed"
+    if any(reason.startswith("host lost") for reason in reasons):
+        return "host_lost"
+    if any(reason.startswith("its agent restarted") for reason in reasons):
+        return "agent_restarted"
+    return "worker_failed"

@@ -1,40 +1,40 @@
 """The registry's Prometheus metrics and the functions its driver calls to keep them (bus/metrics.py serves them).
 
-Every function is called from the registry's loop (a handler or a tick), never
+Every function is called from the registry's loop (a handler or a driver pass), never
 from the thread that serves metrics, and takes plain values, so nothing here
 reads the registry's dicts while the loop changes them. Label values are
 fixed sets, each series there from the start; a value outside its set is a
 programming error (ValueError). Worker states are labelled in lower case.
 
-- `job_state(state)`: each time the job's state changes (`_new_job`,
-  `_start_round`, `_apply` when it goes back to waiting, `_finish`).
-- `round_started()`: once per round the rendezvous accepted (`_start_round`,
-  right after `self.round = reply["round"]`).
+- `job_state(state)`: each time the job's state changes (a submission,
+  `_begin_round`, `_reset` when it goes back to waiting, `_finish`).
+- `round_started()`: once per round the rendezvous made (`_begin_round`).
 - `reset(cause)`: once per reset, where the driver decides on a new round
-  (`_apply`, when it goes back to waiting), with why: `worker_failed` (a
-  worker exited non-zero or hung), `host_lost` (missed heartbeats),
-  `agent_restarted` (the workers died with their agent), `hosts_changed`
-  (hosts added, removed or drained, with no failure), `resume`
-  (every worker failed; the job resumes from a host's snapshot).
-- `recovered(seconds)`: when the round after a failure is released (`_observe`,
-  the first tick that sees `released` for the new round), with the seconds
-  since the failure was first seen (the first FAILURE of the failed round,
-  `_fail_slot` with `first`, or a failing `worker_exited`).
-- `workers(states)`: on every driver tick, with the state of each slot of the
-  current round (`r.state for r in self.reports.values()`).
+  (`_reset`, when it goes back to waiting), with why
+  (`decisions.reset_cause`): `worker_failed` (a worker exited non-zero or
+  hung), `host_lost` (missed heartbeats), `agent_restarted` (the workers died
+  with their agent), `hosts_changed` (hosts added, removed or drained, with
+  no failure), `resume` (every worker failed; the job resumes from a host's
+  snapshot).
+- `recovered(seconds)`: when the round after a failure is released
+  (`_note_release`, the first pass that sees `released` for the new round),
+  with the seconds since the failure was first seen (the first FAILURE of the
+  failed round, `_fail_slot` with `first`).
+- `workers(counts)`: at the end of every step of a driver pass, with the
+  number of slots of the current round in each state
+  (`ReportTable.counts()`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.registry.decisions import FAILURE, PENDING, READY, RUNNING, SUCCESS
+from services.registry.job import JOB_STATES
+from services.registry.reports import STATES as WORKER_STATES
 
-JOB_STATES = ("none", "waiting", "running", "succeeded", "failed")
 RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "hosts_changed", "resume")
-WORKER_STATES = (PENDING, RUNNING, READY, SUCCESS, FAILURE)
 
 JOB_STATE = Gauge("elastic_registry_job_state", "1 for the state the job is in, 0 for the others.", ["state"])
 ROUNDS_STARTED = Counter("elastic_registry_rounds_started", "Rounds the registry started (the first one and every reset).")
@@ -65,10 +65,12 @@ def recovered(seconds: float) -> None:
     RECOVERY_SECONDS.observe(seconds)
 
 
-def workers(states: Iterable[str]) -> None:
-    counted = [_check("worker state", state, WORKER_STATES) for state in states]
+def workers(counts: Mapping[str, int]) -> None:
+    """`counts`: the number of slots in each worker state (a state left out has none)."""
+    for state in counts:
+        _check("worker state", state, WORKER_STATES)
     for state in WORKER_STATES:
-        WORKERS.labels(state.lower()).set(counted.count(state))
+        WORKERS.labels(state.lower()).set(counts.get(state, 0))
 
 
 def _check(what: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -78,6 +80,6 @@ def _check(what: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 job_state("none")
-workers(())
+workers({})
 for _cause in RESET_CAUSES:
     RESETS.labels(_cause)

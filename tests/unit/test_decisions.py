@@ -1,49 +1,13 @@
-"""decide() and barrier_complete(): the driver's decisions once a round has reported (Horovod's WorkerStateRegistry)."""
+"""decide(): the driver's decisions once a round has reported (Horovod's WorkerStateRegistry)."""
 
 from __future__ import annotations
 
-import pytest
-
-from services.registry.decisions import (
-    FAILURE,
-    PENDING,
-    READY,
-    RUNNING,
-    SUCCESS,
-    SlotReport,
-    barrier_complete,
-    decide,
-)
+from services.registry.decisions import decide
+from services.registry.reports import FAILURE, READY, SUCCESS, SlotReport
 
 
 def report(rank: int, state: str, exit_code: int | None = None, reason: str = "", failed_order: int = 0) -> SlotReport:
     return SlotReport(rank=rank, state=state, pid=1000 + rank, exit_code=exit_code, reason=reason, failed_order=failed_order)
-
-
-# -- barrier_complete ----------------------------------------------------------------------------
-
-
-def test_barrier_complete_when_every_slot_reported():
-    reports = {("a", 0): report(0, READY), ("a", 1): report(1, SUCCESS, 0), ("b", 0): report(2, FAILURE, 1)}
-    assert barrier_complete(reports) is True
-
-
-@pytest.mark.parametrize("waiting", [PENDING, RUNNING])
-def test_barrier_incomplete_while_a_slot_has_not_reported(waiting):
-    reports = {("a", 0): report(0, READY), ("a", 1): report(1, waiting), ("b", 0): report(2, FAILURE, 1)}
-    assert barrier_complete(reports) is False
-
-
-def test_barrier_incomplete_with_every_slot_still_running():
-    assert barrier_complete({("a", 0): report(0, RUNNING), ("b", 0): report(1, RUNNING)}) is False
-
-
-def test_barrier_of_no_slots_is_not_complete():
-    assert barrier_complete({}) is False
-
-
-def test_new_slot_report_starts_pending():
-    assert SlotReport(rank=0).state == PENDING
 
 
 # -- success -------------------------------------------------------------------------------------

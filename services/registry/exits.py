@@ -1,0 +1,61 @@
+"""WorkerExit: an agent's `worker_exited` report, read once at the door, and what the exit means for its slot.
+
+The report names the slot (`host`, `local_rank`), the process (`pid`) and its
+`exit_code`; `restarting`: the agent restarts the slot in place; `gave_up`:
+why it stopped restarting a crash-looping slot (its host is blacklisted);
+`after_script_end`: the worker's script had ended when it died;
+`snapshot_commit`: the newest commit in the host's snapshot.
+
+An exit with code 0 is a success. So is a death by a signal after the
+worker's script ended (a crash in interpreter teardown: its work is done).
+Anything else is a failure; its host stays (is not blacklisted) when the
+agent restarts the slot in place and has not given up on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bus.service import field
+from services.registry.reports import Slot
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    slot: Slot
+    pid: int
+    exit_code: Any  # an int from a well-behaved agent; whatever it is, it is shown as it came
+    restarting: bool = False
+    gave_up: str | None = None
+    after_script_end: bool = False
+    snapshot_commit: int = 0  # the newest commit in the host's snapshot (0: none)
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> WorkerExit:
+        """The report in a request's body: a `bad_request` error without its host, local rank and pid; the optional
+        fields of a wrong type count as absent."""
+        slot = (field(body, "host", str), field(body, "local_rank", int))
+        gave_up, commit = body.get("gave_up"), body.get("snapshot_commit")
+        return cls(
+            slot=slot, pid=field(body, "pid", int), exit_code=body.get("exit_code"), restarting=body.get("restarting") is True,
+            gave_up=gave_up if isinstance(gave_up, str) and gave_up else None, after_script_end=body.get("after_script_end") is True,
+            snapshot_commit=commit if isinstance(commit, int) and not isinstance(commit, bool) and commit > 0 else 0,
+        )
+
+    @property
+    def host_stays(self) -> bool:
+        return self.restarting and not self.gave_up
+
+    def success(self) -> str | None:
+        """Why the exit counts as a success, or None when it is a failure."""
+        if self.exit_code == 0:
+            return "exited with code 0"
+        if self.after_script_end and isinstance(self.exit_code, int) and self.exit_code < 0:
+            return f"its script ended, then it died of signal {-self.exit_code} in interpreter teardown"
+        return None
+
+    def failure(self) -> str:
+        """Why the exit is a failure, as the slot's report says it."""
+        why = f"; {self.gave_up}" if self.gave_up else "; restarting in place" if self.host_stays else ""
+        return f"exited with code {self.exit_code}{why}"

@@ -1,0 +1,171 @@
+"""Job: the registry's record of its job, the changes a job goes through, and the record's own way to be saved.
+
+Every field of the job is declared once, on `Job`: its spec, number and key,
+state and end, resets, the current round (its number, hosts and the host set's
+timestamp it was made from), the round's reports (`ReportTable`), what the
+driver knows of the hosts (agent incarnations, discovery's marks, the newest
+snapshot commit each host's exit reports named), the commit it last resumed
+from, its recent decisions, and three instants of this process's clock (since
+when it waits for slots, the round's first report, the first failure not yet
+recovered from). `to_saved` and `from_saved` walk those fields:
+
+- the spec is saved as its map and parsed again;
+- an instant of this process's monotonic clock (a field marked `INSTANT`) is
+  saved as wall-clock seconds, which mean the same to the next registry:
+  `Now` is one reading of both clocks and converts between them;
+- the reports' rows are large and saved apart (`ReportTable.to_saved`), the
+  retired pids of the table with the job (`retired_pids`);
+- a key that a saved map lacks (a field added since it was written) takes the
+  field's default, so a file written by an earlier registry loads.
+
+Each job has a random key, handed to the agents with every `round`: host
+snapshots are tagged with it, so a snapshot of another job is never restored.
+The newest commit in a live host's snapshot (from the agents' heartbeats, via
+discovery, and from their exit reports: `snapshot_commits`) lets a job whose
+every worker failed resume from it (`resumed_from`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from bus.assignments import get_host_assignments
+from services.registry.decisions import Decision
+from services.registry.jobspec import JobSpec
+from services.registry.reports import PENDING, ReportTable
+
+NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"
+JOB_STATES = (NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED)
+HISTORY_KEPT = 100  # decisions kept with the job (status shows the last 20): bounded however many resets
+INSTANT = {"clock": "monotonic"}  # the metadata of a field that holds an instant of this process's clock
+
+
+@dataclass(frozen=True)
+class Now:
+    """One reading of this process's monotonic clock (`local`) and of the wall clock (`wall`)."""
+
+    local: float
+    wall: float
+
+    @classmethod
+    def read(cls, clock: Callable[[], float]) -> Now:
+        return cls(clock(), time.time())
+
+    def as_wall(self, instant: float | None) -> float | None:
+        return None if instant is None else self.wall - (self.local - instant)
+
+    def as_local(self, wall: float | None) -> float | None:
+        return None if wall is None else self.local - (self.wall - wall)
+
+
+@dataclass
+class Job:
+    spec: JobSpec | None = None
+    job_id: int = 0
+    job_key: str = ""  # handed to the agents with every round: a host's snapshot of another job is never restored
+    state: str = NO_JOB
+    exit_code: int | None = None
+    reason: str = ""
+    resets: int = 0
+    round: int = 0
+    round_hosts: list[list[Any]] = field(default_factory=list)  # [[host, [slot ids]]] in rank order (bus.assignments)
+    round_hosts_timestamp: float = 0.0
+    reports: ReportTable = field(default_factory=ReportTable)
+    agents: dict[str, str] = field(default_factory=dict)  # host: its agent's incarnation when the round began
+    host_marks: dict[str, dict[str, Any]] = field(default_factory=dict)  # drains and blacklists (hosts.host_marks)
+    snapshot_commits: dict[str, int] = field(default_factory=dict)  # host: the newest commit its exit reports named
+    resumed_from: int = 0  # the commit the job last resumed from after every worker failed (0: never)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    waiting_since: float = field(default=0.0, metadata=INSTANT)
+    first_report_at: float | None = field(default=None, metadata=INSTANT)
+    failure_seen_at: float | None = field(default=None, metadata=INSTANT)
+
+    @classmethod
+    def submitted(cls, spec: JobSpec, job_id: int, now: float) -> Job:
+        return cls(spec=spec, job_id=job_id, job_key=uuid.uuid4().hex[:16], state=WAITING, waiting_since=now)
+
+    @property
+    def active(self) -> bool:
+        return self.state in (WAITING, RUNNING_JOB)
+
+    def summary(self) -> dict[str, Any]:
+        """The registry's answer to `job`."""
+        return {
+            "job": self.job_id, "state": self.state, "round": self.round, "size": len(self.reports), "resets": self.resets,
+            "exit_code": self.exit_code, "reason": self.reason, "spec": self.spec.to_dict() if self.spec else None,
+            "job_key": self.job_key, "resumed_from": self.resumed_from,
+        }
+
+    def restored_round(self) -> dict[str, Any]:
+        """What a restarted rendezvous is given back (`restore_round`): the current round, whether it was released
+        (no slot still waits for its rank) and the pids of the workers that have theirs."""
+        return {
+            "round": self.round, "hosts": self.round_hosts, "hosts_timestamp": self.round_hosts_timestamp,
+            "released": self.reports.count(PENDING) == 0, "pids": self.reports.started_pids(),
+        }
+
+    # -- what happens to a job -----------------------------------------------------------------
+    def begin_round(self, number: int, hosts: list[list[Any]], hosts_timestamp: float, agents: dict[str, str], replacing: bool) -> None:
+        """Round `number` on `hosts` began; it counts as a reset unless it is the first or it replaces one that was
+        still forming."""
+        if self.round >= 1 and not replacing:
+            self.resets += 1
+        self.round, self.round_hosts, self.round_hosts_timestamp = number, hosts, hosts_timestamp
+        self.agents = agents
+        assigned = get_host_assignments([(host, slots) for host, slots in hosts], 0)
+        self.reports.begin_round(((s.hostname, s.local_rank), s.rank) for s in assigned)
+        self.first_report_at = None
+        self.state = RUNNING_JOB
+
+    def wait_for_next_round(self, now: float) -> None:
+        self.state, self.waiting_since = WAITING, now
+
+    def finish(self, state: str, reason: str, exit_code: int) -> None:
+        self.state, self.reason, self.exit_code = state, reason, exit_code
+
+    def note_report(self, now: float) -> None:
+        """A slot reported: the hung timeout runs from the round's first report."""
+        if self.first_report_at is None:
+            self.first_report_at = now
+
+    def note_failure(self, now: float) -> None:
+        """The round's first failure: the recovery time runs from the first failure not yet recovered from."""
+        if self.failure_seen_at is None:
+            self.failure_seen_at = now
+
+    def recovered(self, now: float) -> float | None:
+        """A round was released: the seconds since the failure it recovers from (None: none), now forgotten."""
+        seconds = None if self.failure_seen_at is None else now - self.failure_seen_at
+        self.failure_seen_at = None
+        return seconds
+
+    def note_snapshot_commit(self, host: str, commit: int) -> None:
+        self.snapshot_commits[host] = max(commit, self.snapshot_commits.get(host, 0))
+
+    def note_decision(self, decision: Decision) -> None:
+        self.history = [*self.history[-(HISTORY_KEPT - 1):], {"round": self.round, "action": decision.action, "reason": decision.reason}]
+
+    # -- saving --------------------------------------------------------------------------------
+    def to_saved(self, now: Now) -> dict[str, Any]:
+        """The record as the map the registry saves (its reports' rows apart: `self.reports.to_saved()`)."""
+        saved: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reports"}
+        saved["spec"] = self.spec.to_dict() if self.spec else None
+        saved.update({name: now.as_wall(saved[name]) for name in INSTANTS})
+        saved["retired_pids"] = list(self.reports.retired_pids)
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any], report_rows: list[dict[str, Any]] | None, now: Now) -> Job:
+        """The record `to_saved` made, with the reports' rows saved apart (None: none were)."""
+        values = {f.name: saved[f.name] for f in fields(cls) if f.name in saved}
+        values["spec"] = JobSpec.parse(saved["spec"]) if saved.get("spec") else None
+        values.update({name: now.as_local(values[name]) for name in INSTANTS if name in values})
+        values["reports"] = ReportTable.from_saved(report_rows or [], saved.get("retired_pids", []))
+        return cls(**values)
+
+
+INSTANTS = tuple(f.name for f in fields(Job) if f.metadata == INSTANT)

@@ -1,0 +1,32 @@
+"""The `round` event: the one place that builds what the agents are told of each round of the job (its job plan,
+bus.contract.JobPlan, with the round's own fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bus.contract import JobPlan
+from services.registry.job import Job
+
+
+def round_plan(job: Job, size: int) -> dict[str, Any]:
+    """The payload of the `round` event for the job's current round, of `size` ranks. Its fields:
+
+    - `round`: the round's number;
+    - `hosts`: the round's hosts in rank order, each with the ids of the slots it uses (`[[host, [slot ids]]]`,
+      bus.assignments.round_hosts; an agent computes its slots with `slots_of`);
+    - `size`: the number of ranks;
+    - `job`: the job's number;
+    - `job_key`: the job's random key (a host's snapshot of another job is never restored);
+    - `command`, `cwd`, `env`: what each worker runs, where, with which extra environment;
+    - `max_restarts`, `restart_window`: the agent's restart policy for a crashing slot;
+    - `checkpoint_dir`, `checkpoint_interval`: where and how often the host's snapshot is copied to disk (None: never).
+    """
+    spec = job.spec
+    assert spec is not None, "a round is planned only for a submitted job"
+    plan = JobPlan(
+        job=job.job_id, command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, job_key=job.job_key,
+        max_restarts=spec.max_restarts, restart_window=spec.restart_window,
+        checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
+    )
+    return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}
