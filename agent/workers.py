@@ -70,6 +70,7 @@ def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local
         **plan.env,
         **host.timing_env,
         WorkerEnv.AGENT: host.agent_endpoint,
+        WorkerEnv.AGENT_PID: str(os.getpid()),
         WorkerEnv.HOST: host.host,
         WorkerEnv.ADVERTISE_ADDR: host.advertise_address,
         WorkerEnv.GPU_SHARED: "1" if host.share_gpus else "0",

@@ -22,6 +22,7 @@ class WorkerEnv:
     """Variables of a worker's environment set by its agent."""
 
     AGENT = "ELASTIC_AGENT"  # the agent's ipc endpoint: rendezvous, store, events, standby admission
+    AGENT_PID = "ELASTIC_AGENT_PID"  # the agent's pid: a worker wrapped in a shell finds the process the agent started
     HOST = "ELASTIC_HOST"  # the host's name as the job knows it
     ADVERTISE_ADDR = "ELASTIC_ADVERTISE_ADDR"  # the address peers reach this host's process groups at
     GPU_SHARED = "ELASTIC_GPU_SHARED"  # "1": every worker of the host sees every GPU (no per-slot pinning)

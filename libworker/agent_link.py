@@ -23,6 +23,7 @@ import zmq
 
 from bus.client import Client, incarnation_id
 from bus.config import Timing
+from bus.contract import WorkerEnv
 from bus.envelope import Message, WireError, decode, encode
 from bus.reachability import Reachability
 from bus.sockets import client_socket
@@ -30,6 +31,35 @@ from bus.sockets import client_socket
 Listener = Callable[[Message], None]
 ORPHAN_EXIT_CODE = 70
 WARN_AFTER_MIN = 3.0
+ANCESTORS_SEARCHED = 16
+
+
+def _parent_of(pid: int) -> int:
+    """The parent pid of `pid` (0 when it cannot be read); /proc/PID/stat's 4th field, after the command in parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def worker_pid() -> int:
+    """This worker's pid as its agent knows it: the process the agent started, which is this one unless the user's
+    command wraps the script in something that does not exec (`sh -c "cd src && python train.py"`); then it is the
+    ancestor whose parent is the agent. The agent reports exits by that pid, and the registry matches them to the
+    worker that joined the round by it."""
+    agent = os.environ.get(WorkerEnv.AGENT_PID, "")
+    pid = os.getpid()
+    if not agent.isdigit():
+        return pid
+    for _ in range(ANCESTORS_SEARCHED):
+        parent = _parent_of(pid)
+        if parent == int(agent):
+            return pid
+        if parent <= 1:
+            break
+        pid = parent
+    return os.getpid()
 
 
 class AgentLink:
@@ -68,7 +98,7 @@ class AgentLink:
 
     def _events_loop(self) -> None:
         sock = client_socket(self.ctx, zmq.DEALER, self.endpoint)
-        subscribe = encode(Message(type="subscribe", body={"pid": os.getpid(), "local_rank": self.local_rank}, id="subscribe", sender=self.sender + ":events"))
+        subscribe = encode(Message(type="subscribe", body={"pid": worker_pid(), "local_rank": self.local_rank}, id="subscribe", sender=self.sender + ":events"))
         sock.send_multipart(subscribe)
         resend_at = time.monotonic() + 1.0
         while True:

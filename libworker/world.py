@@ -37,7 +37,7 @@ from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
-from libworker.agent_link import AgentLink
+from libworker.agent_link import AgentLink, worker_pid
 from libworker.errors import WorkerInternalError
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
@@ -96,7 +96,7 @@ def tell_agent_the_script_ended() -> None:
     if world.link is None:
         return
     try:
-        world.link.requests.request("script_ended", {"pid": os.getpid(), "uncaught_exception": hasattr(sys, "last_value")}, timeout=1.0, deadline=2.0)
+        world.link.requests.request("script_ended", {"pid": worker_pid(), "uncaught_exception": hasattr(sys, "last_value")}, timeout=1.0, deadline=2.0)
     except (Unreachable, ServiceError):
         pass
 
@@ -149,7 +149,7 @@ def advertise_address() -> str:
 def _wait_for_a_slot(link: AgentLink) -> None:
     """A standby waits here, started and imported, until its agent admits it to a slot."""
     try:
-        reply = link.requests.request("standby", {"pid": os.getpid()}, timeout=5.0, deadline=JOIN_DEADLINE)
+        reply = link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE)
     except (Unreachable, ServiceError) as exc:
         raise WorkerInternalError(f"standby was not admitted: {exc}") from None
     local_rank = int(reply.body["local_rank"])
@@ -170,7 +170,7 @@ def join() -> None:
     try:
         reply = world.link.requests.request(
             "rank_and_size",
-            {"local_rank": local_rank, "after_round": world.round, "pid": os.getpid()},
+            {"local_rank": local_rank, "after_round": world.round, "pid": worker_pid()},
             timeout=5.0,
             deadline=JOIN_DEADLINE,
         )

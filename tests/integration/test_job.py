@@ -104,3 +104,17 @@ def test_after_a_success_workers_that_never_exit_are_stopped(cluster: Cluster) -
     wait_for(lambda: not cluster.leftover_workers(), 15, "the lingering worker to be stopped")
     wait_for(lambda: '"event": "worker_exited_after_job_end"' in cluster.output("registry"), 15, "the registry to log the stopped worker's exit as after the job's end")
     assert "worker_failed" not in cluster.output("registry")
+
+
+def test_a_script_started_through_a_shell_that_does_not_exec_ends_its_job(cluster: Cluster) -> None:
+    """Users wrap their command (`sh -c "cd src && python train.py"`): the worker the agent started is the shell,
+    the process that joins the round is its child. The job must still end when they exit, and a failure must
+    still name the rank."""
+    cluster.start_agent("host-1", 2)
+    script = "import sys, libworker as e; e.init(); failing = len(sys.argv) > 1; sys.exit(3) if failing and e.rank() == 1 else e.barrier(); sys.exit(int(failing))"
+    wrapped = f"{sys.executable} -c '{script}' \"$@\"; status=$?; exit $status"
+    job = cluster.submit("--min-np", "2", "--", "sh", "-c", wrapped, "sh")
+    assert cluster.wait_job_end(job, 60) == 0, cluster.output("elasticctl-run")
+    failing = cluster.submit("--min-np", "2", "--", "sh", "-c", wrapped, "sh", "fail", name="elasticctl-run-2")
+    assert cluster.wait_job_end(failing, 60) != 0
+    assert "rank 1 on host-1 exited with code 3" in cluster.output("elasticctl-run-2")
