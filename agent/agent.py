@@ -113,7 +113,7 @@ class AgentService(Service):
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
         self.watch(self.events.sock, self._on_events)
-        self.handlers = {Event.ROUND: self._on_round, Event.KILL_WORKER: self.keeper.kill_hung, Event.JOB_FINISHED: self._on_job_finished}
+        self.event_handlers = {Event.ROUND: self._on_round, Event.KILL_WORKER: self.keeper.kill_hung, Event.JOB_FINISHED: self._on_job_finished}
         self._install_signals()
         self.every(timing.heartbeat, self._heartbeat)
         self.every(timing.heartbeat, self._ping_workers)
@@ -181,7 +181,7 @@ class AgentService(Service):
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
         for event in self.events.receive():
-            handler = self.handlers.get(event.type)
+            handler = self.event_handlers.get(event.type)
             if handler is not None:
                 handler(event.body)
             if event.type in RELAYED_EVENTS:
