@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from click.core import ParameterSource

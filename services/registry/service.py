@@ -44,7 +44,7 @@ from typing import Any
 from bus.client import ServiceError, Unreachable, incarnation_id
 from bus.config import Endpoints, Timing
 from bus.outbox import Outbox
-from bus.service import Request, RequestError, Service, field, handles
+from bus.service import Request, RequestError, Service, handles
 from services.registry import metrics
 from services.registry.decisions import Decision, decide, reset_cause
 from services.registry.exits import WorkerExit
