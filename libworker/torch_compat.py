@@ -3,7 +3,8 @@
 Everything here leans on how a given torch release behaves rather than on
 what its API promises: how a timed wait on a Work says that it ran out,
 what destroying a process group does to a collective stuck in it, and how
-NCCL communicators are aborted. When torch is upgraded, these are the places to
+NCCL communicators are aborted, and what a process group that failed to form
+leaves behind. When torch is upgraded, these are the places to
 measure again (bench/RESULTS.md has the resource measurements). Two choices
 elsewhere also follow torch 2.13 and are design rather than workarounds:
 gloo's missing dtypes travel widened or as bytes (libworker.wire), and each
@@ -61,3 +62,16 @@ def destroy_default_group(abort_nccl_first: bool) -> None:
     if abort_nccl_first:
         abort_nccl(dist.group.WORLD)
     dist.destroy_process_group()
+
+
+def forget_a_default_group_that_failed_to_form() -> None:
+    """Reset what a default process group that failed to form (a peer died or hung while it connected) leaves
+    behind, so this process names its next round's group as a process that never had one does.
+
+    Measured on torch 2.13: torch names a group without explicit ranks by a process-wide counter
+    (`_world.group_count`), which becomes part of the group's keys in the store; `init_process_group` counts before
+    it connects, and only `destroy_process_group` of a default group that exists resets the count. A survivor whose
+    formation failed would otherwise look for its peers under group "1" while a replacement, fresh, writes under
+    group "0": every later round of theirs times out forming. A failed formation registers nothing else (the group
+    is entered in `_world` only once its backend connected)."""
+    dist.distributed_c10d._world.group_count = 0

@@ -9,8 +9,10 @@ new round leaves: the process exits 0 at once.
 
 Leaving a round releases its process group, its store connections and
 threads with it, even while a collective of it is still stuck on a hung or
-departed peer; NCCL communicators of an abandoned round are aborted first
-(what torch does with them is in libworker.torch_compat). The release holds
+departed peer; NCCL communicators of an abandoned round are aborted first,
+and a group that failed to form leaves nothing that would make the next one
+differ from a fresh process's (what torch does with them is in
+libworker.torch_compat). The release holds
 `world.lock`, as `abort()` does, so an abort arriving on the event thread
 never races it.
 
@@ -119,6 +121,7 @@ def release_process_group() -> None:
     """Release the current round's process group (see the module docstring)."""
     with world.lock:
         if not dist.is_initialized():
+            torch_compat.forget_a_default_group_that_failed_to_form()
             return
         torch_compat.destroy_default_group(abort_nccl_first=world.poisoned and world.uses_nccl())
 
