@@ -4,8 +4,11 @@
 one this process was last in, and initialises `torch.distributed` on that
 round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
-there (parked until it is set) and connect. A worker whose slot is not in the
-new round leaves: the process exits 0 at once.
+there (parked until it is set) and connect. The process group is built once
+every rank has reached the store, so a peer that dies while the round forms
+ends the others' wait at the control plane's abort, not after the collective
+timeout. A worker whose slot is not in the new round leaves: the process
+exits 0 at once.
 
 Leaving a round releases its process group, its store connections and
 threads with it, even while a collective of it is still stuck on a hung or
@@ -27,6 +30,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -39,12 +43,13 @@ from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
-from libworker.agent_link import AgentLink, worker_pid
+from bus.agent_link import AgentLink, worker_pid
 from libworker.errors import WorkerInternalError
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 HOST_ADDED, HOST_REMOVED = 1, 2
+ARRIVED_KEY, ARRIVAL_POLL_MAX = "ranks_arrived", 0.02
 
 
 @dataclass
@@ -63,12 +68,21 @@ class World:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_event(self, msg: Message) -> None:
-        if msg.type == "abort" and msg.body.get("round") == self.round:
-            self.abort()
+        if msg.type == "abort":
+            self.abort_round(int(msg.body.get("round", 0)))
         elif msg.type == "hosts_updated":
             update = (HOST_ADDED if msg.body.get("added") else 0) | (HOST_REMOVED if msg.body.get("removed") else 0)
             for state in list(self.listeners):
                 state.on_hosts_updated(float(msg.body.get("timestamp", 0.0)), update)
+
+    def abort_round(self, round_number: int) -> None:
+        """The control plane aborted a round: this one's collectives end; a round this worker is still joining (the
+        abort overtook the join's answer) ends as soon as it is joined."""
+        if round_number == self.round:
+            self.abort()
+        elif round_number > self.round:
+            with self.lock:
+                self.aborted_round = max(self.aborted_round, round_number)
 
     def abort(self) -> None:
         """End every collective of this round: waits in slices see the flag and raise WorkerInternalError; NCCL
@@ -140,8 +154,12 @@ def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
         store = dist.TCPStore(advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False)
         link.requests.request("kv_set", {"key": key}, raw=(f"{advertise_address()}:{store.port}".encode(),))
         return store
+    if world.aborted_round >= world.round:
+        raise _formation_failed("was aborted before this rank reached its store")
     address = link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=timeout.total_seconds()).raw[0].decode()
     host, port = address.rsplit(":", 1)
+    if world.aborted_round >= world.round:
+        raise _formation_failed("was aborted before this rank reached its store (its server may be gone)")
     return dist.TCPStore(host, int(port), world.slot["size"], is_master=False, timeout=timeout)
 
 
@@ -189,9 +207,12 @@ def join() -> None:
     timeout = timedelta(seconds=world.timing.collective_timeout)
     try:
         store = dist.PrefixStore(world.slot["prefix"], _round_store(world.link, timeout))
+    except WorkerInternalError:
+        raise
     except (RuntimeError, dist.DistError, Unreachable, ServiceError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
+    _await_every_rank(store)
     world.backend = devices.backend()
     try:
         dist.init_process_group(world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
@@ -204,6 +225,38 @@ def join() -> None:
         except (RuntimeError, dist.DistError) as exc:
             world.poisoned = True
             raise WorkerInternalError(f"setting up round {world.round} failed: {exc}") from None
+
+
+def _await_every_rank(store: dist.Store) -> None:
+    """Wait until every rank of the round has reached its store, before any builds the process group: a peer that
+    dies before it arrives ends the wait at the control plane's abort (or the store's loss, when it was rank 0),
+    not after the collective timeout that a group connecting to a dead peer waits out. Polled, since a timed store
+    wait cannot be interrupted; the pause grows from 1 ms to ARRIVAL_POLL_MAX."""
+    size, round_number = int(world.slot["size"]), world.round
+    deadline = time.monotonic() + world.timing.collective_timeout
+    pause = 0.001
+    arrived = _count_arrival(store, 1)
+    while arrived < size:
+        if world.aborted_round >= round_number:
+            raise _formation_failed(f"aborted while it formed ({arrived} of {size} ranks had arrived)")
+        if time.monotonic() > deadline:
+            raise _formation_failed(f"did not form within {world.timing.collective_timeout:g}s ({arrived} of {size} ranks arrived)")
+        time.sleep(pause)
+        pause = min(2 * pause, ARRIVAL_POLL_MAX)
+        arrived = _count_arrival(store, 0)
+
+
+def _count_arrival(store: dist.Store, increment: int) -> int:
+    try:
+        return int(store.add(ARRIVED_KEY, increment))
+    except (RuntimeError, dist.DistError) as exc:
+        raise _formation_failed(f"lost its store while it formed: {exc}") from None
+
+
+def _formation_failed(reason: str) -> WorkerInternalError:
+    """The round cannot form: this worker joins the next one (as after a failed collective)."""
+    world.poisoned = True
+    return WorkerInternalError(f"round {world.round} {reason}")
 
 
 def require_joined() -> dict[str, Any]:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from bus.contract import WorkerEnv
-from libworker.agent_link import say
+from bus.agent_link import say
 from libworker.world import world
 from snapshot.durable import checkpoint_files
 from snapshot.layout import newest_header, slot_paths

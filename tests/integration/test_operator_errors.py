@@ -144,7 +144,7 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
 def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     endpoint = agent_endpoint(tmp_path / "run", "host-1")
-    worker = f"import time; from libworker.agent_link import AgentLink; AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
+    worker = f"import time; from bus.agent_link import AgentLink; AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
     try:
         cluster.spawn("worker", [sys.executable, "-c", worker])
         warning = re.compile(rf"^libworker: no word from the agent at {re.escape(endpoint)} for \d+s; still trying", re.M)

@@ -1,4 +1,4 @@
-"""The worker's channels to its agent over ipc: requests (any thread, one at a time), events (a daemon thread),
+"""A worker's channels to its agent over ipc (libworker's, and a torchrun-mode slot's supervisor, agent/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread),
 and one-way notices (`notify`, from the training thread; nothing waits for their replies).
 
 The event thread subscribes once, then hands each event to the listener
