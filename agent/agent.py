@@ -19,8 +19,9 @@ What this module adds:
   forwarded with this host's name stamped on them, each worker's event
   channel (`subscribe`) receives the relayed events, a standby waits in
   `standby` for a slot, `script_ended` (sent by libworker at exit) marks a
-  worker whose script ended, and the snapshot writer reports each commit's
-  duration (`committed`);
+  worker whose script ended, the snapshot writer reports each commit's
+  duration (`committed`), and a torchrun-mode slot's supervisor reports its
+  command's failure (`child_failed`, agent/torchrun_slot.py);
 - signals, handled in the loop (SIGCHLD reaps; SIGTERM drains the host:
   workers leave at their next commit, then the agent unregisters and exits;
   a second SIGTERM stops them now);
@@ -280,6 +281,18 @@ class AgentService(Service):
             if self.keeper.admit_standby(local_rank):
                 break
         return DEFERRED
+
+    @handles("child_failed")
+    def on_child_failed(self, request: Request) -> dict[str, Any]:
+        """A torchrun-mode slot's command failed in its round (agent/torchrun_slot.py): reported as a worker restarted
+        in place, so the registry aborts the round for every slot; the slot's supervisor lives on and joins the next."""
+        local_rank, pid, code = field(request.body, "local_rank", int), field(request.body, "pid", int), field(request.body, "exit_code", int)
+        worker = self.keeper.workers.get(local_rank)
+        if worker is None or worker.pid != pid:
+            raise RequestError("not_a_worker", f"process {pid} is not the worker of slot {local_rank} on host {self.host}")
+        self.log.warning("command_failed", local_rank=local_rank, pid=pid, exit_code=code)
+        self.keeper.report_exit(local_rank, pid, code, process_lives=True, restarting=True)
+        return {}
 
     @handles("script_ended")
     def on_script_ended(self, request: Request) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from agent.restarts import RestartPolicy
 from agent.slots import Remedy, SlotBook
 from agent.snapshots import SnapshotKeeper
 from agent.standbys import StandbyPool
-from agent.workers import STANDBY, HostSettings, Worker, reap, spawn, worker_env
+from agent.workers import STANDBY, HostSettings, Worker, reap, spawn, worker_command, worker_env
 from bus.assignments import SlotInfo, slots_of
 from bus.client import AsyncClient
 from bus.config import Timing
@@ -128,7 +128,7 @@ class WorkerKeeper:
         assignment in the round, None when it starts ahead of one."""
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
         try:
-            worker = spawn(local_rank, plan.command, env, plan.cwd)
+            worker = spawn(local_rank, worker_command(plan), env, plan.cwd)
         except OSError as exc:
             self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
             if local_rank != STANDBY:
@@ -180,14 +180,17 @@ class WorkerKeeper:
         if killed_on_request:
             self.ensure_workers()
 
-    def report_exit(self, local_rank: int, pid: int, code: int, then: Any = None, **verdict: Any) -> None:
-        """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached)."""
+    def report_exit(self, local_rank: int, pid: int, code: int, then: Any = None, process_lives: bool = False, **verdict: Any) -> None:
+        """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached).
+        `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, joins the next
+        round (the rendezvous keeps its join)."""
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
         self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, on_reply=lambda _: then and then(), on_timeout=then,
                            timeout=self.timing.request_timeout, deadline=300.0)
-        self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
+        if not process_lives:
+            self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
     # -- crashes: restart in place ---------------------------------------------------------------
     def _restart_in_place(self, worker: Worker, code: int) -> None:

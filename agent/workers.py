@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,7 +65,7 @@ def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local
                snapshot_env: Mapping[str, str]) -> dict[str, str]:
     """The environment of the worker of `local_rank` (STANDBY: a spare, with no local rank until admitted): the
     agent's own, the job's, the host's, the snapshot's and, for a worker started into a known slot, its place in
-    the round."""
+    the round (in torchrun mode the slot's supervisor sets that for each round, and learns the reset limit)."""
     env = {
         **base,
         **plan.env,
@@ -84,9 +85,17 @@ def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local
             env.pop(name, None)
     else:
         env.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
-    if slot is not None:
+    if plan.mode == "torchrun":
+        if plan.reset_limit is not None:
+            env[WorkerEnv.RESET_LIMIT] = str(plan.reset_limit)
+    elif slot is not None:
         env.update(round_environment(slot))
     return env
+
+
+def worker_command(plan: JobPlan) -> list[str]:
+    """What a worker process runs: the job's command, or in torchrun mode the slot's supervisor around it."""
+    return [sys.executable, "-m", "agent.torchrun_slot", "--", *plan.command] if plan.mode == "torchrun" else list(plan.command)
 
 
 def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | None) -> Worker:

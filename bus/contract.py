@@ -32,6 +32,8 @@ class WorkerEnv:
     SNAPSHOT = "ELASTIC_SNAPSHOT"  # the path prefix of the host's snapshot slots
     JOB_KEY = "ELASTIC_JOB_KEY"  # the key the host's snapshot belongs to (a snapshot of another job is refused)
     CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where durable copies of the snapshot go (the job's --checkpoint-dir)
+    RESET_LIMIT = "ELASTIC_RESET_LIMIT"  # torchrun mode: the job's reset limit (TORCHELASTIC_MAX_RESTARTS); absent: none
+    SNAPSHOT_WRITER = "ELASTIC_SNAPSHOT_WRITER"  # torchrun mode: "1" when this round's command writes the host's snapshot
 
 
 class Event:
@@ -57,6 +59,8 @@ class JobPlan:
     restart_window: float | None = None
     checkpoint_dir: str | None = None
     checkpoint_interval: float | None = None
+    mode: str = "horovod"
+    reset_limit: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +82,8 @@ class JobPlan:
             restart_window=_number(body.get("restart_window")),
             checkpoint_dir=body.get("checkpoint_dir") if isinstance(body.get("checkpoint_dir"), str) else None,
             checkpoint_interval=_number(body.get("checkpoint_interval")),
+            mode="torchrun" if body.get("mode") == "torchrun" else "horovod",
+            reset_limit=body.get("reset_limit") if isinstance(body.get("reset_limit"), int) else None,
         )
 
 

@@ -18,6 +18,7 @@ from elasticctl.events import follow_events, print_history
 from elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elasticctl.local import run_local
 from elasticctl.status import as_json, gather, render
+from elasticctl.torchrun import LaunchError, parse_launch
 from elasticctl.watch import watch_status
 
 keys_option = click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
@@ -38,6 +39,7 @@ def job_options(fn: Any) -> Any:
             click.option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds over which a slot's crashes count toward --max-restarts."),
             click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same path on every host."),
             click.option("--checkpoint-interval", type=float, default=30.0, show_default=True, help="Seconds between flushes to --checkpoint-dir."),
+            click.option("--mode", type=click.Choice(["horovod", "torchrun"]), default="horovod", show_default=True, help="horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged torchrun/DDP script, started with torchrun's environment and restarted on every worker at each new round."),
             click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
             click.argument("command", nargs=-1, required=True),
         ]
@@ -87,6 +89,7 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_dir": str(checkpoint_dir.resolve()) if checkpoint_dir is not None else None,
         "checkpoint_interval": options["checkpoint_interval"],
         "env": env,
+        "mode": options["mode"],
     }
 
 
@@ -195,6 +198,34 @@ def local(hosts: int, slots: int | None, share_gpus: bool, standby: int, **optio
     """Run the whole system on this machine (services + agents on loopback) for one job."""
     spec = build_spec(options)
     sys.exit(run_local(hosts, slots, spec, share_gpus, standby))
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False, "help_option_names": []},
+    help=(
+        "torchrun's launch line as a torchrun-mode job: change `torchrun` to `elasticctl torchrun`. Supported: "
+        "--nnodes N|MIN:MAX, --nproc-per-node N, --max-restarts K, --rdzv-endpoint HOST[:PORT] (the control plane's "
+        "host; without it the whole system runs here, as `elasticctl local`), --rdzv-backend c10d|static, --rdzv-id, "
+        "--rdzv-conf, --standalone, --monitor-interval, -m/--module, --no-python; any other flag is refused."
+    ),
+)
+@keys_option
+@click.argument("launch", nargs=-1, type=click.UNPROCESSED)
+def torchrun(keys: Path | None, launch: tuple[str, ...]) -> None:
+    try:
+        parsed = parse_launch(list(launch))
+    except LaunchError as exc:
+        raise CommandError(str(exc), 2) from None
+    defaults = run.make_context("run", ["--", *parsed.command]).params
+    spec = build_spec({**defaults, "command": parsed.command, "min_np": parsed.min_np, "max_np": parsed.max_np,
+                       "reset_limit": parsed.max_restarts, "mode": "torchrun"})
+    if parsed.control_host is None:
+        sys.exit(run_local(parsed.max_nodes, parsed.nproc_per_node, spec))
+    plane = _plane(parsed.control_host, keys)
+    try:
+        sys.exit(submit_and_follow(plane, spec))
+    finally:
+        plane.close()
 
 
 @cli.group()

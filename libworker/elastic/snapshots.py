@@ -3,7 +3,8 @@
 The agent creates the host's two snapshot slots for the job and names them in
 the worker's environment (`ELASTIC_SNAPSHOT`, the slots' path prefix;
 `ELASTIC_JOB_KEY`, the job they belong to). In each round the lowest rank on
-each host writes them at every commit (`snapshot_writer` in its slot info):
+each host writes them at every commit (`snapshot_writer` in its slot info; in
+torchrun mode `ELASTIC_SNAPSHOT_WRITER`, set by the slot's supervisor):
 data-parallel ranks hold the same committed state, so one copy per host is
 enough. A fresh worker restores the newest of its host's snapshot and, with
 `--checkpoint-dir` (`ELASTIC_CHECKPOINT_DIR`), the newest complete checkpoint
@@ -31,13 +32,21 @@ def writer() -> SnapshotWriter | None:
     """The host snapshot's writer when this process writes it this round, else None."""
     global _writer
     prefix, job = os.environ.get(WorkerEnv.SNAPSHOT), os.environ.get(WorkerEnv.JOB_KEY, "")
-    if not prefix or not world.slot.get("snapshot_writer"):
+    if not prefix or not writes_this_round():
         return None
     if _writer is None or (_writer.prefix, _writer.job) != (prefix, job):
         if _writer is not None:
             _writer.close()
         _writer = SnapshotWriter(prefix, job)
     return _writer
+
+
+def writes_this_round() -> bool:
+    """Whether this process writes its host's snapshot in this round: libworker's join says so, or in torchrun mode
+    (no join in this process) the slot's supervisor (`ELASTIC_SNAPSHOT_WRITER`)."""
+    if world.slot:
+        return bool(world.slot.get("snapshot_writer"))
+    return os.environ.get(WorkerEnv.SNAPSHOT_WRITER) == "1"
 
 
 def report_commit(seconds: float) -> None:

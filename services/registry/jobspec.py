@@ -8,6 +8,11 @@ from typing import Any
 from bus.service import RequestError
 
 
+# horovod: the workers join rounds themselves through libworker; torchrun: each slot's supervisor joins them and
+# starts the command with torchrun's environment (agent/torchrun_slot.py).
+MODES = ("horovod", "torchrun")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -32,6 +37,7 @@ class JobSpec:
     checkpoint_interval: float = 30.0
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    mode: str = "horovod"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,10 +86,13 @@ class JobSpec:
         env = raw.get("env", {})
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
             raise bad("env must map strings to strings")
+        mode = raw.get("mode", cls.mode)
+        if mode not in MODES:
+            raise bad(f"mode must be one of {', '.join(MODES)}")
         cwd = raw.get("cwd", "")
         if not isinstance(cwd, str):
             raise bad("cwd must be a string")
         return cls(
             command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
-            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, **numbers,
+            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, mode=mode, **numbers,
         )

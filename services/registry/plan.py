@@ -20,13 +20,17 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
     - `job_key`: the job's random key (a host's snapshot of another job is never restored);
     - `command`, `cwd`, `env`: what each worker runs, where, with which extra environment;
     - `max_restarts`, `restart_window`: the agent's restart policy for a crashing slot;
-    - `checkpoint_dir`, `checkpoint_interval`: where and how often the host's snapshot is copied to disk (None: never).
+    - `checkpoint_dir`, `checkpoint_interval`: where and how often the host's snapshot is copied to disk (None: never);
+    - `mode`: "horovod" (the workers join rounds through libworker) or "torchrun" (each slot's supervisor joins
+      them and restarts the command with torchrun's environment at every round);
+    - `reset_limit`: the job's reset limit (None: none), which torchrun mode gives its commands as
+      TORCHELASTIC_MAX_RESTARTS.
     """
     spec = job.spec
     assert spec is not None, "a round is planned only for a submitted job"
     plan = JobPlan(
         job=job.job_id, command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, job_key=job.job_key,
         max_restarts=spec.max_restarts, restart_window=spec.restart_window,
-        checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
+        checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval, mode=spec.mode, reset_limit=spec.reset_limit,
     )
     return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}

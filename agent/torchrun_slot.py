@@ -1,0 +1,228 @@
+"""A torchrun-mode slot's supervisor: joins each round for its slot, then runs the user's command in it with
+torchrun's environment, and starts it again at every new round.
+
+The agent starts one per slot of a `--mode torchrun` job (`python -m agent.torchrun_slot CMD...`) in place of the
+command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
+the slot's exit). It never imports torch: it costs a small interpreter per slot and lives as long as the slot.
+
+In each round:
+- it joins through its agent (`rank_and_size`, as libworker's `join()` does) and learns the slot's rank;
+- rank 0's supervisor picks a free port on its host for the round's store (MASTER_PORT) and publishes
+  `address:port` under the round's prefix in the rendezvous key-value store; the others read it there. The
+  command's rank 0 serves the store when it calls `init_process_group()` (TORCHELASTIC_USE_AGENT_STORE=False);
+- it starts the command with torchrun's variables for the slot (`torchrun_environment`), in a process group of
+  its own (so stopping it stops its children too, e.g. data-loader workers).
+
+What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
+peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
+gets SIGTERM, then SIGKILL after `STOP_GRACE` seconds, and the supervisor joins the next round. When the command
+exits by itself:
+- with 0: the supervisor exits 0 (the slot succeeded; the job is done);
+- otherwise, unless its round was already ending (a peer's failure brought it down), the supervisor tells the
+  agent (`child_failed`), which reports it to the registry as a worker restarted in place, and joins the next
+  round; the registry aborts the round for every other slot.
+SIGTERM or SIGINT to the supervisor (the job's end, the agent stopping) stops the command the same way, then the
+supervisor exits as the command did (killed by the same signal, when it was).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from bus.agent_link import AgentLink, worker_pid
+from bus.client import ServiceError, Unreachable
+from bus.config import Timing
+from bus.contract import WorkerEnv
+from bus.envelope import Message
+from bus.lifetime import die_with_parent
+
+JOIN_DEADLINE = 7 * 24 * 3600.0
+STOP_GRACE = 5.0
+POLL = 0.01
+ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
+UNLIMITED_RESTARTS = 2**31 - 1
+
+
+def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int | None, run_id: str, base: Mapping[str, str]) -> dict[str, str]:
+    """What torchrun (`torch.distributed.run`) sets for a worker, for `slot` (the rendezvous' answer to a join) with
+    the round's store at `master` ("address:port"): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the
+    host's place among the round's hosts), GROUP_WORLD_SIZE, ROLE_*, MASTER_*, TORCHELASTIC_* and, as torchrun does
+    for more than one process per host, OMP_NUM_THREADS=1 unless it is set. TORCHELASTIC_RESTART_COUNT counts the
+    times the job's workers were started again: each round after the first is one."""
+    address, port = master.rsplit(":", 1)
+    rank, size, local_size = int(slot["rank"]), int(slot["size"]), int(slot["local_size"])
+    env = {
+        "RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": int(slot["local_rank"]), "LOCAL_WORLD_SIZE": local_size,
+        "GROUP_RANK": int(slot["cross_rank"]), "GROUP_WORLD_SIZE": int(slot["cross_size"]),
+        "ROLE_NAME": "default", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": size,
+        "MASTER_ADDR": address, "MASTER_PORT": port,
+        "TORCHELASTIC_RESTART_COUNT": int(slot["round"]) - 1,
+        "TORCHELASTIC_MAX_RESTARTS": UNLIMITED_RESTARTS if max_restarts is None else max_restarts,
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        WorkerEnv.SNAPSHOT_WRITER: "1" if slot.get("snapshot_writer") else "0",
+    }
+    chosen = {name: str(value) for name, value in env.items()}
+    if local_size > 1 and "OMP_NUM_THREADS" not in base:
+        chosen["OMP_NUM_THREADS"] = "1"
+    return chosen
+
+
+def free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+class SlotSupervisor:
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.timing = Timing.from_env()
+        self.local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1"))
+        orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * self.timing.heartbeat)
+        self.link = AgentLink(os.environ[WorkerEnv.AGENT], os.environ.get(WorkerEnv.HOST, "?"), self.local_rank, orphan_after)
+        self.slot: dict[str, Any] = {}
+        self.round = 0
+        self.aborted_round = 0
+        self.newest_hosts_update = 0.0
+        self.stop_signal: int | None = None
+        self.lock = threading.Lock()
+        self.link.listeners.append(self._on_event)
+        self.link.wait_subscribed(5.0)
+
+    # -- events (the link's thread) and signals ---------------------------------------------------
+    def _on_event(self, msg: Message) -> None:
+        with self.lock:
+            if msg.type == "abort" and isinstance(msg.body.get("round"), int):
+                self.aborted_round = max(self.aborted_round, msg.body["round"])
+            elif msg.type == "hosts_updated":
+                self.newest_hosts_update = max(self.newest_hosts_update, float(msg.body.get("timestamp", 0.0)))
+
+    def _on_stop_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def round_ending(self) -> bool:
+        with self.lock:
+            return self.aborted_round >= self.round or self.newest_hosts_update > float(self.slot.get("hosts_timestamp", 0.0))
+
+    # -- the slot's life --------------------------------------------------------------------------
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_stop_signal)
+        if os.environ.get(WorkerEnv.STANDBY):
+            self._wait_for_a_slot()
+        while self.stop_signal is None:
+            if not self._join():
+                return 0
+            try:
+                master = self._round_store_address()
+            except (Unreachable, ServiceError) as exc:
+                say(f"round {self.round}: no store address ({exc}); joining the next round")
+                continue
+            code = self._run_round(master)
+            if code is not None:
+                return code
+        return 0
+
+    def _wait_for_a_slot(self) -> None:
+        reply = self.link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE)
+        self.local_rank = int(reply.body["local_rank"])
+        self.link.local_rank = self.local_rank
+        os.environ.update({WorkerEnv.LOCAL_RANK: str(self.local_rank), "LOCAL_RANK": str(self.local_rank)})
+        del os.environ[WorkerEnv.STANDBY]
+
+    def _join(self) -> bool:
+        """Join the round after this slot's last one; False when the slot is not in it (the supervisor leaves)."""
+        reply = self.link.requests.request(
+            "rank_and_size", {"local_rank": self.local_rank, "after_round": self.round, "pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE
+        )
+        if reply.body.get("removed"):
+            return False
+        with self.lock:
+            self.slot = dict(reply.body)
+            self.round = int(reply.body["round"])
+        return True
+
+    def _round_store_address(self) -> str:
+        key = f"{self.slot['prefix']}master"
+        if self.slot["rank"] == 0:
+            address = os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1")
+            master = f"{address}:{free_port(address)}"
+            self.link.requests.request("kv_set", {"key": key}, raw=(master.encode(),))
+            return master
+        return self.link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=self.timing.collective_timeout).raw[0].decode()
+
+    def _run_round(self, master: str) -> int | None:
+        """Run the command in this round; its exit code when the supervisor ends with it, None to join the next."""
+        max_restarts = os.environ.get(WorkerEnv.RESET_LIMIT)
+        env = {**os.environ, **torchrun_environment(self.slot, master, int(max_restarts) if max_restarts else None,
+                                                    os.environ.get(WorkerEnv.JOB_KEY, ""), os.environ)}
+        child = subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        while (code := _wait(child, POLL)) is None:
+            if self.stop_signal is not None:
+                return _stop(child)
+            if self.round_ending():
+                _stop(child)
+                return None
+        if code == 0:
+            return 0
+        if not self.round_ending():
+            self._report_failure(child.pid, code)
+        return None
+
+    def _report_failure(self, child_pid: int, code: int) -> None:
+        say(f"round {self.round}: the command (pid {child_pid}) exited with code {code}; every worker starts again in the next round")
+        try:
+            self.link.requests.request("child_failed", {"local_rank": self.local_rank, "pid": worker_pid(), "exit_code": code}, timeout=5.0, deadline=30.0)
+        except (Unreachable, ServiceError) as exc:
+            say(f"could not tell the agent: {exc}")
+
+
+def _wait(child: subprocess.Popen[bytes], timeout: float) -> int | None:
+    try:
+        return child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _stop(child: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the command's process group, SIGKILL after STOP_GRACE; its exit code."""
+    for signum, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, None)):
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+        try:
+            return child.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.wait()
+
+
+def say(line: str) -> None:
+    sys.stderr.write(f"torchrun-slot: {line}\n")
+    sys.stderr.flush()
+
+
+def main() -> None:
+    command = sys.argv[1:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        sys.exit("usage: python -m agent.torchrun_slot [--] COMMAND [ARGS...]")
+    code = SlotSupervisor(command).run()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
