@@ -160,5 +160,5 @@ def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
     assert round_plan(job, size=3) == {
         "round": 2, "hosts": [["host-1", [0, 1]], ["host-2", [0]]], "size": 3, "job": 3, "job_key": job.job_key,
         "command": ["python", "train.py"], "cwd": "", "env": {"A": "1"}, "max_restarts": 3, "restart_window": 60.0,
-        "checkpoint_dir": None, "checkpoint_interval": 30.0,
+        "checkpoint_dir": None, "checkpoint_interval": 30.0, "mode": "horovod", "reset_limit": 3,
     }
