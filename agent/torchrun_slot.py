@@ -11,7 +11,12 @@ In each round:
   `address:port` under the round's prefix in the rendezvous key-value store; the others read it there. The
   command's rank 0 serves the store when it calls `init_process_group()` (TORCHELASTIC_USE_AGENT_STORE=False);
 - it starts the command with torchrun's variables for the slot (`torchrun_environment`), in a process group of
-  its own (so stopping it stops its children too, e.g. data-loader workers).
+  its own (so stopping it stops its children too, e.g. data-loader workers). A command of the form `python
+  SCRIPT ARGS` or `python -m MODULE ARGS` starts warm: the supervisor keeps an interpreter that has imported
+  torch waiting (libworker.warm_start, started `WARM_DELAY` seconds into a round, so it does not compete with
+  the round's start) and hands it the command, so a new round's workers do not wait for `import torch`. A warm
+  interpreter that failed to start (libworker not importable by the command's python) turns warm starts off
+  for the slot, with one line; `ELASTIC_WARM_START=0` turns them off for a job.
 
 What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
 peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
@@ -27,6 +32,7 @@ supervisor exits as the command did (killed by the same signal, when it was).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -45,6 +51,7 @@ from bus.envelope import Message
 from bus.lifetime import die_with_parent
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
+WARM_DELAY = 2.0
 STOP_GRACE = 5.0
 POLL = 0.01
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
@@ -81,6 +88,53 @@ def free_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
+def warm_argv(command: list[str]) -> list[str] | None:
+    """The command's arguments for a warm interpreter (libworker.warm_start) when it is `python SCRIPT ARGS` or
+    `python -m MODULE ARGS`; None for anything else (interpreter options, another program)."""
+    if len(command) < 2 or not os.path.basename(command[0]).startswith("python"):
+        return None
+    if command[1] == "-m":
+        return command[1:] if len(command) > 2 else None
+    return command[1:] if not command[1].startswith("-") else None
+
+
+class WarmStart:
+    """The slot's waiting warm interpreter (at most one), for the next round's command."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.python, self.argv = command[0], warm_argv(command)
+        self.enabled = self.argv is not None and os.environ.get("ELASTIC_WARM_START", "1") != "0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def prepare(self) -> None:
+        if self.enabled and self.process is None:
+            self.process = subprocess.Popen([self.python, "-m", "libworker.warm_start"], stdin=subprocess.PIPE, start_new_session=True,
+                                            preexec_fn=die_with_parent())
+
+    def take(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand the command to the waiting interpreter; None when there is none (it is then started cold)."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is not None:
+            self.enabled = False
+            say(f"warm start unavailable (the warm interpreter exited with code {process.returncode}); commands start cold")
+            return None
+        assert process.stdin is not None and self.argv is not None
+        try:
+            process.stdin.write(json.dumps({"argv": self.argv, "env": env, "cwd": os.getcwd()}).encode() + b"\n")
+            process.stdin.close()
+        except BrokenPipeError:
+            self.enabled = False
+            return None
+        return process
+
+    def discard(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
 class SlotSupervisor:
     def __init__(self, command: list[str]) -> None:
         self.command = command
@@ -94,6 +148,7 @@ class SlotSupervisor:
         self.newest_hosts_update = 0.0
         self.stop_signal: int | None = None
         self.lock = threading.Lock()
+        self.warm = WarmStart(command)
         self.link.listeners.append(self._on_event)
         self.link.wait_subscribed(5.0)
 
@@ -116,6 +171,13 @@ class SlotSupervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
+        self.warm.prepare()
+        try:
+            return self._serve()
+        finally:
+            self.warm.discard()
+
+    def _serve(self) -> int:
         if os.environ.get(WorkerEnv.STANDBY):
             self._wait_for_a_slot()
         while self.stop_signal is None:
@@ -164,8 +226,11 @@ class SlotSupervisor:
         max_restarts = os.environ.get(WorkerEnv.RESET_LIMIT)
         env = {**os.environ, **torchrun_environment(self.slot, master, int(max_restarts) if max_restarts else None,
                                                     os.environ.get(WorkerEnv.JOB_KEY, ""), os.environ)}
-        child = subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        child = self.warm.take(env) or subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        warm_at = time.monotonic() + WARM_DELAY
         while (code := _wait(child, POLL)) is None:
+            if time.monotonic() > warm_at:
+                self.warm.prepare()
             if self.stop_signal is not None:
                 return _stop(child)
             if self.round_ending():
