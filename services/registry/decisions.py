@@ -16,6 +16,11 @@ Two departures from Horovod:
   from it (a reset, within the reset limit) instead of failing; failing again
   with no commit since ends it as Horovod would. With `--max-restarts 0`
   every failed host is given up, so the job fails as in Horovod.
+
+In torchrun mode, as in torchrun: every failure is a restart of every
+worker, however many failed (the others' collectives fail with the first),
+and the reset limit (torchrun's --max-restarts) counts the restarts after a
+failure, not those after a change of hosts.
 """
 
 from __future__ import annotations
@@ -35,9 +40,12 @@ class Decision:
     resume_from: int = 0
 
 
-def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0) -> Decision:
+def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0,
+           torchrun: bool = False) -> Decision:
     """`newest_snapshot`: the newest commit held in a live host's snapshot (0: none); `resumed_from`: the commit the
-    job last resumed from after every worker failed (0: never)."""
+    job last resumed from after every worker failed (0: never). `torchrun`: the job runs in torchrun mode, where
+    `resets` counts the restarts after a failure only and the reset limit bounds those alone, and where every
+    worker failing is an ordinary restart (one worker's failure brings the others' collectives down)."""
     failures = {slot: r for slot, r in reports.items() if r.state == FAILURE}
     if any(r.state == SUCCESS for r in reports.values()):
         return Decision("succeed", "job finished")
@@ -46,14 +54,14 @@ def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | N
     exit_code = first_code if first_code > 0 else 1
     all_failed = bool(failures) and len(failures) == len(reports)
     keeps_a_snapshot = any(r.host_stays for r in failures.values())
-    if all_failed and (newest_snapshot <= resumed_from or not keeps_a_snapshot):
+    if all_failed and not torchrun and (newest_snapshot <= resumed_from or not keeps_a_snapshot):
         again = f" again at commit {resumed_from}, with no commit since the last resume" if resumed_from else ""
         return Decision("fail", f"all hosts failed{again}: {details}", exit_code=exit_code)
-    if reset_limit is not None and resets >= reset_limit:
+    if reset_limit is not None and resets >= reset_limit and (failures or not torchrun):
         why = f" (last: {details})" if details else ""
         return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=exit_code)
     blacklist = sorted({slot[0] for slot, r in failures.items() if not r.host_stays})
-    if all_failed:
+    if all_failed and not torchrun:
         return Decision("resume", f"every worker failed; resuming from the snapshot of commit {newest_snapshot}: {details}", blacklist=blacklist, resume_from=newest_snapshot)
     return Decision("resume", details, blacklist=blacklist)
 

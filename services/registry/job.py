@@ -71,6 +71,7 @@ class Job:
     exit_code: int | None = None
     reason: str = ""
     resets: int = 0
+    failure_resets: int = 0  # the resets after a round with a failure (torchrun mode's reset limit counts these)
     round: int = 0
     round_hosts: list[list[Any]] = field(default_factory=list)  # [[host, [slot ids]]] in rank order (bus.assignments)
     round_hosts_timestamp: float = 0.0

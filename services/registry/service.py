@@ -290,7 +290,9 @@ class RegistryService(Service):
         """Every slot of the round has reported: apply what `decisions.decide` makes of the reports, given the newest
         snapshot a live host keeps (`hosts`: discovery's full answer)."""
         job = self.job
-        self._apply(decide(job.reports.reports, job.resets, self._spec.reset_limit, newest_snapshot(hosts, job.snapshot_commits), job.resumed_from))
+        torchrun = self._spec.mode == "torchrun"
+        self._apply(decide(job.reports.reports, job.failure_resets if torchrun else job.resets, self._spec.reset_limit,
+                           newest_snapshot(hosts, job.snapshot_commits), job.resumed_from, torchrun))
         self._settle()
 
     def _apply(self, decision: Decision) -> None:
@@ -309,6 +311,8 @@ class RegistryService(Service):
             self._blacklist(host, f"round {self.job.round}: {'; '.join(failed)}")
         if decision.resume_from:
             self.job.resumed_from = decision.resume_from
+        if any(True for _ in self.job.reports.failures()):
+            self.job.failure_resets += 1
         self.log.info("round_reset", round=self.job.round, reason=decision.reason or "hosts changed")
         metrics.reset(reset_cause(decision, (report.reason for _, report in self.job.reports.failures())))
         self.job.wait_for_next_round(self.clock())
@@ -352,9 +356,10 @@ class RegistryService(Service):
 
     def _reset_limit_reached(self, replacing: bool) -> bool:
         """A new round after the first is a reset (unless it replaces one still forming): at the reset limit the job
-        fails instead."""
+        fails instead. In torchrun mode only the restarts after a failure count, and `decide` ends the job at the
+        round whose failure would pass the limit."""
         limit = self._spec.reset_limit
-        if replacing or self.job.round < 1 or limit is None or self.job.resets < limit:
+        if replacing or self.job.round < 1 or limit is None or self.job.resets < limit or self._spec.mode == "torchrun":
             return False
         self._finish(FAILED, f"reset limit {limit} reached", 1)
         return True

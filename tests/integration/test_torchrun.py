@@ -4,7 +4,8 @@ and workers.
 - every torchrun variable a worker sees is what torchrun itself sets for the same layout (torchrun is run beside
   it), but for the store's place and the run id;
 - a killed worker, a lost host, an added host and a drain each start every worker again in a new round, every
-  rank from the last save (in host memory, or the script's own file) with identical parameters;
+  rank from the last save (in host memory, or the script's own file) with identical parameters; the reset
+  limit counts the restarts after a failure only, as torchrun's --max-restarts;
 - the reset limit is torchrun's --max-restarts: TORCHELASTIC_RESTART_COUNT counts the rounds, and a script that
   fails in every round ends the job after that many restarts;
 - `elasticctl torchrun` runs torchrun's launch line and refuses, in one line, a flag it does not support.
@@ -115,7 +116,7 @@ def test_a_killed_worker_starts_every_worker_again_from_the_last_save(cluster: C
 def test_an_added_host_a_drain_and_a_lost_host_each_start_a_new_round(cluster: Cluster, tmp_path: Path) -> None:
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 1)
-    cluster.submit("--mode", "torchrun", "--min-np", "1", "--", *ddp(tmp_path, "--steps", "100000", "--step-delay", "0.03", "--host-memory"))
+    cluster.submit("--mode", "torchrun", "--min-np", "1", "--reset-limit", "1", "--", *ddp(tmp_path, "--steps", "100000", "--step-delay", "0.03", "--host-memory"))
     wait_for(lambda: max(saved_steps(tmp_path, 0), default=0) >= 5, 90, "the first round to save")
 
     cluster.start_agent("host-3", 1)
@@ -132,6 +133,7 @@ def test_an_added_host_a_drain_and_a_lost_host_each_start_a_new_round(cluster: C
     alone = wait_for(lambda: starts_of_restart(tmp_path, 3, 1), 90, "a round of 1 without the lost host")
     assert_resumed_together(alone, 1, at_least=max(saved_steps(tmp_path, 2)))
     wait_for(lambda: saved_steps(tmp_path, 3), 60, "the round of 1 to train on")
+    assert cluster.job()["state"] == "running", "--reset-limit 1: the host changes did not count, the lost host's failure did, once"
 
 
 def test_a_script_that_fails_in_every_round_ends_the_job_at_the_reset_limit(cluster: Cluster, tmp_path: Path) -> None:

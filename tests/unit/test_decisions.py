@@ -227,3 +227,18 @@ def test_every_worker_failing_on_hosts_given_up_fails_as_in_horovod_even_with_a_
     reports = {("a", 0): SlotReport(0, FAILURE, exit_code=1), ("b", 0): SlotReport(1, FAILURE, exit_code=1)}
     decision = decide(reports, resets=0, reset_limit=None, newest_snapshot=7)
     assert decision.action == "fail" and decision.reason.startswith("all hosts failed")
+
+
+def test_in_torchrun_mode_every_worker_failing_is_a_restart_not_the_jobs_end() -> None:
+    reports = {("host-1", 0): SlotReport(rank=0, state=FAILURE, exit_code=1, failed_order=2, host_stays=True),
+               ("host-2", 0): SlotReport(rank=1, state=FAILURE, exit_code=-9, failed_order=1, host_stays=True)}
+    assert decide(reports, resets=0, reset_limit=None).action == "fail"
+    assert decide(reports, resets=0, reset_limit=None, torchrun=True).action == "resume"
+    assert decide(reports, resets=2, reset_limit=3, torchrun=True).action == "resume"
+    assert decide(reports, resets=3, reset_limit=3, torchrun=True).action == "fail"
+
+
+def test_in_torchrun_mode_a_change_of_hosts_is_not_counted_against_the_reset_limit() -> None:
+    reports = {("host-1", 0): SlotReport(rank=0, state=READY), ("host-2", 0): SlotReport(rank=1, state=READY)}
+    assert decide(reports, resets=0, reset_limit=0, torchrun=True).action == "resume"
+    assert decide(reports, resets=0, reset_limit=0).action == "fail"
