@@ -63,7 +63,8 @@ def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int
     the round's store at `master` ("address:port"): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the
     host's place among the round's hosts), GROUP_WORLD_SIZE, ROLE_*, MASTER_*, TORCHELASTIC_* and, as torchrun does
     for more than one process per host, OMP_NUM_THREADS=1 unless it is set. TORCHELASTIC_RESTART_COUNT counts the
-    times the job's workers were started again: each round after the first is one."""
+    times the job's workers were started again: each round after the first is one, a change of hosts included
+    (torchrun counts its failure restarts there; the reset limit, TORCHELASTIC_MAX_RESTARTS, counts those)."""
     address, port = master.rsplit(":", 1)
     rank, size, local_size = int(slot["rank"]), int(slot["size"]), int(slot["local_size"])
     env = {

@@ -8,9 +8,8 @@ not a flag is the script, and everything after it is the script's.
 What the flags mean here:
 - `--nnodes N` or `MIN:MAX`: the job trains on MIN to MAX hosts (`--min-np`/`--max-np` of MIN and MAX times
   `--nproc-per-node`); `--nproc-per-node N`: workers per host;
-- `--max-restarts K`: the job fails when it would start its workers again a K+1-th time (torchrun's default, 0,
-  included). Every new round restarts every worker, and a membership change is one too, where torchrun counts
-  failures only: give an elastic job a budget, as torchrun's docs do;
+- `--max-restarts K`: the job's reset limit; as torchrun's, it counts the restarts after a failure (not those after
+  a change of hosts), and the job fails when a failure would need a K+1-th (torchrun's default, 0, included);
 - `--rdzv-endpoint HOST[:PORT]`: the job goes to the control plane on HOST (its own ports, ELASTIC_*_ENDPOINT;
   PORT is torchrun's and is not used), whose agents must have been started with `--slots` of the
   `--nproc-per-node`; without it (or with `--standalone`) the whole system runs on this machine for the job, with
