@@ -20,7 +20,8 @@ A run whose job does not train again within RECOVERY_LIMIT seconds (or whose tor
 recovered, and the median is over the runs that did.
 
 Printed: one `RESTART variant=V run=I seconds=S resumed_from=R last_saved=L` line per run, then
-`RESTART_SUMMARY variant=V median_s=M recovered=N/RUNS` per variant and `RESTART_RATIO torchrun/elastic-memory=X
+`RESTART_SUMMARY variant=V median_s=M recovered=N/RUNS` per variant, the memory of each waiting warm interpreter
+300 steps after an elastic run's recovery (`WARM_INTERPRETER ... rss_mib= pss_mib=`), and `RESTART_RATIO torchrun/elastic-memory=X
 torchrun/elastic-file=Y`.
 """
 
@@ -78,6 +79,31 @@ def measure_kill(log_dir: Path, nproc: int, variant: str, run: int, gave_up: Cal
     return trained_at - killed_at
 
 
+def warm_interpreters_memory(workers: set[int]) -> list[tuple[float, float]]:
+    """(RSS MiB, PSS MiB) of each waiting warm interpreter (libworker.warm_start) on this machine: not one of
+    `workers` (those run a round's script, started warm)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int(entry.name) not in workers and b"libworker.warm_start" in (entry / "cmdline").read_bytes():
+                rollup = dict(line.split(":", 1) for line in (entry / "smaps_rollup").read_text().splitlines()[1:])
+                found.append((int(rollup["Rss"].split()[0]) / 1024, int(rollup["Pss"].split()[0]) / 1024))
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def kill_processes_naming(text: str) -> None:
+    """SIGKILL every process whose command line names `text`: torchrun starts its workers in sessions of their own,
+    so they outlive a killed launcher."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
 def run_torchrun(nproc: int, run: int) -> float | None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-torchrun-"))
     port = free_ports(1)[0]
@@ -91,6 +117,7 @@ def run_torchrun(nproc: int, run: int) -> float | None:
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
+        kill_processes_naming(str(workdir))
 
 
 def run_elastic(nproc: int, run: int, host_memory: bool) -> float | None:
@@ -99,7 +126,12 @@ def run_elastic(nproc: int, run: int, host_memory: bool) -> float | None:
         elastic.start_agent("host-1", nproc)
         saving = ["--host-memory"] if host_memory else ["--checkpoint", str(elastic.workdir / "ddp.pt")]
         elastic.submit("--mode", "torchrun", "--", sys.executable, *SCRIPT, *saving, "--log-dir", str(elastic.workdir / "log"))
-        return measure_kill(elastic.workdir / "log", nproc, variant, run)
+        seconds = measure_kill(elastic.workdir / "log", nproc, variant, run)
+        log_dir = elastic.workdir / "log"
+        wait_for(lambda: any(e["step"] >= KILL_AFTER_STEP + 300 for e in events(log_dir, "saved")), 120, "300 steps after the kill (the next warm interpreters ready)")
+        for rss, pss in warm_interpreters_memory({e["pid"] for e in events(log_dir, "start")}):
+            print(f"WARM_INTERPRETER variant={variant} run={run} rss_mib={rss:.0f} pss_mib={pss:.0f}", flush=True)
+        return seconds
 
 
 def main() -> None:
