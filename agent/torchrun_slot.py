@@ -7,9 +7,12 @@ the slot's exit). It never imports torch: it costs a small interpreter per slot 
 
 In each round:
 - it joins through its agent (`rank_and_size`, as libworker's `join()` does) and learns the slot's rank;
-- rank 0's supervisor picks a free port on its host for the round's store (MASTER_PORT) and publishes
-  `address:port` under the round's prefix in the rendezvous key-value store; the others read it there. The
-  command's rank 0 serves the store when it calls `init_process_group()` (TORCHELASTIC_USE_AGENT_STORE=False);
+- rank 0's supervisor has a new store served for the round (`RoundStores`: a process of its own,
+  libworker.round_store, kept for the job, which serves a fresh TCPStore per round, as torchrun's agent does)
+  and publishes `address:port` under the round's prefix in the rendezvous key-value store; the others read it
+  there. The commands connect to it as clients (TORCHELASTIC_USE_AGENT_STORE=True), so none of them serves a
+  store its peers still use when it exits. The supervisor of local rank 0 starts its store server at once (rank 0
+  is nearly always some host's local rank 0), any other when it first holds rank 0;
 - it starts the command with torchrun's variables for the slot (`torchrun_environment`), in a process group of
   its own (so stopping it stops its children too, e.g. data-loader workers). A command of the form `python
   SCRIPT ARGS` or `python -m MODULE ARGS` starts warm: the supervisor keeps an interpreter that has imported
@@ -35,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -74,7 +76,7 @@ def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int
         "MASTER_ADDR": address, "MASTER_PORT": port,
         "TORCHELASTIC_RESTART_COUNT": int(slot["round"]) - 1,
         "TORCHELASTIC_MAX_RESTARTS": UNLIMITED_RESTARTS if max_restarts is None else max_restarts,
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
         WorkerEnv.SNAPSHOT_WRITER: "1" if slot.get("snapshot_writer") else "0",
     }
     chosen = {name: str(value) for name, value in env.items()}
@@ -83,10 +85,37 @@ def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int
     return chosen
 
 
-def free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
+class RoundStores:
+    """This slot's store server (libworker.round_store), started once: a new store for each round it serves."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self.process is None:
+            self.process = subprocess.Popen([sys.executable, "-m", "libworker.round_store", self.address], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent())
+
+    def next_store(self) -> str:
+        """`address:port` of a new store for this round."""
+        self.start()
+        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(b"next\n")
+            self.process.stdin.flush()
+            port = self.process.stdout.readline().strip()
+        except BrokenPipeError:
+            port = b""
+        if not port.isdigit():
+            self.process = None
+            raise RuntimeError("the store server exited")
+        return f"{self.address}:{int(port)}"
+
+    def close(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
 
 
 def warm_argv(command: list[str]) -> list[str] | None:
@@ -150,6 +179,7 @@ class SlotSupervisor:
         self.stop_signal: int | None = None
         self.lock = threading.Lock()
         self.warm = WarmStart(command)
+        self.stores = RoundStores(os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1"))
         self.link.listeners.append(self._on_event)
         self.link.wait_subscribed(5.0)
 
@@ -173,10 +203,13 @@ class SlotSupervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
         self.warm.prepare()
+        if self.local_rank == 0:
+            self.stores.start()
         try:
             return self._serve()
         finally:
             self.warm.discard()
+            self.stores.close()
 
     def _serve(self) -> int:
         if os.environ.get(WorkerEnv.STANDBY):
@@ -186,8 +219,8 @@ class SlotSupervisor:
                 return 0
             try:
                 master = self._round_store_address()
-            except (Unreachable, ServiceError) as exc:
-                say(f"round {self.round}: no store address ({exc}); joining the next round")
+            except (Unreachable, ServiceError, RuntimeError) as exc:
+                say(f"round {self.round}: no store ({exc}); joining the next round")
                 continue
             code = self._run_round(master)
             if code is not None:
@@ -216,8 +249,7 @@ class SlotSupervisor:
     def _round_store_address(self) -> str:
         key = f"{self.slot['prefix']}master"
         if self.slot["rank"] == 0:
-            address = os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1")
-            master = f"{address}:{free_port(address)}"
+            master = self.stores.next_store()
             self.link.requests.request("kv_set", {"key": key}, raw=(master.encode(),))
             return master
         return self.link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=self.timing.collective_timeout).raw[0].decode()

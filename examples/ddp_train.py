@@ -6,8 +6,10 @@ steps. It runs unchanged under torchrun and under the elastic agents:
     elasticctl torchrun --nnodes 2 --nproc-per-node 2 examples/ddp_train.py --checkpoint /tmp/ddp.pt
     elasticctl local --hosts 2 --slots 2 --mode torchrun -- python examples/ddp_train.py --checkpoint /tmp/ddp.pt
 
-`--host-memory` keeps the checkpoint in the host's memory instead of a file (libworker.checkpoint: every rank
-calls save and load; under plain torchrun it saves nothing). `--log-dir DIR` writes one JSON line per step and
+`--fsdp` shards the model with FSDP (`fully_shard`, on gloo too) instead of DDP; its checkpoint holds full state
+dicts (`torch.distributed.checkpoint.state_dict`), loaded after sharding. `--host-memory` keeps the checkpoint in
+the host's memory instead of a file (libworker.checkpoint: every rank calls save and load; under plain torchrun
+it saves nothing). `--log-dir DIR` writes one JSON line per step and
 per start from every rank (the tests and benchmarks read them). At the end every rank checks that all hold
 identical parameters; the script exits 3 if they differ.
 """
@@ -24,9 +26,31 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from train import make_data, make_model, parameter_checksum
+from train import make_data, make_model
+
+FULL = StateDictOptions(full_state_dict=True)
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and optimizer's full state dicts (with FSDP a collective: every rank calls it)."""
+    return get_state_dict(model, optimizer, options=FULL) if fsdp else (model.state_dict(), optimizer.state_dict())
+
+
+def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> torch.Tensor:
+    flat = torch.cat([t.detach().reshape(-1).double().cpu() for t in state_dicts(model, optimizer, fsdp)[0].values()])
+    return torch.stack([flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum()])
 
 
 def load_snapshot(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -75,6 +99,7 @@ def main() -> int:
     parser.add_argument("--step-delay", type=float, default=0.0, help="Seconds to sleep per step (a slower job for tests).")
     parser.add_argument("--checkpoint", default=None, help="Checkpoint file (rank 0 writes it; every rank reads it at start).")
     parser.add_argument("--host-memory", action="store_true", help="Keep the checkpoint in host memory (libworker.checkpoint).")
+    parser.add_argument("--fsdp", action="store_true", help="Shard the model with FSDP instead of replicating it with DDP.")
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args()
 
@@ -88,15 +113,20 @@ def main() -> int:
     log = StepLog(args.log_dir)
 
     model = make_model().to(device)
+    if args.fsdp:
+        model = shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start_step = 0
     snapshot = load_snapshot(args)
-    if snapshot is not None:
+    if snapshot is not None and args.fsdp:
+        set_state_dict(model, optimizer, model_state_dict=snapshot["model"], optim_state_dict=snapshot["optimizer"], options=FULL)
+    elif snapshot is not None:
         model.load_state_dict(snapshot["model"])
         optimizer.load_state_dict(snapshot["optimizer"])
+    if snapshot is not None:
         start_step = int(snapshot["step"])
-    ddp_model = DDP(model, device_ids=[local_rank] if use_cuda else None)
-    log.write("start", step=start_step, checksum=parameter_checksum(model).tolist())
+    trained = model if args.fsdp else DDP(model, device_ids=[local_rank] if use_cuda else None)
+    log.write("start", step=start_step, checksum=checksum(model, optimizer, args.fsdp).tolist())
     if rank == 0:
         print(f"training on {world_size} workers from step {start_step} (restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
 
@@ -106,21 +136,27 @@ def main() -> int:
         order = torch.randperm(args.samples, generator=torch.Generator().manual_seed(step))
         batch = order[: args.batch_size * world_size][rank::world_size]
         optimizer.zero_grad()
-        loss = loss_fn(ddp_model(x[batch].to(device)), y[batch].to(device))
+        loss = loss_fn(trained(x[batch].to(device)), y[batch].to(device))
         loss.backward()
         optimizer.step()
         log.write("step", step=step + 1, loss=loss.item())
         if (step + 1) % args.save_every == 0:
-            save_snapshot(args, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1})
+            model_state, optimizer_state = state_dicts(model, optimizer, args.fsdp)
+            save_snapshot(args, {"model": model_state, "optimizer": optimizer_state, "step": step + 1})
             log.write("saved", step=step + 1)
         if args.step_delay:
             time.sleep(args.step_delay)
 
     checksums = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(world_size)]
-    dist.all_gather(checksums, parameter_checksum(model).to(device))
+    dist.all_gather(checksums, checksum(model, optimizer, args.fsdp).to(device))
     identical = all(torch.equal(c, checksums[0]) for c in checksums)
     if rank == 0:
         print(f"parameters identical on all {world_size} ranks: {identical}", flush=True)
+    # The DDP wrapper goes before its process group, and a barrier lets gloo's threads drop the last collective:
+    # torch 2.13 can deadlock at the end otherwise (the group's destructor, run by the wrapper's with the GIL held,
+    # joins a gloo thread that needs the GIL to free the all_gather's tensors).
+    del trained
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if identical else 3
 

@@ -2,9 +2,10 @@
 and workers.
 
 - every torchrun variable a worker sees is what torchrun itself sets for the same layout (torchrun is run beside
-  it), but for the store's place and the run id;
+  it), but for the store's address and the run id;
 - a killed worker, a lost host, an added host and a drain each start every worker again in a new round, every
-  rank from the last save (in host memory, or the script's own file) with identical parameters; the reset
+  rank from the last save (in host memory, or the script's own file; DDP, and FSDP on gloo) with identical
+  parameters; the reset
   limit counts the restarts after a failure only, as torchrun's --max-restarts;
 - the reset limit is torchrun's --max-restarts: TORCHELASTIC_RESTART_COUNT counts the rounds, and a script that
   fails in every round ends the job after that many restarts;
@@ -26,7 +27,7 @@ import pytest
 from testing.harness import REPO, Cluster, read_events, wait_for
 
 ENV_SCRIPT = "tests/workers/torchrun_env.py"
-NOT_COMPARED = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+NOT_COMPARED = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 def recorded(directory: Path) -> dict[str, dict[str, Any]]:
@@ -72,7 +73,6 @@ def test_every_variable_is_what_torchrun_sets_for_the_same_layout(cluster: Clust
     for name, seen in ours.items():
         assert {k: v for k, v in seen.items() if k not in NOT_COMPARED} == {k: v for k, v in theirs[name].items() if k not in NOT_COMPARED}
         assert seen["MASTER_ADDR"] == "127.0.0.1" and seen["MASTER_PORT"] == ours["rank-0-restart-0"]["MASTER_PORT"]
-        assert seen["TORCHELASTIC_USE_AGENT_STORE"] == "False"
         assert seen["TORCHELASTIC_RUN_ID"] == cluster.job()["job_key"]
 
 
@@ -93,11 +93,11 @@ def test_two_hosts_get_torchruns_ranks_and_group_ranks(cluster: Cluster, tmp_pat
         assert values["allreduce"] == 4.0
 
 
-@pytest.mark.parametrize("checkpoint", ["host-memory", "file"])
+@pytest.mark.parametrize("checkpoint", ["host-memory", "file", "fsdp-host-memory"])
 def test_a_killed_worker_starts_every_worker_again_from_the_last_save(cluster: Cluster, tmp_path: Path, checkpoint: str) -> None:
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 1)
-    saving = ["--host-memory"] if checkpoint == "host-memory" else ["--checkpoint", str(tmp_path / "ddp.pt")]
+    saving = {"host-memory": ["--host-memory"], "file": ["--checkpoint", str(tmp_path / "ddp.pt")], "fsdp-host-memory": ["--fsdp", "--host-memory"]}[checkpoint]
     job = cluster.submit("--mode", "torchrun", "--", *ddp(tmp_path, "--steps", "120", "--step-delay", "0.03", *saving))
     wait_for(lambda: max(saved_steps(tmp_path, 0), default=0) >= 10, 90, "the first round to save step 10")
     victim = next(e["pid"] for e in starts(tmp_path) if e["rank"] == 1)

@@ -58,7 +58,7 @@ def test_a_slots_environment_is_torchruns_for_its_place_in_the_round() -> None:
         "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2",
         "ROLE_NAME": "default", "ROLE_RANK": "5", "ROLE_WORLD_SIZE": "8", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "4711",
         "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job-key",
-        "TORCHELASTIC_USE_AGENT_STORE": "False", "ELASTIC_SNAPSHOT_WRITER": "0", "OMP_NUM_THREADS": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "ELASTIC_SNAPSHOT_WRITER": "0", "OMP_NUM_THREADS": "1",
     }
 
 
