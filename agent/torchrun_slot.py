@@ -30,7 +30,8 @@ exits by itself:
   agent (`child_failed`), which reports it to the registry as a worker restarted in place, and joins the next
   round; the registry aborts the round for every other slot.
 SIGTERM or SIGINT to the supervisor (the job's end, the agent stopping) stops the command the same way, then the
-supervisor exits as the command did (killed by the same signal, when it was).
+supervisor exits as the command did (killed by the same signal, when it was); between commands it dies of the
+signal at once.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class SlotSupervisor:
         self.aborted_round = 0
         self.newest_hosts_update = 0.0
         self.stop_signal: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
         self.warm = WarmStart(command)
         self.stores = RoundStores(os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1"))
@@ -192,7 +194,12 @@ class SlotSupervisor:
                 self.newest_hosts_update = max(self.newest_hosts_update, float(msg.body.get("timestamp", 0.0)))
 
     def _on_stop_signal(self, signum: int, _frame: Any) -> None:
+        """While a command runs, it is stopped first (the wait loop sees the flag); between commands (joining,
+        waiting for a slot) the supervisor dies of the signal at once, and its helpers with it (PR_SET_PDEATHSIG)."""
         self.stop_signal = signum
+        if self.child is None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def round_ending(self) -> bool:
         with self.lock:
@@ -259,7 +266,13 @@ class SlotSupervisor:
         max_restarts = os.environ.get(WorkerEnv.RESET_LIMIT)
         env = {**os.environ, **torchrun_environment(self.slot, master, int(max_restarts) if max_restarts else None,
                                                     os.environ.get(WorkerEnv.JOB_KEY, ""), os.environ)}
-        child = self.warm.take(env) or subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        child = self.child = self.warm.take(env) or subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        try:
+            return self._watch(child)
+        finally:
+            self.child = None
+
+    def _watch(self, child: subprocess.Popen[bytes]) -> int | None:
         warm_at = time.monotonic() + WARM_DELAY
         while (code := _wait(child, POLL)) is None:
             if time.monotonic() > warm_at:
