@@ -36,7 +36,7 @@ from typing import Any
 from bus.assignments import get_host_assignments
 from services.registry.decisions import Decision
 from services.registry.jobspec import JobSpec
-from services.registry.reports import PENDING, ReportTable
+from services.registry.reports import FAILURE, PENDING, ReportTable
 
 NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"
 JOB_STATES = (NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED)
@@ -123,7 +123,13 @@ class Job:
         self.state = RUNNING_JOB
 
     def wait_for_next_round(self, now: float) -> None:
+        """The round is reset: the job waits for the next; a reset after a round with a failure counts as one."""
         self.state, self.waiting_since = WAITING, now
+        self.failure_resets += self.reports.count(FAILURE) > 0
+
+    def resets_toward_limit(self, torchrun: bool) -> int:
+        """The resets the reset limit counts: all of them, or in torchrun mode those after a failure."""
+        return self.failure_resets if torchrun else self.resets
 
     def finish(self, state: str, reason: str, exit_code: int) -> None:
         self.state, self.reason, self.exit_code = state, reason, exit_code

@@ -287,11 +287,9 @@ class RegistryService(Service):
             self.outbox.put("abort", {"round": self.job.round})
 
     def _decide(self, hosts: dict[str, Any]) -> None:
-        """Every slot of the round has reported: apply what `decisions.decide` makes of the reports, given the newest
-        snapshot a live host keeps (`hosts`: discovery's full answer)."""
-        job = self.job
-        torchrun = self._spec.mode == "torchrun"
-        self._apply(decide(job.reports.reports, job.failure_resets if torchrun else job.resets, self._spec.reset_limit,
+        """Every slot has reported: apply `decisions.decide` to the reports and the newest snapshot a live host keeps."""
+        job, torchrun = self.job, self._spec.mode == "torchrun"
+        self._apply(decide(job.reports.reports, job.resets_toward_limit(torchrun), self._spec.reset_limit,
                            newest_snapshot(hosts, job.snapshot_commits), job.resumed_from, torchrun))
         self._settle()
 
@@ -311,8 +309,6 @@ class RegistryService(Service):
             self._blacklist(host, f"round {self.job.round}: {'; '.join(failed)}")
         if decision.resume_from:
             self.job.resumed_from = decision.resume_from
-        if any(True for _ in self.job.reports.failures()):
-            self.job.failure_resets += 1
         self.log.info("round_reset", round=self.job.round, reason=decision.reason or "hosts changed")
         metrics.reset(reset_cause(decision, (report.reason for _, report in self.job.reports.failures())))
         self.job.wait_for_next_round(self.clock())
@@ -356,8 +352,7 @@ class RegistryService(Service):
 
     def _reset_limit_reached(self, replacing: bool) -> bool:
         """A new round after the first is a reset (unless it replaces one still forming): at the reset limit the job
-        fails instead. In torchrun mode only the restarts after a failure count, and `decide` ends the job at the
-        round whose failure would pass the limit."""
+        fails instead (in torchrun mode `decide` does, counting the restarts after a failure only)."""
         limit = self._spec.reset_limit
         if replacing or self.job.round < 1 or limit is None or self.job.resets < limit or self._spec.mode == "torchrun":
             return False
