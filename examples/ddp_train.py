@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from train import make_data, make_model
+from train import make_data, make_model, tensors_checksum
 
 FULL = StateDictOptions(full_state_dict=True)
 
@@ -49,8 +49,7 @@ def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: 
 
 
 def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> torch.Tensor:
-    flat = torch.cat([t.detach().reshape(-1).double().cpu() for t in state_dicts(model, optimizer, fsdp)[0].values()])
-    return torch.stack([flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum()])
+    return tensors_checksum(state_dicts(model, optimizer, fsdp)[0].values())
 
 
 def load_snapshot(args: argparse.Namespace) -> dict[str, Any] | None:

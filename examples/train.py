@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 
 import torch
 
@@ -32,7 +33,12 @@ def make_model(seed: int = 0) -> torch.nn.Module:
 
 
 def parameter_checksum(model: torch.nn.Module) -> torch.Tensor:
-    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    return tensors_checksum(model.parameters())
+
+
+def tensors_checksum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Two numbers that differ when any value or its place differs (a sum, and a sum weighted by position)."""
+    flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])
     return torch.stack([flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum()])
 
 
