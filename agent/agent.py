@@ -9,6 +9,8 @@ The parts, each with one job:
   standbys, stop), carrying out the book's decisions;
 - agent/workers.py: a worker's environment, spawn, signal, reap;
   agent/standbys.py: spare workers waiting in `init()`;
+- agent/fork_server.py: the host's zygote, which forks workers with torch
+  already imported (started with the agent, for the job's interpreter);
 - agent/snapshots.py: the host's snapshot of the job's committed state.
 
 What this module adds:
@@ -35,12 +37,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
+from agent.fork_server import ForkServer, default_key
 from agent.keeper import WorkerKeeper
 from agent.link import DiscoveryLink
 from agent.slots import SlotBook
@@ -92,7 +96,8 @@ class AgentService(Service):
         drain_timeout: float = 60.0,
         advertise_address: str = "127.0.0.1",
         share_gpus: bool = False,
-        standby: int = 0,
+        standby: int | None = None,
+        fork_server: bool = True,
         **kw: Any,
     ) -> None:
         super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
@@ -109,8 +114,10 @@ class AgentService(Service):
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
-        self.keeper = WorkerKeeper(self, settings, timing, standby, self.book, self.link, self.snapshots, self.registry, self.rendezvous,
-                                   self._worker_exited, self.log)
+        self.fork_server = ForkServer(fork_server, self.log)
+        self.fork_server.prepare(default_key(sys.executable))
+        self.keeper = WorkerKeeper(self, settings, timing, standby, self.book, self.link, self.snapshots, self.fork_server, self.registry,
+                                   self.rendezvous, self._worker_exited, self.log)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
         self.watch(self.events.sock, self._on_events)
@@ -121,6 +128,7 @@ class AgentService(Service):
         self.every(0.2, self._check_drain)
         self.every(0.2, self.keeper.escalate)
         self.every(0.05, self.keeper.restart_due)
+        self.every(0.05, self.keeper.start_held_back)
         self.every(METRICS_INTERVAL, self._update_metrics)
         self.link.register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)

@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.fork_server import ForkServer, key_of, script_argv
 from agent.link import DiscoveryLink
 from agent.output import PrefixedPipe
 from agent.restarts import RestartPolicy
 from agent.slots import Remedy, SlotBook
 from agent.snapshots import SnapshotKeeper
 from agent.standbys import StandbyPool
-from agent.workers import STANDBY, HostSettings, Worker, reap, spawn, worker_command, worker_env
+from agent.workers import STANDBY, HostSettings, Worker, reap, reap_orphans, spawn, worker_command, worker_env
 from bus.assignments import SlotInfo, slots_of
 from bus.client import AsyncClient
 from bus.config import Timing
@@ -42,19 +43,22 @@ from bus.contract import JobPlan
 from bus.service import Service
 
 STOP_GRACE = 5.0
+DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not)
 
 
 class WorkerKeeper:
-    def __init__(self, service: Service, settings: HostSettings, timing: Timing, standby: int, book: SlotBook, link: DiscoveryLink,
-                 snapshots: SnapshotKeeper, registry: AsyncClient, rendezvous: AsyncClient, on_exited: Callable[[Worker], None], log: Any) -> None:
+    def __init__(self, service: Service, settings: HostSettings, timing: Timing, standby: int | None, book: SlotBook, link: DiscoveryLink,
+                 snapshots: SnapshotKeeper, fork_server: ForkServer, registry: AsyncClient, rendezvous: AsyncClient,
+                 on_exited: Callable[[Worker], None], log: Any) -> None:
         self.service, self.settings, self.timing, self.standby = service, settings, timing, standby
         self.host = settings.host
-        self.book, self.link, self.snapshots = book, link, snapshots
+        self.book, self.link, self.snapshots, self.fork_server = book, link, snapshots, fork_server
         self.registry, self.rendezvous = registry, rendezvous
         self.on_exited, self.log = on_exited, log
         self.workers: dict[int, Worker] = {}
         self.standbys = StandbyPool()
         self.plan: JobPlan | None = None
+        self.held_back: dict[int, SlotInfo | None] = {}
         self.latest_round: dict[str, Any] | None = None
         self._kill_at: float | None = None
 
@@ -62,6 +66,7 @@ class WorkerKeeper:
         """The job finished: no more restarts or standbys, every slot up, every process stopped."""
         self.plan = None
         self.latest_round = None
+        self.held_back.clear()
         self.book.end_job()
         self.set_down(frozenset())
         self.standbys.signal_all(signal.SIGTERM)
@@ -74,7 +79,8 @@ class WorkerKeeper:
         self.stop_all(signal.SIGKILL)
 
     def stop_everything(self) -> None:
-        """The agent exits: every worker and standby is killed and waited for."""
+        """The agent exits: every worker and standby is killed and waited for, and the fork server stopped."""
+        self.fork_server.close()
         self.stop_all(signal.SIGKILL)
         self.standbys.signal_all(signal.SIGKILL)
         for worker in [*self.workers.values(), *self.standbys.processes.values()]:
@@ -101,6 +107,8 @@ class WorkerKeeper:
         new_job = self.plan is None or plan.job != self.plan.job
         if new_job:
             self.snapshots.start_job(plan)
+            self.fork_server.new_job()
+        self.fork_server.prepare(key_of(plan))
         self.plan = plan
         self.book.start_job(RestartPolicy.of_plan(plan), new_job)
         self._keep_standbys()
@@ -124,11 +132,20 @@ class WorkerKeeper:
 
     # -- processes -------------------------------------------------------------------------------
     def _spawn(self, local_rank: int, plan: JobPlan, slot: SlotInfo | None) -> None:
-        """Start the worker of `local_rank` (STANDBY: a spare that waits in `init()` for a slot); `slot` is its
-        assignment in the round, None when it starts ahead of one."""
+        """Start the worker of `local_rank` (STANDBY: a spare that waits in `init()` for a slot): forked from the fork
+        server, or spawned; `slot` is its assignment in the round, None when it starts ahead of one. While the fork
+        server imports, the start is held back until it is ready (`start_held_back`)."""
+        key = key_of(plan)
+        if self.fork_server.starting(key):
+            self.held_back[local_rank] = slot
+            return
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
+        argv = script_argv(plan.command)
+        forked = self.fork_server.fork(key, argv, env, plan.cwd) if argv is not None else None
+        if forked is None and local_rank == STANDBY and self.standby is None:
+            return  # a default standby is one the fork server makes nearly free; none without it
         try:
-            worker = spawn(local_rank, worker_command(plan), env, plan.cwd)
+            worker = Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
         except OSError as exc:
             self.log.error("spawn_failed", local_rank=local_rank, reason=str(exc))
             if local_rank != STANDBY:
@@ -145,9 +162,20 @@ class WorkerKeeper:
             self._follow_output(pipe)
             stream.close()
         if local_rank == STANDBY:
-            self.log.info("standby_started", pid=worker.pid)
+            self.log.info("standby_started", pid=worker.pid, forked=worker.forked)
         else:
-            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot.rank, pid=worker.pid, warming=slot is None)
+            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot.rank, pid=worker.pid,
+                          warming=slot is None, forked=worker.forked)
+
+    def start_held_back(self) -> None:
+        """The fork server is ready (or given up on): start the processes held back for it."""
+        if not self.held_back or self.plan is None or self.fork_server.starting(key_of(self.plan)):
+            return
+        held, self.held_back = self.held_back, {}
+        for local_rank, slot in held.items():
+            if local_rank != STANDBY and local_rank not in self.workers and self.book.may_start_worker() and not self.admit_standby(local_rank):
+                self._spawn(local_rank, self.plan, slot)
+        self._keep_standbys()
 
     def _output_prefix(self, worker: Worker) -> str:
         return f"[{self.host}:{'standby' if worker.local_rank == STANDBY else worker.local_rank}] "
@@ -177,6 +205,8 @@ class WorkerKeeper:
             self.on_exited(standby)
             if not standby.stop_requested and self.book.may_start_worker():
                 self._replace_standby(code)
+        self.fork_server.check()
+        reap_orphans({*(w.pid for w in self.workers.values()), *self.standbys.processes, *self.fork_server.pids()})
         if killed_on_request:
             self.ensure_workers()
 
@@ -236,7 +266,8 @@ class WorkerKeeper:
         """Start standbys until `--standby` of them exist (while a job runs and the host is not draining)."""
         if self.plan is None or not self.book.may_keep_standbys():
             return
-        for _ in range(self.standby - len(self.standbys)):
+        wanted = self.standby if self.standby is not None else DEFAULT_FORKED_STANDBYS
+        for _ in range(wanted - len(self.standbys)):
             self._spawn(STANDBY, self.plan, None)
 
     def _replace_standby(self, code: int) -> None:

@@ -1,6 +1,8 @@
 """Worker processes of one host: their environment, spawn (dying with the agent), signal, reap.
 
-A worker's stdout and stderr are pipes the agent reads (agent/output.py).
+A worker is spawned here or forked by the host's fork server
+(agent/fork_server.py); either way it is this process's child, and its
+stdout and stderr are pipes the agent reads (agent/output.py).
 A standby (local rank STANDBY until its agent admits it to a slot) is a
 worker process like any other.
 Each worker runs in its own session so a signal reaches its whole process
@@ -13,8 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import IO, Protocol
 
 from agent.output import PrefixedPipe
 from bus.assignments import SlotInfo, round_environment
@@ -25,10 +28,23 @@ from bus.lifetime import die_with_parent
 STANDBY = -1
 
 
+class WorkerProcess(Protocol):
+    """A worker's process as the agent waits for it: spawned (subprocess.Popen) or forked (agent/fork_server.py)."""
+
+    pid: int
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
 @dataclass
 class Worker:
     local_rank: int
-    process: subprocess.Popen[bytes]
+    process: WorkerProcess
+    forked: bool = False
     stop_requested: bool = False
     output: list[PrefixedPipe] = field(default_factory=list)
     script_ended: bool = False
@@ -98,8 +114,8 @@ def worker_command(plan: JobPlan) -> list[str]:
     return [sys.executable, "-m", "agent.torchrun_slot", "--", *plan.command] if plan.mode == "torchrun" else list(plan.command)
 
 
-def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | None) -> Worker:
-    process = subprocess.Popen(
+def spawn(command: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         command,
         env=env,
         cwd=cwd if cwd and os.path.isdir(cwd) else None,
@@ -108,7 +124,21 @@ def spawn(local_rank: int, command: list[str], env: dict[str, str], cwd: str | N
         start_new_session=True,
         preexec_fn=die_with_parent(),
     )
-    return Worker(local_rank, process)
+
+
+def reap_orphans(known: Collection[int]) -> int:
+    """Reap the exited children that are none of `known` (a worker's own children re-parented to this subreaper);
+    the count reaped. A known child's exit is left to its owner's poll."""
+    reaped = 0
+    while True:
+        try:
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return reaped
+        if exited is None or exited.si_pid in known:
+            return reaped
+        os.waitpid(exited.si_pid, 0)
+        reaped += 1
 
 
 def reap(workers: dict[int, Worker]) -> list[tuple[Worker, int]]:

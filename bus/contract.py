@@ -61,6 +61,8 @@ class JobPlan:
     checkpoint_interval: float | None = None
     mode: str = "horovod"
     reset_limit: int | None = None
+    preload: tuple[str, ...] = ()
+    fork_server: bool = True
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +86,8 @@ class JobPlan:
             checkpoint_interval=_number(body.get("checkpoint_interval")),
             mode="torchrun" if body.get("mode") == "torchrun" else "horovod",
             reset_limit=body.get("reset_limit") if isinstance(body.get("reset_limit"), int) else None,
+            preload=tuple(str(name) for name in body.get("preload") or () if isinstance(name, str)) if isinstance(body.get("preload"), list) else (),
+            fork_server=body.get("fork_server") is not False,
         )
 
 

@@ -63,7 +63,7 @@ class LocalCluster:
     log_dir: Path
     devices: list[str | None]
     share_gpus: bool = False
-    standby: int = 0
+    standby: int | None = None
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -88,7 +88,7 @@ class LocalCluster:
                 self._wait(lambda s=service: plane.call(s, "ping"), f"the {service} service to answer")
             agent_env = {**env, "ELASTIC_LOG_LEVEL": os.environ.get("ELASTIC_LOG_LEVEL", "WARNING")}
             share = ["--share-gpus"] if self.share_gpus else []
-            share += ["--standby", str(self.standby)] if self.standby else []
+            share += ["--standby", str(self.standby)] if self.standby is not None else []
             for i, devices in enumerate(self.devices, start=1):
                 own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
                 self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share], {**agent_env, **own_gpus}, log_to_file=False)
@@ -158,11 +158,12 @@ def _interrupted(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int = 0) -> int:
+def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int | None = None) -> int:
     gpus = gpu_devices()
     slots = default_local_slots(len(gpus), hosts) if slots is None else slots
     try:
-        check_standby(standby, slots)
+        if standby is not None:
+            check_standby(standby, slots)
     except ValueError as exc:
         raise CommandError(str(exc), 2) from None
     devices = agent_devices(gpus, hosts, slots, share_gpus)

@@ -40,6 +40,8 @@ def job_options(fn: Any) -> Any:
             click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same path on every host."),
             click.option("--checkpoint-interval", type=float, default=30.0, show_default=True, help="Seconds between flushes to --checkpoint-dir."),
             click.option("--mode", type=click.Choice(["horovod", "torchrun"]), default="horovod", show_default=True, help="horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged torchrun/DDP script, started with torchrun's environment and restarted on every worker at each new round."),
+            click.option("--preload", metavar="MODULE,...", default="", help="Modules the host's fork server imports before it forks workers (the script's heavy imports)."),
+            click.option("--no-fork-server", is_flag=True, help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server (for scripts that are not fork-safe)."),
             click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
             click.argument("command", nargs=-1, required=True),
         ]
@@ -90,7 +92,17 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_interval": options["checkpoint_interval"],
         "env": env,
         "mode": options["mode"],
+        "preload": _module_list(options.get("preload", "")),
+        "fork_server": not options.get("no_fork_server", False),
     }
+
+
+def _module_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise CommandError(f"--preload wants module names separated by commas, got {name!r}", 2)
+    return names
 
 
 def _plane(control: str | None, keys: Path | None) -> ControlPlane:
@@ -192,9 +204,9 @@ _host_command("undrain", "Put HOST back into the job from the next round.", "und
 @click.option("--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N.")
 @click.option("--slots", type=click.IntRange(min=1), default=None, help="Slots per agent (default: the GPUs split among the agents, 2 without GPUs).")
 @click.option("--share-gpus", envvar="ELASTIC_GPU_SHARED", is_flag=True, help="Let workers share GPUs (more slots than GPUs; gloo, not NCCL, for CUDA tensors).")
-@click.option("--standby", type=int, default=0, show_default=True, help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once.")
+@click.option("--standby", type=int, default=None, help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once (default: 1 where the fork server runs, else 0).")
 @job_options
-def local(hosts: int, slots: int | None, share_gpus: bool, standby: int, **options: Any) -> None:
+def local(hosts: int, slots: int | None, share_gpus: bool, standby: int | None, **options: Any) -> None:
     """Run the whole system on this machine (services + agents on loopback) for one job."""
     spec = build_spec(options)
     sys.exit(run_local(hosts, slots, spec, share_gpus, standby))

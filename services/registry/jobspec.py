@@ -17,6 +17,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_module_name(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -38,6 +42,8 @@ class JobSpec:
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
     mode: str = "horovod"
+    preload: list[str] = field(default_factory=list)
+    fork_server: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -92,7 +98,14 @@ class JobSpec:
         cwd = raw.get("cwd", "")
         if not isinstance(cwd, str):
             raise bad("cwd must be a string")
+        preload = raw.get("preload", [])
+        if not (isinstance(preload, list) and all(isinstance(name, str) and _is_module_name(name) for name in preload)):
+            raise bad("preload must be a list of module names")
+        fork_server = raw.get("fork_server", True)
+        if not isinstance(fork_server, bool):
+            raise bad("fork_server must be true or false")
         return cls(
             command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
-            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, mode=mode, **numbers,
+            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, mode=mode,
+            preload=preload, fork_server=fork_server, **numbers,
         )
