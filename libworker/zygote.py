@@ -43,7 +43,8 @@ from libworker import warm_start
 PRELOADED = (*warm_start.PRELOADED, "numpy")
 ORDER_BYTES, ORDER_FDS = 1 << 20, 3
 REPARENT_LIMIT = 5.0
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_MM, PR_SET_MM_MAP = 1, 35, 14
+_SHOWN: list[Any] = []  # the blocks /proc/self/cmdline and /proc/self/environ point at: they live as long as the worker
 
 
 def native_threads() -> int:
@@ -156,6 +157,35 @@ def become_worker(order: dict[str, Any], fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    show_in_proc([sys.executable, *order["argv"]], order["env"])
+
+
+class _MmMap(ctypes.Structure):
+    """The kernel's struct prctl_mm_map (PR_SET_MM_MAP): where a process's code, data, stack, argv and environment lie."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in ("start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+                                                      "arg_start", "arg_end", "env_start", "env_end")] + [
+        ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+def show_in_proc(argv: list[str], env: dict[str, str]) -> bool:
+    """Point /proc/self/cmdline and /proc/self/environ (what ps and top show, and what tools that find a job's
+    processes by their environment read) at the worker's command line and environment instead of the zygote's, with
+    PR_SET_MM_MAP (the rest of the map as /proc/self/stat has it); False where the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sbrk.restype = ctypes.c_void_p
+    stat = open("/proc/self/stat", "rb").read().rsplit(b")", 1)[1].split()
+    field = lambda number: int(stat[number - 3])  # noqa: E731 -- proc(5) numbers the fields from 1, pid and comm first
+    blocks = [ctypes.create_string_buffer(b"".join(os.fsencode(part) + b"\0" for part in parts))
+              for parts in (argv, [f"{name}={value}" for name, value in env.items()])]
+    (arg_start, arg_end), (env_start, env_end) = [(ctypes.addressof(block), ctypes.addressof(block) + len(block) - 1) for block in blocks]
+    mm_map = _MmMap(start_code=field(26), end_code=field(27), start_data=field(45), end_data=field(46), start_brk=field(47),
+                    brk=libc.sbrk(0), start_stack=field(28), arg_start=arg_start, arg_end=arg_end, env_start=env_start, env_end=env_end,
+                    auxv=None, auxv_size=0, exe_fd=0xFFFFFFFF)
+    if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.sizeof(mm_map), 0) != 0:
+        return False
+    _SHOWN.extend(blocks)
+    return True
 
 
 def _close(fds: list[int]) -> None:
