@@ -10,7 +10,7 @@ The parts, each with one job:
 - agent/workers.py: a worker's environment, spawn, signal, reap;
   agent/standbys.py: spare workers waiting in `init()`;
 - agent/fork_server.py: the host's zygote, which forks workers with torch
-  already imported (started with the agent, for the job's interpreter);
+  already imported (started with the job, kept for the next);
 - agent/snapshots.py: the host's snapshot of the job's committed state.
 
 What this module adds:
@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from agent.fork_server import ForkServer, default_key
+from agent.fork_server import ForkServer
 from agent.keeper import WorkerKeeper
 from agent.link import DiscoveryLink
 from agent.slots import SlotBook
@@ -115,7 +114,6 @@ class AgentService(Service):
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
         self.fork_server = ForkServer(fork_server, self.log)
-        self.fork_server.prepare(default_key(sys.executable))
         self.keeper = WorkerKeeper(self, settings, timing, standby, self.book, self.link, self.snapshots, self.fork_server, self.registry,
                                    self.rendezvous, self._worker_exited, self.log)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)

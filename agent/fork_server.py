@@ -1,9 +1,9 @@
 """The agent's side of its host's fork server (libworker/zygote.py): start it, ask it for workers, replace it.
 
-`ForkServer.prepare(plan)` makes sure a zygote for the job is running or
-starting: one per interpreter, preload list and job environment (its `Key`);
-the agent prepares one for a plain job when it starts, so a host that joins
-a running job has torch imported before it learns of the job. `fork(...)`
+`ForkServer.prepare(key_of(plan))` makes sure a zygote for the job is
+running or starting when the agent learns of the job (a round, or the job a
+joining host is told of): one per interpreter, preload list and job
+environment (its `Key`), kept after the job for the next one. `fork(...)`
 returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker:
 pid, poll, wait, stdout and stderr pipes) or None, and the caller spawns
 instead: the job's command is not `python SCRIPT`/`python -m MODULE`, fork
@@ -70,10 +70,6 @@ def key_of(plan: JobPlan) -> Key | None:
     if python is None:
         return None
     return Key(os.path.realpath(python), tuple(plan.preload), tuple(sorted(plan.env.items())))
-
-
-def default_key(python: str) -> Key:
-    return Key(os.path.realpath(python), (), ())
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
@@ -204,14 +200,15 @@ class ForkServer:
             return False
         return True
 
-    def fork(self, key: Key | None, argv: list[str], env: Mapping[str, str], cwd: str | None) -> ForkedProcess | None:
-        """A worker forked from the zygote for `key` with this argv, environment and cwd; None: spawn it instead."""
-        zygote = self._serving(key, ready_only=True)
-        if zygote is None:
+    def fork(self, key: Key | None, command: list[str], env: Mapping[str, str], cwd: str | None) -> ForkedProcess | None:
+        """A worker forked from the zygote for `key` that runs `command` (`python SCRIPT ARGS` or `python -m MODULE
+        ARGS`) with this environment and cwd; None: spawn it instead."""
+        zygote, argv = self._serving(key, ready_only=True), script_argv(command)
+        if zygote is None or argv is None:
             return None
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        order = {"argv": argv, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(), "agent_pid": os.getpid(),
+        order = {"argv": argv, "cmdline": command, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(), "agent_pid": os.getpid(),
                  "umask": _umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
         try:
             pid = zygote.fork(order, [self.stdin, out_write, err_write])

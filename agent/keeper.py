@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.fork_server import ForkServer, key_of, script_argv
+from agent.fork_server import ForkServer, key_of
 from agent.link import DiscoveryLink
 from agent.output import PrefixedPipe
 from agent.restarts import RestartPolicy
@@ -140,8 +140,7 @@ class WorkerKeeper:
             self.held_back[local_rank] = slot
             return
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
-        argv = script_argv(plan.command)
-        forked = self.fork_server.fork(key, argv, env, plan.cwd) if argv is not None else None
+        forked = self.fork_server.fork(key, plan.command, env, plan.cwd)
         if forked is None and local_rank == STANDBY and self.standby is None:
             return  # a default standby is one the fork server makes nearly free; none without it
         try:

@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from agent.fork_server import script_argv
 from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
@@ -119,21 +120,11 @@ class RoundStores:
             self.process = None
 
 
-def warm_argv(command: list[str]) -> list[str] | None:
-    """The command's arguments for a warm interpreter (libworker.warm_start) when it is `python SCRIPT ARGS` or
-    `python -m MODULE ARGS`; None for anything else (interpreter options, another program)."""
-    if len(command) < 2 or not os.path.basename(command[0]).startswith("python"):
-        return None
-    if command[1] == "-m":
-        return command[1:] if len(command) > 2 else None
-    return command[1:] if not command[1].startswith("-") else None
-
-
 class WarmStart:
     """The slot's waiting warm interpreter (at most one), for the next round's command."""
 
     def __init__(self, command: list[str]) -> None:
-        self.python, self.argv = command[0], warm_argv(command)
+        self.python, self.argv = command[0], script_argv(command)
         self.enabled = self.argv is not None and os.environ.get("ELASTIC_WARM_START", "1") != "0"
         self.process: subprocess.Popen[bytes] | None = None
 

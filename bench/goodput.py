@@ -1,6 +1,6 @@
 """Goodput under faults (issue 13): committed samples per second while faults strike, over the same fault-free.
 
-    python -m bench.goodput [--mode all|worker|agent|drain] [--standby both|0|1] [--duration 90]
+    python -m bench.goodput [--mode all|worker|agent|drain] [--setups default,spawn-1] [--duration 90]
                             [--baseline-duration 45] [--fault-every 15] [--drain-seconds 5]
 
 The default run (a baseline and six chaos runs) takes about 13 minutes;
@@ -22,8 +22,12 @@ in `init()`), then measures for `--duration` seconds; a fault strikes every
           agent is started again at once under the same host name
   drain   `elasticctl drain HOST`, then `elasticctl undrain HOST`
           `--drain-seconds` later
-Each mode runs without and with `--standby 1` on every agent. The baseline
-is one fault-free run of the same job without standbys, measured for
+Each mode runs once per agent setup of `--setups`: `default` (the agents'
+defaults: the fork server, which forks every worker, and its one standby),
+`N` (the fork server and `--standby N`) and `spawn-N` (`--no-fork-server
+--standby N`: every worker a fresh interpreter); by default `default` and
+`spawn-1`, the reference. The baseline
+is one fault-free run of the same job without standbys (setup `0`), measured for
 `--baseline-duration` seconds (45 by default: its rate is steady, so half
 the chaos window is enough).
 
@@ -37,7 +41,7 @@ rolled back and redone counts as redone): rank 0's batch length times the
 world size of that execution. Goodput ratio = chaos committed samples per
 second / baseline committed samples per second.
 
-Printed per run: `GOODPUT mode=M standby=S ratio=R baseline_sps=B
+Printed per run: `GOODPUT mode=M setup=S ratio=R baseline_sps=B
 chaos_sps=C faults=N longest_pause_s=P`, then the pauses (gaps between
 consecutive rank-0 steps longer than 3x the run's median step, as seconds
 into the window: length; a pause still going on when the window ends
@@ -147,17 +151,27 @@ def chaos_cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
             signal.signal(sig, handler)
 
 
-def start_job(c: Cluster, standby: int, step_delay: float) -> tuple[subprocess.Popen[bytes], EventTail]:
-    """An agent with one slot (and `standby` spares) on each host, then the example job, logging its events."""
+def start_job(c: Cluster, setup: str, step_delay: float) -> tuple[subprocess.Popen[bytes], EventTail]:
+    """An agent with one slot (and the setup's fork server and spares) on each host, then the example job, logging its
+    events."""
     for host in HOSTS:
-        c.start_agent(host, 1, agent_args(standby))
+        c.start_agent(host, 1, agent_args(setup))
     log_dir = c.workdir / "train"
     job = c.submit("--min-np", "2", *RESTART_IN_PLACE, "--", *JOB, "--epochs", "1000000", "--step-delay", str(step_delay), "--log-dir", str(log_dir))
     return job, EventTail(log_dir)
 
 
-def agent_args(standby: int) -> list[str]:
-    return ["--standby", str(standby)] if standby else []
+def agent_args(setup: str) -> list[str]:
+    """`default`: the agent's defaults (the fork server and its one standby); `N`: the fork server and N standbys;
+    `spawn-N`: `--no-fork-server` and N standbys."""
+    if setup == "default":
+        return []
+    spawn, _, standby = setup.rpartition("-")
+    return (["--no-fork-server"] if spawn == "spawn" else []) + ["--standby", standby]
+
+
+def has_standbys(setup: str) -> bool:
+    return setup == "default" or not setup.endswith("-0") and setup != "0"
 
 
 def wait_for_standbys(c: Cluster) -> None:
@@ -171,13 +185,13 @@ def kill_worker(c: Cluster, host: str) -> None:
         pass  # it died on its own meanwhile: the fault happened anyway
 
 
-def restart_agent(c: Cluster, host: str, standby: int) -> None:
+def restart_agent(c: Cluster, host: str, setup: str) -> None:
     """SIGKILL the agent of `host` (its workers die with it) and start a new one under the same name; the old
     process is reaped first, since `Cluster.processes` keeps only the newest process of a name."""
     agent = c.processes[f"agent-{host}"]
     agent.kill()
     agent.wait()
-    c.start_agent(host, 1, agent_args(standby))
+    c.start_agent(host, 1, agent_args(setup))
 
 
 def set_drained(c: Cluster, host: str, drained: bool) -> None:
@@ -197,7 +211,7 @@ class Fault:
 @dataclass
 class Run:
     mode: str
-    standby: int
+    setup: str
     start: float
     end: float
     events: list[Event] = field(default_factory=list)
@@ -249,21 +263,21 @@ class Run:
         return None
 
 
-def measure(mode: str | None, standby: int, duration: float, fault_every: float, drain_seconds: float, step_delay: float, rng: random.Random) -> Run:
+def measure(mode: str | None, setup: str, duration: float, fault_every: float, drain_seconds: float, step_delay: float, rng: random.Random) -> Run:
     """One run in a cluster of its own: warm up, then `duration` seconds with a fault of `mode` every
     `fault_every` seconds (none when `mode` is None)."""
     with chaos_cluster(Timing().as_env()) as c:
-        job, tail = start_job(c, standby, step_delay)
+        job, tail = start_job(c, setup, step_delay)
         events: list[Event] = []
 
         def warmed_up(_: Event) -> bool:
             return sum(e["event"] == "step" and e["rank"] == 0 and e["size"] == FULL_SIZE for e in events) >= WARM_UP_STEPS
 
         tail.wait(warmed_up, 180, f"{WARM_UP_STEPS} steps at world size {FULL_SIZE}", events.append)
-        if standby:
+        if has_standbys(setup):
             wait_for_standbys(c)
         start = time.time()
-        run = Run(mode or "none", standby, start, start + duration)
+        run = Run(mode or "none", setup, start, start + duration)
         next_fault = run.start + fault_every
         while mode is not None and next_fault < run.end:
             time.sleep(max(0.0, next_fault - time.time()))
@@ -274,7 +288,7 @@ def measure(mode: str | None, standby: int, duration: float, fault_every: float,
                 kill_worker(c, host)
             elif mode == "agent":
                 run.faults.append(Fault(host, time.time(), round_before))
-                restart_agent(c, host, standby)
+                restart_agent(c, host, setup)
             else:
                 set_drained(c, host, True)
                 time.sleep(drain_seconds)
@@ -294,7 +308,7 @@ def report(run: Run, baseline: Run) -> None:
     pauses = [(at, length) for at, length in gaps if length > PAUSE_FACTOR * median_step]
     sps, baseline_sps = run.samples_per_second(), baseline.samples_per_second()
     longest = max((length for _, length in gaps), default=0.0)
-    print(f"GOODPUT mode={run.mode} standby={run.standby} ratio={sps / baseline_sps:.3f} baseline_sps={baseline_sps:.1f} chaos_sps={sps:.1f} faults={len(run.faults)} longest_pause_s={longest:.2f}")
+    print(f"GOODPUT mode={run.mode} setup={run.setup} ratio={sps / baseline_sps:.3f} baseline_sps={baseline_sps:.1f} chaos_sps={sps:.1f} faults={len(run.faults)} longest_pause_s={longest:.2f}")
     print(f"  median step {median_step * 1000:.1f} ms; pauses > {PAUSE_FACTOR:g}x it (s into the window: length s): " + (", ".join(f"{at:.1f}: {length:.2f}" for at, length in pauses) or "none"))
     pace, baseline_pace = sps / run.full_size_rate(), baseline_sps / baseline.full_size_rate()
     print(f"  load-corrected ratio {pace / baseline_pace:.3f}: committed / full-size rate at the run's own median step {pace:.3f}, baseline's {baseline_pace:.3f}")
@@ -309,7 +323,8 @@ def report(run: Run, baseline: Run) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("all", *MODES), default="all")
-    parser.add_argument("--standby", choices=("both", "0", "1"), default="both", help="Standby workers per agent in the chaos runs.")
+    parser.add_argument("--setups", default="default,spawn-1", help="Agent setups of the chaos runs, comma-separated: default (the fork server "
+                        "and its one standby), N (the fork server and N standbys), spawn-N (--no-fork-server and N standbys).")
     parser.add_argument("--duration", type=float, default=90.0, help="Seconds measured per chaos run.")
     parser.add_argument("--baseline-duration", type=float, default=45.0, help="Seconds measured in the fault-free run.")
     parser.add_argument("--fault-every", type=float, default=15.0, help="Seconds between faults.")
@@ -319,13 +334,13 @@ def main() -> None:
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     modes = MODES if args.mode == "all" else (args.mode,)
-    standbys = (0, 1) if args.standby == "both" else (int(args.standby),)
+    setups = args.setups.split(",")
     rng = random.Random(args.seed)
-    baseline = measure(None, 0, args.baseline_duration, args.fault_every, args.drain_seconds, args.step_delay, rng)
+    baseline = measure(None, "0", args.baseline_duration, args.fault_every, args.drain_seconds, args.step_delay, rng)
     print(f"BASELINE sps={baseline.samples_per_second():.1f} median_step_ms={baseline.median_step() * 1000:.1f} duration_s={args.baseline_duration:g}")
     for mode in modes:
-        for standby in standbys:
-            report(measure(mode, standby, args.duration, args.fault_every, args.drain_seconds, args.step_delay, rng), baseline)
+        for setup in setups:
+            report(measure(mode, setup, args.duration, args.fault_every, args.drain_seconds, args.step_delay, rng), baseline)
 
 
 if __name__ == "__main__":

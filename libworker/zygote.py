@@ -157,7 +157,7 @@ def become_worker(order: dict[str, Any], fds: list[int]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
-    show_in_proc([sys.executable, *order["argv"]], order["env"])
+    show_in_proc(order.get("cmdline") or [sys.executable, *order["argv"]], order["env"])
 
 
 class _MmMap(ctypes.Structure):

@@ -24,7 +24,9 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
     - `mode`: "horovod" (the workers join rounds through libworker) or "torchrun" (each slot's supervisor joins
       them and restarts the command with torchrun's environment at every round);
     - `reset_limit`: the job's reset limit (None: none), which torchrun mode gives its commands as
-      TORCHELASTIC_MAX_RESTARTS.
+      TORCHELASTIC_MAX_RESTARTS;
+    - `preload`, `fork_server`: what the hosts' fork servers import beyond torch, and whether the job's workers
+      are forked from them at all (agent/fork_server.py).
     """
     spec = job.spec
     assert spec is not None, "a round is planned only for a submitted job"
@@ -32,5 +34,6 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
         job=job.job_id, command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, job_key=job.job_key,
         max_restarts=spec.max_restarts, restart_window=spec.restart_window,
         checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval, mode=spec.mode, reset_limit=spec.reset_limit,
+        preload=tuple(spec.preload), fork_server=spec.fork_server,
     )
     return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}

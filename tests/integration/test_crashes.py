@@ -17,13 +17,15 @@ from testing.harness import Cluster, processes_with_env, read_events, wait_for, 
 from tests.integration.training import JOB, assert_training_invariants, host_row, steps, wait_for_size
 
 HOSTS = ("host-1", "host-2", "host-3")
+# These tests start agents with `--standby 0` unless they test standbys: a crashed slot restarts in place (the fork
+# server's default standby would take it at once).
 
 
 CRASHING_JOB = [JOB[0], "tests/workers/crash_at_start.py"]
 
 
 def start_job(
-    cluster: Cluster, tmp_path: Path, *options: str, agent_args: tuple[str, ...] = (), epochs: int = 8, env: dict[str, str] | None = None, command: list[str] = JOB
+    cluster: Cluster, tmp_path: Path, *options: str, agent_args: tuple[str, ...] = ("--standby", "0"), epochs: int = 8, env: dict[str, str] | None = None, command: list[str] = JOB
 ) -> tuple[subprocess.Popen[bytes], Path]:
     for host in HOSTS:
         cluster.start_agent(host, 1, list(agent_args))
@@ -58,7 +60,7 @@ def test_a_crashed_worker_costs_no_stall_and_its_slot_restarts_in_place(cluster:
     victim = worker_pid(cluster, "host-3", 0)
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
-    wait_for_size(log_dir, 2, after=killed_at, timeout=30)
+    # The survivors may train at size 2 meanwhile; a forked replacement is often ready before they re-form.
     wait_for(lambda: any(e["size"] == 3 and e["host"] == "host-3" and e["pid"] != victim and e["time"] > killed_at for e in steps(log_dir)), 60, "host-3's replacement training at full size")
     times = rank0_step_times(log_dir, killed_at - 1.0)
     assert longest_gap(times) < 1.0, f"the job stalled {longest_gap(times):.2f}s around the crash"

@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from bus.client import Client, Unreachable
 from bus.sockets import Security, generate_keys
 from testing.harness import REPO, SERVICES, Cluster, wait_for, worker_pid
-from tests.integration.training import JOB, assert_training_invariants, wait_for_size
+from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
 
 @pytest.fixture
@@ -77,8 +78,11 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
         log_dir = tmp_path / "train"
         job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
         wait_for_size(log_dir, 4)
-        os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
-        wait_for_size(log_dir, 3)
+        victim = worker_pid(cluster, "host-2", 1)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(e["host"] == "host-2" and e["pid"] != victim and e["size"] == 4 and e["time"] > killed_at for e in steps(log_dir)), 60,
+                 "host-2's slot 1 training again in a new process")
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
         wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")

@@ -89,7 +89,7 @@ def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
     assert job.reports.counts()[RUNNING] == 1 and job.reports.counts()[READY] == 1
     assert list(job.reports.retired_pids) == [7, 8]
     assert (job.first_report_at, job.waiting_since, job.failure_seen_at) == (490.0, 480.0, None)
-    newer_fields = {"failure_resets": 0, "spec": {**OLDER_JOB["spec"], "mode": "horovod"}}
+    newer_fields = {"failure_resets": 0, "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True}}
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, "and is saved again to the letter, with the fields it predates"
     assert job.reports.to_saved() == OLDER_REPORTS
 
@@ -161,5 +161,5 @@ def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
     assert round_plan(job, size=3) == {
         "round": 2, "hosts": [["host-1", [0, 1]], ["host-2", [0]]], "size": 3, "job": 3, "job_key": job.job_key,
         "command": ["python", "train.py"], "cwd": "", "env": {"A": "1"}, "max_restarts": 3, "restart_window": 60.0,
-        "checkpoint_dir": None, "checkpoint_interval": 30.0, "mode": "horovod", "reset_limit": 3,
+        "checkpoint_dir": None, "checkpoint_interval": 30.0, "mode": "horovod", "reset_limit": 3, "preload": (), "fork_server": True,
     }

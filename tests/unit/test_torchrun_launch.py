@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment, warm_argv
+from agent.fork_server import script_argv
+from agent.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
 from elasticctl.torchrun import LaunchError, parse_launch
 
 PY = "/usr/bin/python3"
@@ -82,4 +83,4 @@ def test_omp_threads_are_left_to_the_job_and_to_one_worker_per_host_and_an_ipv6_
     ],
 )
 def test_only_python_scripts_and_modules_start_warm(command: list[str], argv: list[str] | None) -> None:
-    assert warm_argv(command) == argv
+    assert script_argv(command) == argv

@@ -1,0 +1,125 @@
+"""The host's fork server (issue 23), with real agents, zygotes and workers: a forked worker is the process a spawned
+one would be; a crash is replaced by a fork, with or without a standby, and by a spawn with `--no-fork-server`; a
+zygote killed mid-job is started again and the next replacement still starts; a `--preload` that is not fork-safe
+(a thread at import) or not importable falls back to spawning with one line, and the job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testing.harness import Cluster, wait_for, worker_pid
+from tests.integration.test_crashes import HOSTS, assert_one_process_per_rank, start_job
+from tests.integration.training import assert_training_invariants, steps
+
+REPORT = [sys.executable, "tests/workers/process_report.py"]
+# What differs between two jobs of one cluster whatever starts their workers.
+PER_JOB = ("ELASTIC_JOB", "ELASTIC_JOB_KEY", "ELASTIC_SNAPSHOT", "REPORT_DIR")
+
+
+def agent_log(cluster: Cluster, host: str) -> list[dict]:
+    events = []
+    for line in cluster.output(f"agent-{host}").splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+def logged(cluster: Cluster, host: str, event: str) -> list[dict]:
+    return [e for e in agent_log(cluster, host) if e.get("event") == event]
+
+
+def kill_and_wait_for_the_replacement(cluster: Cluster, log_dir: Path, host: str) -> int:
+    """SIGKILL the host's worker, wait until a new process trains in its slot at full size; the victim's pid."""
+    victim = worker_pid(cluster, host, 0)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: any(e["size"] == 3 and e["host"] == host and e["pid"] != victim and e["time"] > killed_at for e in steps(log_dir)), 60,
+             f"{host}'s replacement training at full size")
+    return victim
+
+
+def run_report_job(cluster: Cluster, tmp_path: Path, name: str, *options: str) -> dict[int, dict]:
+    reports = tmp_path / name
+    reports.mkdir()
+    job = cluster.submit("--min-np", "2", "--env", f"REPORT_DIR={reports}", *options, "--", *REPORT, name=f"elasticctl-{name}")
+    assert cluster.wait_job_end(job, 120) == 0, cluster.output(f"elasticctl-{name}") + cluster.dump_logs()
+    return {int(path.stem): json.loads(path.read_text()) for path in reports.glob("*.json")}
+
+
+def without_per_job(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name not in PER_JOB}
+
+
+def test_a_forked_worker_is_the_process_a_spawned_one_would_be(cluster: Cluster, tmp_path: Path) -> None:
+    agent = cluster.start_agent("host-1", 2, ["--standby", "0"])
+    forked = run_report_job(cluster, tmp_path, "forked")
+    spawned = run_report_job(cluster, tmp_path, "spawned", "--no-fork-server")
+    started = logged(cluster, "host-1", "worker_started")
+    assert [e["forked"] for e in started] == [True, True, False, False], started
+    assert sorted(forked) == sorted(spawned) == [0, 1]
+    for local_rank in (0, 1):
+        f, s = forked[local_rank], spawned[local_rank]
+        for report in (f, s):
+            assert report["ppid"] == agent.pid, "the agent waits for its workers: they are its children"
+            assert report["sid"] == report["pgid"] == report["pid"], "each worker leads a session of its own"
+            assert report["name"] == "__main__"
+        for fact in ("cwd", "argv", "path0", "signals", "rlimits", "umask", "torch_threads", "proc_cmdline"):
+            assert f[fact] == s[fact], (fact, f[fact], s[fact])
+        assert without_per_job(f["env"]) == without_per_job(s["env"])
+        assert [v for v in f["proc_environ"] if v.split("=")[0] not in PER_JOB] == [v for v in s["proc_environ"] if v.split("=")[0] not in PER_JOB]
+    for reports in (forked, spawned):
+        for generator in ("python_random", "numpy_random"):
+            assert reports[0][generator] != reports[1][generator], f"two workers drew the same {generator} number"
+    exits = logged(cluster, "host-1", "worker_exited")
+    assert [e["exit_code"] for e in exits] == [0, 0, 0, 0], exits
+
+
+@pytest.mark.parametrize("fork_server", ["fork server", "no fork server"])
+def test_a_crashed_worker_is_replaced_without_a_standby(cluster: Cluster, tmp_path: Path, fork_server: str) -> None:
+    options = () if fork_server == "fork server" else ("--no-fork-server",)
+    job, log_dir = start_job(cluster, tmp_path, *options, agent_args=("--standby", "0"), epochs=12)
+    victim = kill_and_wait_for_the_replacement(cluster, log_dir, "host-3")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    assert_one_process_per_rank(log_dir)
+    exited = [e for e in logged(cluster, "host-3", "worker_exited") if e["pid"] == victim]
+    assert [e["exit_code"] for e in exited] == [-signal.SIGKILL], exited
+    replacement = [e for e in logged(cluster, "host-3", "worker_started") if e["pid"] != victim]
+    assert replacement and all(e["forked"] == (fork_server == "fork server") for e in replacement), replacement
+    assert not logged(cluster, "host-3", "standby_started")
+
+
+def test_a_killed_fork_server_is_started_again_and_the_next_replacement_still_starts(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "0"), epochs=12)
+    zygote = logged(cluster, "host-2", "fork_server_starting")[-1]["pid"]
+    os.kill(zygote, signal.SIGKILL)
+    wait_for(lambda: logged(cluster, "host-2", "fork_server_died"), 30, "host-2's agent to see its fork server die")
+    wait_for(lambda: len(logged(cluster, "host-2", "fork_server_starting")) == 2, 10, "a new fork server")
+    victim = kill_and_wait_for_the_replacement(cluster, log_dir, "host-2")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    replacement = logged(cluster, "host-2", "worker_started")[-1]
+    assert replacement["pid"] != victim and replacement["forked"], replacement
+
+
+@pytest.mark.parametrize("preload", ["tests.workers.thread_at_import", "no_such_module_anywhere"])
+def test_a_preload_that_cannot_be_forked_falls_back_to_spawning_with_one_line(cluster: Cluster, tmp_path: Path, preload: str) -> None:
+    job, log_dir = start_job(cluster, tmp_path, "--preload", preload, agent_args=("--standby", "0"), epochs=2)
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    for host in HOSTS:
+        unavailable = logged(cluster, host, "fork_server_unavailable")
+        assert len(unavailable) == 1, unavailable
+        reason = unavailable[0]["reason"]
+        assert ("metrics-flusher" in reason) if preload.startswith("tests") else ("No module named 'no_such_module_anywhere'" in reason), reason
+        assert [e["forked"] for e in logged(cluster, host, "worker_started")] == [False], host
