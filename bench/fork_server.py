@@ -19,9 +19,10 @@ steps, `--step-delay 0.02`), `--max-restarts 100 --restart-window 1
            the job (its first step at size 3), and its registration -> that step
   undrain  3 hosts x 1 slot; host-3 drained until the job is at size 2, then
            undrained: undrain -> host-3's first step at size 3
-  memory   2 hosts x 1 slot with the agents' defaults (the fork server and its
-           standby): RSS and PSS (/proc/PID/smaps_rollup) of host-1's zygote,
-           standby and worker
+  memory   2 hosts x 1 slot, one standby each (with the fork server: the
+           agents' default; spawning: `--standby 1`): RSS, PSS and USS
+           (/proc/PID/smaps_rollup; USS, its private pages, is what one more
+           such process costs) of host-1's zygote, standby and worker
 
 Printed per scenario and mode: median, max and samples; then one line
 `FORK_SERVER kill_s=... resume_s=... join_s=... undrain_s=...` (medians with
@@ -137,14 +138,14 @@ def undrain(mode: list[str], repeats: int) -> list[float]:
     return samples
 
 
-def _memory_of(pid: int) -> tuple[float, float]:
-    """RSS and PSS of a process, MiB."""
+def _memory_of(pid: int) -> tuple[float, float, float]:
+    """RSS, PSS and USS (its private pages: what one more such process costs) of a process, MiB."""
     values = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         name, _, rest = line.partition(":")
-        if name in ("Rss", "Pss"):
+        if name in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
             values[name] = int(rest.split()[0]) / 1024
-    return values["Rss"], values["Pss"]
+    return values["Rss"], values["Pss"], values["Private_Clean"] + values["Private_Dirty"]
 
 
 def _agent_events(c: Cluster, host: str, event: str) -> list[dict[str, Any]]:
@@ -157,11 +158,15 @@ def _agent_events(c: Cluster, host: str, event: str) -> list[dict[str, Any]]:
     return found
 
 
-def memory() -> dict[str, tuple[float, float]]:
-    with _training(2, [], agent_args=()) as (c, _):
+def memory(mode: list[str]) -> dict[str, tuple[float, float, float]]:
+    """RSS and PSS of host-1's processes: with the fork server, the agents' defaults (its one standby); spawning,
+    `--standby 1`."""
+    with _training(2, mode, agent_args=("--standby", "1") if mode else ()) as (c, _):
         standby = wait_for(lambda: _agent_events(c, "host-1", "standby_waiting"), 60, "host-1's standby waiting")[-1]["pid"]
-        zygote = _agent_events(c, "host-1", "fork_server_starting")[-1]["pid"]
-        return {"zygote": _memory_of(zygote), "standby": _memory_of(standby), "worker": _memory_of(_worker(c, "host-1"))}
+        found = {"standby": _memory_of(standby), "worker": _memory_of(_worker(c, "host-1"))}
+        if not mode:
+            found["zygote"] = _memory_of(_agent_events(c, "host-1", "fork_server_starting")[-1]["pid"])
+        return found
 
 
 def _line(name: str, values: list[float]) -> str:
@@ -191,10 +196,13 @@ def main() -> None:
                 print(_line(mode, samples), flush=True)
                 medians[mode][scenario] = statistics.median(samples)
     if "memory" in chosen:
-        print("\nmemory (1 host x 2 slots, the default standby), MiB")
-        for name, (rss, pss) in memory().items():
-            print(f"  {name:<8} RSS {rss:7.1f}  PSS {pss:7.1f}")
+        print("\nmemory of host-1's processes (2 hosts x 1 slot, one standby each), MiB")
+        for mode, options in MODES.items():
+            for name, (rss, pss, uss) in memory(options).items():
+                print(f"  {mode + ': ' + name:<22} RSS {rss:7.1f}  PSS {pss:7.1f}  USS {uss:7.1f}", flush=True)
     forked, spawned = medians["fork server"], medians["spawn"]
+    if not forked:
+        return
     print("\nFORK_SERVER " + " ".join(f"{name}_s={value:.3f}" for name, value in forked.items()) + " vs_spawn="
           + ",".join(f"{name}:{spawned[name]:.3f}" for name in forked), flush=True)
 

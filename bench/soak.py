@@ -1,7 +1,7 @@
 """Soak (issue 13): many resets of one job under mixed faults; what every long-lived process holds as they pile up,
 and whether a committed step is ever lost. Not run in CI.
 
-    python -m bench.soak [--resets 1000] [--sample-every 10] [--standby 0|1] [--step-delay 0.02]
+    python -m bench.soak [--resets 1000] [--sample-every 10] [--setup default|N|spawn-N] [--step-delay 0.02]
 
 The job: 3 hosts x 1 slot, `examples/train_elastic.py` (epochs without end),
 restarting crashed slots in place (`--blacklist-cooldown 0 0
@@ -23,7 +23,11 @@ Every `--sample-every` resets (and before the first), with the job at full
 size (the survivor's fds depend on the world size: gloo connects every pair
 of ranks), each process is sampled: open fds (/proc/PID/fd), threads and RSS
 (/proc/PID/status): the survivor, the three agents (tracked by name, not
-pid) and the four services. Printed per process: the values at the first and
+pid), their fork servers (the agent's zygote child; host-3's is a new one
+after every agent fault) and the four services. `--setup` is the agents'
+setup as in bench.goodput: `default` (the fork server and its one standby),
+`N` (the fork server, N standbys), `spawn-N` (`--no-fork-server`, N
+standbys). Printed per process: the values at the first and
 last sample, the growth per reset as the least-squares slope over the samples
 and as (last - first) / resets. Then, per fault, the median and longest time
 from the fault to the job back at full size: a replacement process starts
@@ -53,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.goodput import FULL_SIZE, Event, EventTail, chaos_cluster, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
+from bench.goodput import FULL_SIZE, Event, EventTail, chaos_cluster, has_standbys, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
 from bench.gpu_smoke import running_pid
 from testing.harness import SERVICES, Cluster
 
@@ -99,7 +103,7 @@ class Series:
         return f"  {self.name:<18} pids={len(self.pids):<4} " + "   ".join(parts)
 
 
-def watched_processes(c: Cluster, survivor: int) -> list[Series]:
+def watched_processes(c: Cluster, survivor: int, fork_server: bool) -> list[Series]:
     def process(name: str) -> Callable[[], int]:
         return lambda: c.processes[name].pid
 
@@ -109,8 +113,28 @@ def watched_processes(c: Cluster, survivor: int) -> list[Series]:
             raise AssertionError(f"host-1's worker, never faulted, was replaced: pid {survivor} -> {pid}")
         return pid
 
-    agents = [Series(f"agent-{host}", process(f"agent-{host}")) for host in ("host-1", *FAULTED_HOSTS)]
-    return [Series("survivor (host-1)", survivor_pid), *agents, *(Series(s, process(s)) for s in SERVICES)]
+    def zygote(name: str) -> Callable[[], int]:
+        return lambda: zygote_of(c.processes[name].pid)
+
+    hosts = ("host-1", *FAULTED_HOSTS)
+    agents = [Series(f"agent-{host}", process(f"agent-{host}")) for host in hosts]
+    zygotes = [Series(f"zygote-{host}", zygote(f"agent-{host}")) for host in hosts] if fork_server else []
+    return [Series("survivor (host-1)", survivor_pid), *agents, *zygotes, *(Series(s, process(s)) for s in SERVICES)]
+
+
+def zygote_of(agent: int) -> int:
+    """The pid of the agent's fork server: its child running libworker.zygote."""
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and b"libworker.zygote" in open(f"/proc/{pid}/cmdline", "rb").read() and parent_of(int(pid)) == agent:
+                return int(pid)
+        except OSError:
+            continue
+    raise AssertionError(f"agent {agent} has no fork server")
+
+
+def parent_of(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
 
 
 def committed_step_lost(marks: list[tuple[float, str, int, int]]) -> str | None:
@@ -125,8 +149,8 @@ def committed_step_lost(marks: list[tuple[float, str, int, int]]) -> str | None:
 
 
 class Soak:
-    def __init__(self, c: Cluster, tail: EventTail, standby: int, rng: random.Random) -> None:
-        self.c, self.tail, self.standby, self.rng = c, tail, standby, rng
+    def __init__(self, c: Cluster, tail: EventTail, setup: str, rng: random.Random) -> None:
+        self.c, self.tail, self.setup, self.rng = c, tail, setup, rng
         self.marks: list[tuple[float, str, int, int]] = []
         self.durations: dict[str, list[float]] = {fault: [] for fault in FAULTS}
 
@@ -149,7 +173,7 @@ class Soak:
         if fault == "worker":
             kill_worker(self.c, host)
         elif fault == "agent":
-            restart_agent(self.c, host, self.standby)
+            restart_agent(self.c, host, self.setup)
         else:
             set_drained(self.c, host, True)
             round_before = self.wait_for("step", FULL_SIZE - 1, round_before, f"steps without {host}")["round"]
@@ -162,7 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--resets", type=int, default=1000)
     parser.add_argument("--sample-every", type=int, default=10, help="Resets between samples.")
-    parser.add_argument("--standby", type=int, choices=(0, 1), default=0, help="Standby workers per agent.")
+    parser.add_argument("--setup", default="default", help="The agents' setup: default, N or spawn-N (as bench.goodput's --setups).")
     parser.add_argument("--step-delay", type=float, default=0.02, help="The job's --step-delay.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the choice of hosts to fault.")
     args = parser.parse_args()
@@ -172,12 +196,12 @@ def main() -> None:
     started = time.monotonic()
     with chaos_cluster() as c:
         print(f"logs in {c.workdir}")
-        job, tail = start_job(c, args.standby, args.step_delay)
-        soak = Soak(c, tail, args.standby, random.Random(args.seed))
+        job, tail = start_job(c, args.setup, args.step_delay)
+        soak = Soak(c, tail, args.setup, random.Random(args.seed))
         soak.back_at_full_size(0)
-        if args.standby:
+        if has_standbys(args.setup):
             wait_for_standbys(c)
-        watched = watched_processes(c, running_pid(c, "host-1"))
+        watched = watched_processes(c, running_pid(c, "host-1"), fork_server=not args.setup.startswith("spawn"))
         for series in watched:
             series.sample(0)
         done = 0
@@ -207,7 +231,7 @@ def main() -> None:
     if lost:
         print(f"committed step lost: {lost}")
     print(
-        f"SOAK resets={args.resets} standby={args.standby} rounds={rounds} committed_step_lost={'yes' if lost else 'no'} final_committed_step={final_commit} "
+        f"SOAK resets={args.resets} setup={args.setup} rounds={rounds} committed_step_lost={'yes' if lost else 'no'} final_committed_step={final_commit} "
         f"survivor_fds_per_reset={growth['fds']:.3f} survivor_threads_per_reset={growth['threads']:.3f} survivor_rss_kb_per_reset={growth['rss_kb']:.1f} "
         f"elapsed_s={time.monotonic() - started:.0f}"
     )

@@ -8,8 +8,9 @@ plus the job's `--preload` modules), then says `{"ready": ...}`, or
 thread beyond the pools the preloads start and stop themselves at fork, such
 as OpenBLAS's, or CUDA initialised), and exits. Then it only waits for orders.
 
-An order is one JSON message (the script's `argv`, its `env`, `cwd`, the
-agent's rlimits and umask, the agent's pid) carrying three fds: the worker's
+An order is one JSON message (the script's `argv`, the command line to show,
+its `env`, `cwd`, the agent's rlimits and umask, the agent's pid) carrying
+three fds: the worker's
 stdin, stdout and stderr. For each order the zygote forks twice: the
 intermediate child forks the worker and exits, so the worker is re-parented
 to the agent (a child subreaper): the agent waits for it, reads its exit code
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -68,14 +70,14 @@ def fork_hazards(allowed_threads: int) -> list[str]:
 
 def _preload(extra: list[str]) -> tuple[int, str | None]:
     """Import the preloads; the native threads the fork-safe defaults left, and why not to serve (None: serve)."""
-    for name in PRELOADED:
-        importlib.import_module(name)
-    allowed = native_threads()
-    for name in extra:
+    allowed = 0
+    for name in (*PRELOADED, *extra):
         try:
             importlib.import_module(name)
         except Exception as exc:
-            return allowed, f"--preload {name}: {type(exc).__name__}: {exc}"
+            return allowed, f"{'--preload ' if name in extra else ''}{name}: {type(exc).__name__}: {exc}"
+        if name == PRELOADED[-1]:
+            allowed = native_threads()
     hazards = fork_hazards(allowed)
     return allowed, "; ".join(hazards) if hazards else None
 
@@ -103,7 +105,7 @@ def serve(sock: socket.socket, allowed_threads: int) -> tuple[dict[str, Any], li
         if pid == 0:
             return order, fds
         _close(fds)
-        sock.send(json.dumps({"pid": pid} if pid > 0 else {"error": "the worker did not start"}).encode())
+        sock.send(json.dumps({"pid": pid} if pid > 0 else {"error": "fork failed: the worker did not start"}).encode())
 
 
 def _fork_worker(order: dict[str, Any]) -> int:
@@ -112,7 +114,11 @@ def _fork_worker(order: dict[str, Any]) -> int:
     pid_read, pid_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    intermediate = os.fork()
+    try:
+        intermediate = os.fork()
+    except OSError:
+        _close([pid_read, pid_write])
+        return -1
     if intermediate == 0:
         try:
             worker = os.fork()
@@ -144,8 +150,9 @@ def become_worker(order: dict[str, Any], fds: list[int]) -> None:
     if os.getppid() != agent:
         os._exit(70)
     for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
     for name, (soft, hard) in order.get("rlimits", {}).items():
         limit = getattr(resource, name, None)
         if limit is not None and resource.getrlimit(limit) != (soft, hard):
@@ -203,6 +210,7 @@ def main() -> None:
     if refusal:
         sock.send(json.dumps({"refused": refusal}).encode())
         sys.exit(3)
+    gc.freeze()  # the preloads' objects: a worker's collections never touch (and so never copy) their pages
     sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     order, fds = serve(sock, allowed)
     sock.close()
