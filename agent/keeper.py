@@ -75,6 +75,7 @@ class WorkerKeeper:
 
     def host_lost(self) -> None:
         self.latest_round = None
+        self.held_back.clear()
         self.book.host_lost()
         self.stop_all(signal.SIGKILL)
 
