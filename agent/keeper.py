@@ -14,6 +14,10 @@ It carries out the slot book's decisions (agent/slots.py) on real processes:
 - with `--standby N`, N spare processes wait in `init()` while a job runs;
   one that dies is replaced with the slots' back-off, and standbys that keep
   dying are given up for the job;
+- every process is forked from the host's fork server where it serves the
+  job (agent/fork_server.py), else spawned; while the fork server imports,
+  starts are held back until it is ready (`start_held_back`); without
+  `--standby`, one standby is kept where the fork server serves the job;
 - `stop_all` signals every worker; after SIGTERM, `escalate` sends SIGKILL
   to those still alive after the grace.
 Each worker's output is forwarded with a `[host:slot]` prefix.
