@@ -130,11 +130,13 @@ class Zygote:
             message = self.sock.recv(65536, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
+        if not message:
+            return False  # it exited without a word: it died (check() tells)
         hello = _parse(message)
         if hello.get("ready"):
             self.ready = True
         else:
-            self.refused = str(hello.get("refused") or "it exited before it was ready")
+            self.refused = str(hello.get("refused") or f"it said {message[:200]!r} instead of being ready")
         return self.ready
 
     def fork(self, order: dict[str, Any], fds: list[int]) -> int:
@@ -224,15 +226,16 @@ class ForkServer:
         return ForkedProcess(pid, out_read, err_read)
 
     def check(self) -> None:
-        """After SIGCHLD: a zygote that exited before it was ready refused (it is not started again for its key); one
-        that died serving is started again."""
+        """After SIGCHLD: a zygote that refused (an import failed, a thread or CUDA in it) is not started again for its
+        key; one that died (a signal, a crash; while importing or serving) is started again."""
         zygote = self.zygote
         if zygote is None or zygote.process.poll() is None:
             return
-        if not zygote.check_ready():
-            self._refuse(zygote.key, f"{zygote.refused} (exit code {zygote.process.returncode})")
+        zygote.check_ready()
+        if zygote.refused is not None:
+            self._refuse(zygote.key, zygote.refused)
             return
-        self.log.warning("fork_server_died", pid=zygote.process.pid, exit_code=zygote.process.returncode)
+        self.log.warning("fork_server_died", pid=zygote.process.pid, exit_code=zygote.process.returncode, was_ready=zygote.ready)
         self._zygote_lost()
 
     def pids(self) -> Collection[int]:

@@ -1,7 +1,8 @@
 """The host's fork server (issue 23), with real agents, zygotes and workers: a forked worker is the process a spawned
 one would be; a crash is replaced by a fork, with or without a standby, and by a spawn with `--no-fork-server`; a
-zygote killed mid-job is started again and the next replacement still starts; a `--preload` that is not fork-safe
-(a thread at import) or not importable falls back to spawning with one line, and the job runs."""
+zygote killed mid-job is started again and the next replacement still starts; one that keeps dying is given up and
+the job spawns; a `--preload` that is not fork-safe (a thread at import) or not importable falls back to spawning
+with one line, and the job runs."""
 
 from __future__ import annotations
 
@@ -110,6 +111,23 @@ def test_a_killed_fork_server_is_started_again_and_the_next_replacement_still_st
     assert_training_invariants(log_dir)
     replacement = logged(cluster, "host-2", "worker_started")[-1]
     assert replacement["pid"] != victim and replacement["forked"], replacement
+
+
+def test_a_fork_server_that_keeps_dying_is_given_up_and_the_rest_of_the_job_spawns(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "0"), epochs=12)
+    for deaths in (1, 2, 3):  # the second and third die while they import
+        zygote = wait_for(lambda: len(started := logged(cluster, "host-2", "fork_server_starting")) == deaths and started[-1]["pid"], 30,
+                          f"host-2's fork server number {deaths}")
+        os.kill(zygote, signal.SIGKILL)
+        wait_for(lambda: len(logged(cluster, "host-2", "fork_server_died")) == deaths, 30, f"host-2's agent to see fork server {deaths} die")
+    assert [e["deaths"] for e in logged(cluster, "host-2", "fork_server_given_up")] == [3]
+    victim = kill_and_wait_for_the_replacement(cluster, log_dir, "host-2")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
+    replacement = logged(cluster, "host-2", "worker_started")[-1]
+    assert replacement["pid"] != victim and not replacement["forked"], replacement
+    assert len(logged(cluster, "host-2", "fork_server_starting")) == 3, "a given-up fork server is not started again in the job"
+    assert [e["forked"] for e in logged(cluster, "host-3", "worker_started")] == [True], "another host's fork server is its own"
 
 
 @pytest.mark.parametrize("preload", ["tests.workers.thread_at_import", "no_such_module_anywhere"])
