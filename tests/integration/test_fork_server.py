@@ -1,7 +1,7 @@
 """The host's fork server (issue 23), with real agents, zygotes and workers: a forked worker is the process a spawned
 one would be; a crash is replaced by a fork, with or without a standby, and by a spawn with `--no-fork-server`; a
 zygote killed mid-job is started again and the next replacement still starts; one that keeps dying is given up and
-the job spawns; a `--preload` that is not fork-safe (a thread at import) or not importable falls back to spawning
+the job spawns; forked workers die with their agent; a `--preload` that is not fork-safe (a thread at import) or not importable falls back to spawning
 with one line, and the job runs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testing.harness import Cluster, wait_for, worker_pid
-from tests.integration.test_crashes import HOSTS, assert_one_process_per_rank, start_job
+from tests.integration.test_crashes import HOSTS, assert_one_process_per_rank, processes_of, start_job
 from tests.integration.training import assert_training_invariants, steps
 
 REPORT = [sys.executable, "tests/workers/process_report.py"]
@@ -128,6 +128,20 @@ def test_a_fork_server_that_keeps_dying_is_given_up_and_the_rest_of_the_job_spaw
     assert replacement["pid"] != victim and not replacement["forked"], replacement
     assert len(logged(cluster, "host-2", "fork_server_starting")) == 3, "a given-up fork server is not started again in the job"
     assert [e["forked"] for e in logged(cluster, "host-3", "worker_started")] == [True], "another host's fork server is its own"
+
+
+def test_forked_workers_die_with_their_agent_not_with_their_fork_server(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=(), epochs=12)
+    wait_for(lambda: logged(cluster, "host-3", "standby_waiting"), 60, "host-3's standby (the default) waiting in init()")
+    forked = processes_of(cluster, "host-3")
+    zygote = logged(cluster, "host-3", "fork_server_starting")[-1]["pid"]
+    assert len(forked) == 2 and zygote not in forked, forked
+    agent = cluster.processes["agent-host-3"]
+    agent.kill()
+    agent.wait()
+    wait_for(lambda: not processes_of(cluster, "host-3") and not Path(f"/proc/{zygote}").exists(), 10, "host-3's worker, standby and fork server gone")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert_training_invariants(log_dir)
 
 
 @pytest.mark.parametrize("preload", ["tests.workers.thread_at_import", "no_such_module_anywhere"])
