@@ -2,8 +2,9 @@
 
 `ForkServer.prepare(key_of(plan))` makes sure a zygote for the job is
 running or starting when the agent learns of the job (a round, or the job a
-joining host is told of): one per interpreter, preload list and job
-environment (its `Key`), kept after the job for the next one. `fork(...)`
+joining host is told of): one per interpreter, preload list, job
+environment and working directory (its `Key`; the preloads are imported
+there), kept after the job for the next one. `fork(...)`
 returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker:
 pid, poll, wait, stdout and stderr pipes) or None, and the caller spawns
 instead: the job's command is not `python SCRIPT`/`python -m MODULE`, fork
@@ -49,6 +50,7 @@ class Key(NamedTuple):
     python: str
     preload: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    cwd: str  # the job's working directory, where the preloads are imported from ("": the agent's)
 
 
 def script_argv(command: list[str]) -> list[str] | None:
@@ -69,7 +71,7 @@ def key_of(plan: JobPlan) -> Key | None:
     python = shutil.which(plan.command[0])
     if python is None:
         return None
-    return Key(os.path.realpath(python), tuple(plan.preload), tuple(sorted(plan.env.items())))
+    return Key(os.path.realpath(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "")
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
@@ -115,7 +117,8 @@ class Zygote:
             command += ["--preload", ",".join(key.preload)]
         try:
             self.process = subprocess.Popen(command, env={**base_env, **dict(key.env), "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent())
+                                            stdout=subprocess.DEVNULL, cwd=key.cwd if os.path.isdir(key.cwd) else None,
+                                            pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent())
         finally:
             theirs.close()
         self.started = time.monotonic()

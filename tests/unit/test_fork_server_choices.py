@@ -25,7 +25,7 @@ def plan(command: list[str], **fields: object) -> JobPlan:
 
 def test_a_python_script_or_module_job_is_forked_from_the_zygote_of_its_interpreter() -> None:
     key = key_of(plan([sys.executable, "train.py", "--lr", "0.1"]))
-    assert key == Key(os.path.realpath(sys.executable), (), ()), "the zygote of the interpreter itself, without preloads"
+    assert key == Key(os.path.realpath(sys.executable), (), (), ""), "the zygote of the interpreter itself, without preloads"
     assert key_of(plan([sys.executable, "-m", "pkg.train"])) == key
     assert key_of(plan(["python3", "train.py"])) is not None, "a python on PATH is found"
 
@@ -41,12 +41,14 @@ def test_torchrun_mode_and_a_job_that_turned_it_off_are_spawned() -> None:
     assert key_of(plan([sys.executable, "train.py"], fork_server=False)) is None
 
 
-def test_preloads_and_the_jobs_environment_make_a_zygote_of_their_own() -> None:
+def test_preloads_the_jobs_environment_and_directory_make_a_zygote_of_their_own() -> None:
     base = key_of(plan([sys.executable, "train.py"]))
     preloading = key_of(plan([sys.executable, "train.py"], preload=("transformers",)))
     with_env = key_of(plan([sys.executable, "train.py"], env={"OMP_NUM_THREADS": "1"}))
     assert len({base, preloading, with_env}) == 3
     assert key_of(plan([sys.executable, "other.py"], env={"OMP_NUM_THREADS": "1"})) == with_env
+    in_project = key_of(plan([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project"))
+    assert in_project is not None and in_project.cwd == "/srv/project", "preloads import from the job's directory"
 
 
 def test_the_environment_switch_turns_it_off() -> None:
