@@ -112,7 +112,6 @@ class Zygote:
     def __init__(self, key: Key, base_env: Mapping[str, str]) -> None:
         self.key = key
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.settimeout(ANSWER_LIMIT)  # for fork's answer; the ready check does not wait (MSG_DONTWAIT)
         command = [key.python, "-m", "libworker.zygote", "--socket-fd", str(theirs.fileno())]
         if key.preload:
             command += ["--preload", ",".join(key.preload)]
@@ -145,6 +144,7 @@ class Zygote:
 
     def fork(self, order: dict[str, Any], fds: list[int]) -> int:
         """The forked worker's pid; OSError/ValueError when the zygote cannot serve it."""
+        self.sock.settimeout(ANSWER_LIMIT)
         socket.send_fds(self.sock, [json.dumps(order).encode()], fds)
         answer = _parse(self.sock.recv(65536))
         if not isinstance(answer.get("pid"), int):

@@ -126,26 +126,19 @@ def spawn(command: list[str], env: dict[str, str], cwd: str | None) -> subproces
     )
 
 
-def reap_orphans(known: Collection[int]) -> None:
+def reap_orphans(known: Collection[int]) -> int:
     """Reap the exited children that are none of `known` (a worker's own children re-parented to this subreaper);
-    a known child's exit is left to its owner's poll."""
-    for child in _children() - set(known):
+    the count reaped. A known child's exit is left to its owner's poll."""
+    reaped = 0
+    while True:
         try:
-            os.waitpid(child, os.WNOHANG)
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            pass
-
-
-def _children() -> set[int]:
-    """This process's children, exited ones included (/proc/self/task/TID/children)."""
-    children: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as listing:
-                children.update(int(pid) for pid in listing.read().split())
-        except OSError:
-            continue
-    return children
+            return reaped
+        if exited is None or exited.si_pid in known:
+            return reaped
+        os.waitpid(exited.si_pid, 0)
+        reaped += 1
 
 
 def reap(workers: dict[int, Worker]) -> list[tuple[Worker, int]]:

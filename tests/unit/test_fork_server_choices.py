@@ -99,25 +99,3 @@ def test_the_spec_takes_module_names_to_preload_and_the_switch() -> None:
         with pytest.raises(RequestError):
             JobSpec.parse({"command": ["python", "train.py"], **bad})
 
-
-
-# In a fresh interpreter, whose children are all its own: an orphan re-parented to the agent is reaped, a worker's
-# exit is left for its owner's poll.
-REAP_ORPHANS = """
-import os, subprocess, sys, time
-from agent.workers import reap_orphans
-worker = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-orphan = os.fork()
-if orphan == 0:
-    os._exit(0)
-deadline = time.monotonic() + 10
-while time.monotonic() < deadline and any(open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z" for pid in (worker.pid, orphan)):
-    time.sleep(0.01)
-reap_orphans({worker.pid})
-print(os.path.exists(f"/proc/{orphan}"), worker.poll())
-"""
-
-
-def test_an_orphan_is_reaped_and_a_known_workers_exit_is_left_to_its_poll() -> None:
-    out = subprocess.run([sys.executable, "-c", REAP_ORPHANS], capture_output=True, text=True, check=True, timeout=30).stdout.split()
-    assert out == ["False", "3"]
