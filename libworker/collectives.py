@@ -44,6 +44,7 @@ def launch(issue: Callable[[], Any]) -> Any:
         work = issue()
     except (RuntimeError, dist.DistError) as exc:
         raise fail(f"collective failed: {exc}") from None
+    world.track(work)
     return work
 
 

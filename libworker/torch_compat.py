@@ -14,6 +14,7 @@ round bootstraps from a TCPStore because a Python Store cannot back gloo
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -51,17 +52,50 @@ def abort_nccl(group: Any) -> None:
         pass
 
 
-def destroy_default_group(abort_nccl_first: bool) -> None:
+def destroy_default_group(abort_nccl_first: bool, pending: list[Any], retired: RetiredGroups) -> None:
     """Destroy the default process group, its store connections and threads with it, even while a collective of
     it is still stuck on a hung or departed peer. `abort_nccl_first`: the group was abandoned with NCCL
-    communicators in it, which are aborted before the destroy.
+    communicators in it, which are aborted before the destroy. `pending`: works of the round that had not ended;
+    with any, every group of the round is handed to `retired` rather than destroyed now.
 
-    Measured on torch 2.13: gloo's group ends its pending work when destroyed, at once, and a survivor's fds and
-    threads stay flat over repeated resets (bench/RESULTS.md), so nothing has to be kept alive or patched for a
-    stuck collective."""
+    Measured on torch 2.13 (gloo): a group's destructor joins its worker threads, so it waits for every work in
+    flight. A work whose peer died ends at once (the peer's connections are closed), but one that waits for data
+    from a live peer that abandoned the same collective waits out its timeout: two survivors that each left
+    such a work behind (a gradient bucket launched ahead of the one that failed) block each other's destroy for
+    the whole collective timeout. `ProcessGroup.abort()` does not end gloo work. Torch forgets a group
+    (`destroy_process_group`) without destroying it while a reference to it is held, and the next round's
+    group forms beside it; so a group with pending works is held until they end (bench/RESULTS.md: fds and
+    threads stay flat over repeated resets)."""
     if abort_nccl_first:
         abort_nccl(dist.group.WORLD)
+    if pending:
+        retired.retire(RetiredRound(groups=tuple(dist.distributed_c10d._world.pg_map), works=tuple(pending)))
     dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RetiredRound:
+    """The process groups of a round left with works still pending, and those works."""
+
+    groups: tuple[Any, ...]
+    works: tuple[Any, ...]
+
+    def ended(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+@dataclass
+class RetiredGroups:
+    """Past rounds' process groups held until their pending works end (at the latest at their collective timeout,
+    which gloo enforces), then dropped: destroying a group whose works have ended returns at once."""
+
+    rounds: list[RetiredRound] = field(default_factory=list)
+
+    def retire(self, retired: RetiredRound) -> None:
+        self.rounds.append(retired)
+
+    def drop_ended(self) -> None:
+        self.rounds = [retired for retired in self.rounds if not retired.ended()]
 
 
 def forget_a_default_group_that_failed_to_form() -> None:

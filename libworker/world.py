@@ -12,7 +12,11 @@ exits 0 at once.
 
 Leaving a round releases its process group, its store connections and
 threads with it, even while a collective of it is still stuck on a hung or
-departed peer; NCCL communicators of an abandoned round are aborted first,
+departed peer: a group whose works are still pending is held aside until they
+end (at the latest at the collective timeout) while the next round forms, as
+waiting for them could wait for a survivor that waits in turn (every work
+launched in a round is tracked for this); NCCL communicators of an abandoned
+round are aborted first,
 and a group that failed to form leaves nothing that would make the next one
 differ from a fresh process's (what torch does with them is in
 libworker.torch_compat). The release holds
@@ -48,6 +52,7 @@ from libworker.errors import WorkerInternalError
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
+FLIGHT_PRUNE_MIN = 64
 HOST_ADDED, HOST_REMOVED = 1, 2
 ARRIVED_KEY, ARRIVAL_POLL_MAX = "ranks_arrived", 0.02
 
@@ -66,6 +71,25 @@ class World:
     listeners: list[Any] = field(default_factory=list)
     joined_hooks: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    in_flight: list[Any] = field(default_factory=list)
+    prune_at: int = FLIGHT_PRUNE_MIN
+    retired: torch_compat.RetiredGroups = field(default_factory=torch_compat.RetiredGroups)
+
+    def track(self, work: Any) -> None:
+        """Remember a launched work of this round until it is seen ended (pruned as the list doubles), so that
+        leaving the round knows which are still pending; and drop past rounds' groups whose works have ended."""
+        self.in_flight.append(work)
+        if len(self.in_flight) >= self.prune_at:
+            self.in_flight = [w for w in self.in_flight if not w.is_completed()]
+            self.prune_at = max(FLIGHT_PRUNE_MIN, 2 * len(self.in_flight))
+        if self.retired.rounds:
+            self.retired.drop_ended()
+
+    def take_pending(self) -> list[Any]:
+        """The works of this round that have not ended; the round's list starts afresh."""
+        pending = [w for w in self.in_flight if not w.is_completed()]
+        self.in_flight, self.prune_at = [], FLIGHT_PRUNE_MIN
+        return pending
 
     def on_event(self, msg: Message) -> None:
         if msg.type == "abort":
@@ -134,10 +158,11 @@ def _connect() -> AgentLink:
 def release_process_group() -> None:
     """Release the current round's process group (see the module docstring)."""
     with world.lock:
+        world.retired.drop_ended()
         if not dist.is_initialized():
             torch_compat.forget_a_default_group_that_failed_to_form()
             return
-        torch_compat.destroy_default_group(abort_nccl_first=world.poisoned and world.uses_nccl())
+        torch_compat.destroy_default_group(world.poisoned and world.uses_nccl(), world.take_pending(), world.retired)
 
 
 def _leave() -> None:
