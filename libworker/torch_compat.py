@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+RETIRED_MAX = 4
+
 
 def ended_within(work: Any, timeout: timedelta) -> bool:
     """Wait up to `timeout` for a torch.distributed Work: True when it ended, False when it is still pending. A work
@@ -55,8 +57,9 @@ def abort_nccl(group: Any) -> None:
 def destroy_default_group(abort_nccl_first: bool, pending: list[Any], retired: RetiredGroups) -> None:
     """Destroy the default process group, its store connections and threads with it, even while a collective of
     it is still stuck on a hung or departed peer. `abort_nccl_first`: the group was abandoned with NCCL
-    communicators in it, which are aborted before the destroy. `pending`: works of the round that had not ended;
-    with any, every group of the round is handed to `retired` rather than destroyed now.
+    communicators in it, which are aborted before the destroy (that ends their works). `pending`: works of the
+    round that had not ended; with any (and no abort), every group of the round is handed to `retired` rather
+    than destroyed now.
 
     Measured on torch 2.13 (gloo): a group's destructor joins its worker threads, so it waits for every work in
     flight. A work whose peer died ends at once (the peer's connections are closed), but one that waits for data
@@ -68,7 +71,7 @@ def destroy_default_group(abort_nccl_first: bool, pending: list[Any], retired: R
     threads stay flat over repeated resets)."""
     if abort_nccl_first:
         abort_nccl(dist.group.WORLD)
-    if pending:
+    elif pending:
         retired.retire(RetiredRound(groups=tuple(dist.distributed_c10d._world.pg_map), works=tuple(pending)))
     dist.destroy_process_group()
 
@@ -92,7 +95,10 @@ class RetiredGroups:
     rounds: list[RetiredRound] = field(default_factory=list)
 
     def retire(self, retired: RetiredRound) -> None:
+        """Hold a round's groups; past RETIRED_MAX the oldest is dropped anyway (its destructor waits for its works)."""
         self.rounds.append(retired)
+        if len(self.rounds) > RETIRED_MAX:
+            self.rounds.pop(0)
 
     def drop_ended(self) -> None:
         self.rounds = [retired for retired in self.rounds if not retired.ended()]
