@@ -5,7 +5,8 @@ leaving a round. Usage: leave_with_pending_work.py PORT RANK
 Ranks 0 and 1 launch an allreduce through libworker's abortable core, release the round as a worker that
 joins the next one does, and print how long the release took; then they form round 2 between them, print the
 sum of an allreduce of (rank + 1), and let rank 2 go. Its departure ends their pending work; they go on
-launching small allreduces until the old round's group is dropped, and print how many rounds are still held.
+launching small allreduces (which agree on whether either still holds an old group, so both stop together)
+until the old round's group is dropped, and print how many rounds are still held.
 Rank 2 only forms round 1 and waits to be let go."""
 
 import sys
@@ -42,8 +43,11 @@ store.wait(["rank_0_formed_round_2", "rank_1_formed_round_2"], timedelta(seconds
 if rank == 0:
     store.set("let_rank_2_go", "1")
 deadline = time.monotonic() + 30.0
-while world.retired.rounds and time.monotonic() < deadline:
-    run_collective(lambda: dist.all_reduce(torch.zeros(1), async_op=True))
+while True:
+    holding = torch.tensor([float(len(world.retired.rounds)), float(time.monotonic() > deadline)])
+    run_collective(lambda: dist.all_reduce(holding, op=dist.ReduceOp.MAX, async_op=True))
+    if holding[0] == 0 or holding[1] > 0:
+        break
     time.sleep(0.01)
 print(f"still holding {len(world.retired.rounds)}", flush=True)
 run_collective(lambda: dist.barrier(async_op=True))
