@@ -80,16 +80,19 @@ class World:
         leaving the round knows which are still pending; and drop past rounds' groups whose works have ended."""
         self.in_flight.append(work)
         if len(self.in_flight) >= self.prune_at:
-            self.in_flight = [w for w in self.in_flight if not w.is_completed()]
+            self.in_flight = self._unfinished()
             self.prune_at = max(FLIGHT_PRUNE_MIN, 2 * len(self.in_flight))
         if self.retired.rounds:
             self.retired.drop_ended()
 
     def take_pending(self) -> list[Any]:
         """The works of this round that have not ended; the round's list starts afresh."""
-        pending = [w for w in self.in_flight if not w.is_completed()]
+        pending = self._unfinished()
         self.in_flight, self.prune_at = [], FLIGHT_PRUNE_MIN
         return pending
+
+    def _unfinished(self) -> list[Any]:
+        return [work for work in self.in_flight if not work.is_completed()]
 
     def on_event(self, msg: Message) -> None:
         if msg.type == "abort":
