@@ -9,8 +9,8 @@ for the ones before it), since collectives pair up in the order they are
 issued: a parameter that gets no gradient on some ranks cannot make ranks
 reduce different buckets. `synchronize()` starts the buckets whose gradients
 never came (as zeros, as Horovod), waits for all of them through the
-abortable core, decompresses, applies the average and
-`gradient_predivide_factor`, and copies the results back into `.grad`. A
+abortable core, decompresses, and copies the results back into `.grad`,
+applying the average and `gradient_predivide_factor` on the way. A
 failed or aborted reduction raises WorkerInternalError from synchronize; the
 hooks never raise into backward.
 """
@@ -35,6 +35,16 @@ from libworker.reduction import TORCH_OPS, Adasum, Average
 
 def _nothing_to_confirm() -> None:
     """The step's agreement was reached before its buckets started."""
+
+
+def _copy_scaled(grads: list[torch.Tensor], results: list[torch.Tensor], scale: float) -> None:
+    """Copy a bucket's reduced results into the gradients, scaled on the way (one pass over the data, as DDP's
+    division while copying into its buckets: a separate scaling pass would sit on the step's critical path)."""
+    if scale == 1.0:
+        torch._foreach_copy_(grads, results)
+        return
+    for grad, result in zip(grads, results):
+        torch.mul(result, scale, out=grad)
 
 
 class _NotAMember(Exception):
@@ -170,10 +180,8 @@ class GradientReducer:
                     continue
                 finish(bucket.work, waits_on_stream(bucket.buffer))
                 result = self.compression.decompress(bucket.sent, bucket.ctx)
-                if self.op == Average:
-                    result.mul_(self.predivide / size)
                 views = bucket.views if result is bucket.buffer else [v.view_as(p) for v, p in zip(result.split(bucket.sizes), bucket.params)]
-                torch._foreach_copy_([p.grad for p in bucket.params], views)
+                _copy_scaled([p.grad for p in bucket.params], views, self.predivide / size if self.op == Average else 1.0)
             for p in self.sparse:
                 p.grad = p.grad.to_sparse()
         finally:
