@@ -1,10 +1,11 @@
 """The bucket layout of DistributedOptimizer: which parameters' gradients travel together, in one flat buffer each.
 
 Buckets are laid out once, in reverse parameter order (the order backward
-produces gradients): the first is small (1 MiB) so communication starts
-early, the others fill up to the fusion threshold (`ELASTIC_FUSION_THRESHOLD`
-or `HOROVOD_FUSION_THRESHOLD` bytes, default 25 MiB; 0 reduces each gradient
-alone), or follow Horovod's `groups=` when given. A bucket holds parameters
+produces gradients): the first is small (it closes at 1 MiB) so
+communication starts early, the others close at the fusion threshold
+(`ELASTIC_FUSION_THRESHOLD` or `HOROVOD_FUSION_THRESHOLD` bytes, default 25
+MiB; 0 reduces each gradient alone), or follow Horovod's `groups=` when
+given. A bucket holds parameters
 of one dtype and device, and owns one flat buffer with a view per parameter.
 """
 
@@ -63,18 +64,21 @@ class Bucket:
 
 
 def layout_buckets(params: list[torch.Tensor], threshold: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[torch.Tensor]]:
-    """Group parameters in reverse order into buckets of one dtype and device: the first up to `first_bytes`, the
-    others up to `threshold` bytes (a parameter larger than the cap gets a bucket of its own)."""
+    """Group parameters in reverse order into buckets of one dtype and device, as DDP does: a bucket closes with
+    the parameter that brings it to its cap (`first_bytes` for the first, `threshold` for the others), so the
+    first one starts with at least `first_bytes` on the wire."""
     buckets: list[list[torch.Tensor]] = []
     current: list[torch.Tensor] = []
     current_bytes, cap = 0, min(first_bytes, threshold)
     for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if current and (current_bytes + nbytes > cap or p.dtype != current[0].dtype or p.device != current[0].device):
+        if current and (p.dtype != current[0].dtype or p.device != current[0].device):
             buckets.append(current)
             current, current_bytes, cap = [], 0, threshold
         current.append(p)
-        current_bytes += nbytes
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= cap:
+            buckets.append(current)
+            current, current_bytes, cap = [], 0, threshold
     if current:
         buckets.append(current)
     return buckets

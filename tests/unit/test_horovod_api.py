@@ -122,12 +122,18 @@ def _index(params: list[torch.Tensor], p: torch.Tensor) -> int:
 
 
 def test_buckets_run_in_reverse_order_with_a_small_first_bucket() -> None:
-    params = _params((1 << 17,), (1 << 17,), (1 << 17,), (1 << 17,), (1 << 17,))  # 512 KiB each
+    params = _params((1 << 17,), (1 << 17,), (1 << 17,), (1 << 17,), (1 << 17,), (1 << 17,))  # 512 KiB each
     buckets = layout_buckets(params, threshold=2 << 20)
-    assert [[_index(params, p) for p in bucket] for bucket in buckets] == [[4, 3], [2, 1, 0]]
+    assert [[_index(params, p) for p in bucket] for bucket in buckets] == [[5, 4], [3, 2, 1, 0]]
 
 
-def test_buckets_split_by_dtype_and_never_exceed_the_threshold_except_for_one_big_tensor() -> None:
+def test_a_bucket_closes_with_the_gradient_that_reaches_its_cap_as_in_ddp() -> None:
+    params = _params((300,), (300,), (300,), (300,), (300,))  # 1200 bytes each
+    buckets = layout_buckets(params, threshold=2000, first_bytes=1000)
+    assert [[_index(params, p) for p in bucket] for bucket in buckets] == [[4], [3, 2], [1, 0]]
+
+
+def test_buckets_split_by_dtype_and_a_big_tensor_closes_its_bucket() -> None:
     params = _params((10,), (10,)) + _params((10,), dtype=torch.float64) + _params((1000,))
     buckets = layout_buckets(params, threshold=200, first_bytes=200)
     assert [[_index(params, p) for p in bucket] for bucket in buckets] == [[3], [2], [1, 0]]
