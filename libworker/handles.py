@@ -79,7 +79,7 @@ def agree(process_set: ProcessSet, name: str, signature: Signature) -> Callable[
     to agree). Otherwise it agrees now, raising what a mismatch raises, and returns a function with nothing to
     wait for."""
     controller, _ = _negotiation(process_set)
-    ahead = controller.send_ahead(Request(name, signature, lambda: None))
+    ahead = controller.send_ahead(name, signature)
     if ahead is not None:
         return functools.partial(controller.confirm, ahead)
     synchronize(submit(process_set, name, signature, lambda group: Started([], lambda: None)))

@@ -177,6 +177,7 @@ class Controller:
     stalled: bool = False
     missing: dict[str, list[int]] = field(default_factory=dict)
     cycles: int = 0
+    ahead_flags: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def submit(self, request: Request) -> Request:
         if request.name is not None and any(r.name == request.name for r in self.pending):
@@ -223,25 +224,34 @@ class Controller:
             self.joined = self.newly_joined = False
         return self.join_result
 
-    def send_ahead(self, request: Request) -> SentAhead | None:
-        """Start the cycle that agrees on `request` without waiting for it, so its data can be launched right
-        behind it: only when `request` (named) would be the only pending one and its signature is cached, as a
+    def send_ahead(self, name: str, signature: Signature) -> SentAhead | None:
+        """Start the cycle that agrees on the operation `name` without waiting for it, so its data can be launched
+        right behind it: only when it would be the only pending operation and its signature is cached, as a
         training step's is from its second step in a round. The cycle is the same one small allreduce the others
         run (a rank in join() learns from it to serve the data with zeros). None: agree the usual way."""
-        hit = self.cache.get(request.name or "")
-        if self.pending or hit is None or hit[1] != request.signature or self.joined or self.stalled or not cache_enabled():
+        hit = self.cache.get(name)
+        if self.pending or hit is None or self.joined or self.stalled or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
             return None
         self.cycles += 1
-        flags = torch.zeros(HEADER + len(self.cache_keys), dtype=torch.int32)
-        flags[2], flags[HEADER + hit[0]] = 1, 1
+        flags = self._ahead_flags(hit[0]).clone()
         work = launch(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
         return SentAhead(flags, work, hit[0])
+
+    def _ahead_flags(self, slot: int) -> torch.Tensor:
+        """The flags of a cycle in which only cache slot `slot` is pending on this rank (kept: a step sends the same
+        flags every time, and building them costs more than the copy)."""
+        flags = self.ahead_flags.get(slot)
+        if flags is None:
+            flags = self.ahead_flags[slot] = torch.zeros(HEADER + len(self.cache_keys), dtype=torch.int32)
+            flags[2] = flags[HEADER + slot] = 1
+        return flags
 
     def confirm(self, ahead: SentAhead) -> None:
         """Wait for an agreement sent ahead. Every other rank either agreed on the same request or did something
         else while this one's data was already on its way: then the round's process group cannot be trusted."""
         finish(ahead.work)
-        if int(ahead.flags[0]) < 0 or int(ahead.flags[HEADER + ahead.slot]) != 1:
+        agreed = ahead.flags.tolist()
+        if agreed[0] < 0 or agreed[HEADER + ahead.slot] != 1:
             raise fail("the ranks did not all take the same step: this rank's data was already sent ahead of the agreement")
 
     def _keyed(self) -> list[tuple[str, Request]]:
@@ -339,6 +349,7 @@ class Controller:
         if len(self.cache_keys) >= CACHE_CAPACITY:
             self.cache.clear()
             self.cache_keys.clear()
+        self.ahead_flags.clear()
         self.cache[key] = (len(self.cache_keys), signature)
         self.cache_keys.append(key)
 
