@@ -250,7 +250,7 @@ def _reference_join_training(batches_per_rank: list[int]) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("batches_per_rank", [[3, 5], [5, 2, 4]])
+@pytest.mark.parametrize("batches_per_rank", [[3, 5], [5, 2, 4], [1, 3], [4, 4], [2, 2, 4]])
 def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: list[int]) -> None:
     size = len(batches_per_rank)
     outcomes = run_ranks(size, _join_body, batches_per_rank, timeout=120)
@@ -264,6 +264,70 @@ def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: 
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         if rank:
             assert out["gathered_while_joined"] == "Allgather is not supported with Join at this time."
+
+
+def _metric_then_step_body(batches_per_rank: list[int]) -> dict[str, Any]:
+    """Each iteration logs a metric (an allreduce) before its step: a rank that joins after its last step meets
+    the others in the next metric's negotiation, not in a step."""
+    import torch.nn.functional as F
+
+    import libworker as hvd
+
+    rank = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    ranks_training = []
+    for step in range(batches_per_rank[rank]):
+        ranks_training.append(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="ranks_training").item())
+        generator = torch.Generator().manual_seed(1000 * rank + step)
+        x, y = torch.randn(4, 6, generator=generator), torch.randn(4, 2, generator=generator)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return {"last": hvd.join(), "ranks_training": ranks_training, "params": [p.detach().numpy().copy() for p in model.parameters()]}
+
+
+def test_a_rank_that_joins_serves_the_metric_the_others_log_before_their_next_step() -> None:
+    outcomes = run_ranks(2, _metric_then_step_body, [2, 4], timeout=120)
+    assert [out["last"] for out in outcomes] == [1, 1]
+    assert outcomes[0]["ranks_training"] == [2.0, 2.0]
+    assert outcomes[1]["ranks_training"] == [2.0, 2.0, 1.0, 1.0]
+    for got, want in zip(outcomes[1]["params"], _reference_join_training([2, 4])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _collectives_per_step_body() -> list[int]:
+    """How many allreduces each of 4 steps of a small model issues (one bucket)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import libworker as hvd
+
+    issued = [0]
+    all_reduce = dist.all_reduce
+
+    def counting_all_reduce(*args: Any, **kwargs: Any) -> Any:
+        issued[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    model = torch.nn.Linear(6, 2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    per_step = []
+    for _ in range(4):
+        before = issued[0]
+        optimizer.zero_grad()
+        F.mse_loss(model(torch.randn(4, 6)), torch.randn(4, 2)).backward()
+        optimizer.step()
+        per_step.append(issued[0] - before)
+    return per_step
+
+
+def test_a_step_after_the_first_of_a_round_sends_nothing_but_its_buckets() -> None:
+    for per_step in run_ranks(2, _collectives_per_step_body):
+        assert per_step[0] > 1, "the round's first step agrees on the layout before its bucket moves"
+        assert per_step[1:] == [1, 1, 1]
 
 
 def _process_set_body() -> dict[str, Any]:
