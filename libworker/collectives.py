@@ -4,8 +4,9 @@ Every operation is issued asynchronously (`launch`) and waited for (`finish`)
 in short slices, so a wait ends as soon as the operation completes (no extra
 thread, no callback: the cost of a raw `work.wait()`), when the control plane
 aborts the round (a peer failed or hung), or at the collective timeout,
-whichever comes first; a wait that outlasts a slice runs `world.stuck_hooks`. NCCL work on CUDA tensors is waited for on the stream,
-as torch does, and is ended by aborting the communicator (see world.abort).
+whichever comes first; a wait that outlasts a slice runs `world.stuck_hooks`.
+NCCL work on CUDA tensors is waited for on the stream, as torch does, and is
+ended by aborting the communicator (see world.abort).
 Any transport error, abort or timeout raises WorkerInternalError and marks the
 round's process group as abandoned. `Started` holds what one operation
 launched: its works, and how to make its result once they have ended.

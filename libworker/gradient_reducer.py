@@ -53,7 +53,7 @@ class GradientReducer:
     The first step of a round negotiates the whole bucket layout in full
     before any bucket moves, so a rank whose model differs fails on every rank
     with CollectiveMismatchError. From then on, on the global set while no
-    rank is joined, a step sends nothing but its buckets (libworker.negotiation:
+    rank is joined and on CPU tensors, a step sends nothing but its buckets (libworker.negotiation:
     unannounced steps); otherwise the cached signature's one small allreduce
     is sent ahead of the first bucket without waiting (confirmed in
     synchronize). The first bucket carries one more element, 0 from an active
@@ -163,7 +163,7 @@ class GradientReducer:
 
     def synchronize(self) -> None:
         """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
-        joined_ranks = 0.0
+        joined_ranks = None
         try:
             self._agree_on_step()
             if isinstance(self.step_error, _NotAMember):
@@ -183,7 +183,7 @@ class GradientReducer:
                 finish(bucket.work, waits_on_stream(bucket.buffer))
                 result = self.compression.decompress(bucket.sent, bucket.ctx)
                 if bucket.control:
-                    joined_ranks = float(result[-1])
+                    joined_ranks = result[-1:]
                 _copy_scaled([p.grad for p in bucket.params], bucket.data_of(result), self.predivide / size if self.op == Average else 1.0)
             for p in self.sparse:
                 p.grad = p.grad.to_sparse()

@@ -75,7 +75,7 @@ def _nothing_to_confirm() -> None:
     """The step's agreement was reached before its data started, or it needs none."""
 
 
-def _no_joined_ranks_to_count(joined_ranks: float) -> None:
+def _no_joined_ranks_to_count(joined_ranks: torch.Tensor | None) -> None:
     """Only a step started unannounced learns from its data that ranks joined (cycles tell the others)."""
 
 
@@ -83,10 +83,10 @@ def _no_joined_ranks_to_count(joined_ranks: float) -> None:
 class StepAgreement:
     """How one operation its caller runs itself (DistributedOptimizer's step) was agreed on: `confirm` waits for
     an agreement sent ahead of the data (WorkerInternalError if the ranks turn out not to agree); `end` takes
-    how many ranks served the step as joined, read from its data once it ended."""
+    the step's count of ranks that served it as joined (a one-element tensor from its data; None if it failed)."""
 
     confirm: Callable[[], None] = _nothing_to_confirm
-    end: Callable[[float], None] = _no_joined_ranks_to_count
+    end: Callable[[torch.Tensor | None], None] = _no_joined_ranks_to_count
 
 
 def agree(process_set: ProcessSet, name: str, signature: Signature) -> StepAgreement:

@@ -31,16 +31,17 @@ timeout its wait raises CollectiveMismatchError naming the ranks that lack it.
 The cache holds at most CACHE_CAPACITY names (cleared whole when full, the
 same cycle everywhere) and lives for one round.
 
-**Unannounced steps.** A DistributedOptimizer step costs no cycle on the
-global set once its layout is cached and while no rank is joined: its
-buckets start at once (`start_unannounced`). Every rank counts its cycles and
-such steps alike, so a rank that calls `join()` then asks the others, through
-the round's store, what their next operation is (libworker.join_notices):
-a step it serves with zeros, marking the first bucket's control element, so
-every rank learns from the step's data that a rank joined; from then on,
-until all have joined, every step is agreed again (sent ahead). Elsewhere (a
-process set, a rank joined) a cached step's cycle is sent ahead of its data
-(`send_ahead`) and confirmed when the step ends.
+**Unannounced steps.** A DistributedOptimizer step on CPU tensors costs no
+cycle on the global set once its layout is cached and while no rank is
+joined: its buckets start at once (`start_unannounced`). Every rank counts
+its cycles and such steps alike, so a rank that calls `join()` then asks the
+others, through the round's store, what their next operation is
+(libworker.join_notices): a step it serves with zeros, marking the first
+bucket's control element, so every rank learns from the step's data that a
+rank joined; from then on, until all have joined, every step is agreed again
+(sent ahead). Elsewhere (a process set, a GPU, a rank joined) a cached
+step's cycle is sent ahead of its data (`send_ahead`) and confirmed when the
+step ends.
 """
 
 from __future__ import annotations
@@ -268,21 +269,23 @@ class Controller:
 
     def start_unannounced(self, name: str, signature: Signature) -> int | None:
         """Number the step `name` and let its data start with no agreement: only on a set where a rank may join
-        (the global one) while no rank is joined, with its signature cached. What decides it is the same on every
+        (the global one) while no rank is joined, with its signature cached, and on CPU tensors (NCCL work is
+        waited for on the stream, so a host stuck behind it could not answer a rank that joined). What decides it is the same on every
         rank (ops still pending do not: they are negotiated later, whenever a rank waits for one). A rank that
         joins meanwhile learns about the step from a join notice; the step's data tells every rank that it
         joined (`end_unannounced`). None: agree on it as on any operation."""
         hit = self.cache.get(name)
-        if not self.may_skip_agreement or self.someone_joined or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+        if not self.may_skip_agreement or self.someone_joined or signature.device != "cpu" or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
             return None
         self.cycles += 1
         self.waiting_in[self.cycles] = STEP + name
         return self.cycles
 
-    def end_unannounced(self, operation: int, joined_ranks: float) -> None:
-        """The unannounced step number `operation` ended; `joined_ranks` ranks served it as joined."""
+    def end_unannounced(self, operation: int, joined_ranks: torch.Tensor | None) -> None:
+        """The unannounced step number `operation` ended; `joined_ranks` (its first bucket's control element, None
+        if it failed) counts the ranks that served it as joined."""
         self.waiting_in.pop(operation, None)
-        if joined_ranks > 0:
+        if joined_ranks is not None and float(joined_ranks) > 0:
             self.someone_joined = True
 
     def answer_joiners(self) -> None:
