@@ -12,7 +12,8 @@ ratio DDP / ours (goal >= 1.0; 2 ranks must not fall under 0.95), the ratio
 DDP / ours without the per-step agreement (a counterfactual, never a library
 setting: what the agreement that lets a rank in join() serve the step
 costs), and the largest parameter difference from DDP after the same steps
-(a correctness cross-check). More ranks than cores are oversubscribed: the header says so.
+(a correctness cross-check). More ranks than cores are oversubscribed: the
+header says so.
 The last line is `STEP_TIME min_ratio_2ranks=... min_ratio_4ranks=...`.
 On a shared 2-core machine single steps vary by tens of percent, so a ratio
 moves by about +-0.05 from run to run even with the default 100 steps.

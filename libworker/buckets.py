@@ -5,8 +5,8 @@ produces gradients): the first is small (it closes at 1 MiB) so
 communication starts early, the others close at the fusion threshold
 (`ELASTIC_FUSION_THRESHOLD` or `HOROVOD_FUSION_THRESHOLD` bytes, default 25
 MiB; 0 reduces each gradient alone), or follow Horovod's `groups=` when
-given. A bucket holds parameters
-of one dtype and device, and owns one flat buffer with a view per parameter.
+given. A bucket holds parameters of one dtype and device, and owns one flat
+buffer with a view per parameter.
 """
 
 from __future__ import annotations
