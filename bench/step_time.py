@@ -5,15 +5,12 @@
 For each rank count, one job on one host started through the real system
 (services, agent, `elasticctl run`); each rank runs `bench/step_time_worker.py`
 on MLPs of about 1M, 2M, 4M and 8M parameters (16, 32, 64 and 128 tensors) and
-a small conv net (10 tensors, 3x32x32 input). Per model the four trainers
+a small conv net (10 tensors, 3x32x32 input). Per model the three trainers
 start from the same parameters, see the same batches, and take turns step by
 step in rotating order; the table shows rank 0's median ms per step, the
-ratio DDP / ours (goal >= 1.0; 2 ranks must not fall under 0.95), the ratio
-DDP / ours without the per-step agreement (a counterfactual, never a library
-setting: what the agreement that lets a rank in join() serve the step
-costs), and the largest parameter difference from DDP after the same steps
-(a correctness cross-check). More ranks than cores are oversubscribed: the
-header says so.
+ratio DDP / ours (goal >= 1.0; 2 ranks must not fall under 0.95), and the
+largest parameter difference from DDP after the same steps (a correctness
+cross-check). More ranks than cores are oversubscribed: the header says so.
 The last line is `STEP_TIME min_ratio_2ranks=... min_ratio_4ranks=...`.
 On a shared 2-core machine single steps vary by tens of percent, so a ratio
 moves by about +-0.05 from run to run even with the default 100 steps.
@@ -46,16 +43,14 @@ def print_table(report: dict[str, Any]) -> float:
     ranks, cores = report["size"], os.cpu_count()
     load = f"oversubscribed: {ranks} ranks on {cores} cores" if ranks > (cores or 1) else f"{ranks} ranks on {cores} cores"
     print(f"\n{ranks} ranks, one host ({load}, {report['threads']} torch thread(s) per rank); median ms per step, rank 0")
-    print(f"{'model':<8} {'params':>7} {'tensors':>7} {'DDP':>8} {'ours':>8} {'DDP/ours':>8} {'no agreement':>12} {'DDP/it':>6} "
-          f"{'old idiom':>9}   max |param - DDP's|: ours, no agreement, old")
+    print(f"{'model':<8} {'params':>7} {'tensors':>7} {'DDP':>8} {'ours':>8} {'DDP/ours':>8} {'old idiom':>9}   max |param - DDP's|: ours, old")
     ratios = []
     for row in report["results"]:
         ms = row["ms"]
         ratios.append(ms["ddp"] / ms["ours"])
         print(
             f"{row['model']:<8} {row['parameters'] / 1e6:6.2f}M {row['tensors']:>7} {ms['ddp']:8.2f} {ms['ours']:8.2f} "
-            f"{ratios[-1]:8.3f} {ms['bare']:12.2f} {ms['ddp'] / ms['bare']:6.3f} {ms['old']:9.2f}   "
-            f"{row['diff_ours']:.1e}, {row['diff_bare']:.1e}, {row['diff_old']:.1e}"
+            f"{ratios[-1]:8.3f} {ms['old']:9.2f}   {row['diff_ours']:.1e}, {row['diff_old']:.1e}"
         )
     return min(ratios)
 

@@ -3,12 +3,10 @@
     python -m bench.step_time_worker --out FILE [--models mlp-1M,convnet] [--steps 100] [--warmup 5]
 
 Runs only as a worker of a job (`bench.step_time` starts it). Per model, the
-four trainers start from the same parameters (seed 0) and step through the
+three trainers start from the same parameters (seed 0) and step through the
 same batches (this rank's, seed 1000 + rank) with SGD:
   ddp  DistributedDataParallel(model), default settings
   ours hvd.DistributedOptimizer(SGD, named_parameters=...), plain zero_grad/backward/step
-  bare the same with no per-step agreement: a counterfactual that shows what the agreement costs (the
-       buckets start unannounced, so a rank in join() could not serve them; never a library setting)
   old  one hvd.allreduce_(p.grad, op="mean") per parameter after backward
 After `warmup` steps each, they take turns step by step (all ranks start each
 step together; the order rotates every round, so the machine's slow drifts
@@ -35,8 +33,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import libworker as hvd
-from libworker import process_sets
-from libworker.gradient_reducer import GradientReducer
 
 WIDTH, BATCH, LR = 352, 32, 0.01
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -75,15 +71,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], lis
     "mlp-8M": (lambda: mlp(128), mlp_batches, nn.MSELoss()),
     "convnet": (convnet, image_batches, nn.CrossEntropyLoss()),
 }
-TRAINERS = ("ddp", "ours", "bare", "old")
-
-
-def without_agreement(reducer: GradientReducer) -> None:
-    """Make `reducer`'s steps start their buckets with no agreement: the step's process group, and nothing sent."""
-    def start_unannounced() -> None:
-        reducer.group = process_sets.group_of(reducer.process_set)
-
-    reducer._agree_on_step = start_unannounced  # type: ignore[method-assign]
+TRAINERS = ("ddp", "ours", "old")
 
 
 class Trainer:
@@ -91,9 +79,7 @@ class Trainer:
         self.model = copy.deepcopy(initial)
         self.forward = DistributedDataParallel(self.model) if kind == "ddp" else self.model
         sgd = torch.optim.SGD(self.model.parameters(), lr=LR)
-        self.optimizer = hvd.DistributedOptimizer(sgd, named_parameters=self.model.named_parameters()) if kind in ("ours", "bare") else sgd
-        if kind == "bare":
-            without_agreement(self.optimizer._reducer)
+        self.optimizer = hvd.DistributedOptimizer(sgd, named_parameters=self.model.named_parameters()) if kind == "ours" else sgd
         self.reduce_each = kind == "old"
         self.batches, self.loss, self.steps = batches, loss, 0
 
@@ -126,7 +112,7 @@ def bench_model(name: str, steps: int, warmup: int) -> dict[str, object]:
             trainer.step()
     times: dict[str, list[float]] = {kind: [] for kind in TRAINERS}
     for r in range(steps):
-        for kind in TRAINERS[r % len(TRAINERS) :] + TRAINERS[: r % len(TRAINERS)]:
+        for kind in TRAINERS[r % 3 :] + TRAINERS[: r % 3]:
             dist.barrier()
             times[kind].append(trainers[kind].step())
     ddp = trainers["ddp"].model
@@ -136,7 +122,6 @@ def bench_model(name: str, steps: int, warmup: int) -> dict[str, object]:
         "tensors": len(list(initial.parameters())),
         "ms": {kind: statistics.median(values) * 1000 for kind, values in times.items()},
         "diff_ours": max_abs_diff(ddp, trainers["ours"].model),
-        "diff_bare": max_abs_diff(ddp, trainers["bare"].model),
         "diff_old": max_abs_diff(ddp, trainers["old"].model),
     }
 

@@ -51,13 +51,22 @@ class Bucket:
     ctx: Any = None
     error: WorkerInternalError | None = None
     sizes: list[int] = field(default_factory=list)
+    control: bool = False
 
     @classmethod
-    def of(cls, params: list[torch.Tensor]) -> Bucket:
+    def of(cls, params: list[torch.Tensor], control: bool = False) -> Bucket:
+        """A bucket for `params`; with `control`, its buffer ends in one more element that travels with the
+        gradients (the first bucket's: how many ranks served the step as joined, libworker.gradient_reducer)."""
         sizes = [p.numel() for p in params]
-        buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
-        views = [view.view_as(p) for view, p in zip(buffer.split(sizes), params)]
-        return cls(params, buffer, views, sizes=sizes)
+        buffer = torch.zeros(sum(sizes) + int(control), dtype=params[0].dtype, device=params[0].device)
+        views = [view.view_as(p) for view, p in zip(buffer.narrow(0, 0, sum(sizes)).split(sizes), params)]
+        return cls(params, buffer, views, sizes=sizes, control=control)
+
+    def data_of(self, result: torch.Tensor) -> list[torch.Tensor]:
+        """The per-parameter views of a reduced buffer (the bucket's own, or a decompressed copy of it)."""
+        if result is self.buffer:
+            return self.views
+        return [v.view_as(p) for v, p in zip(result.narrow(0, 0, sum(self.sizes)).split(self.sizes), self.params)]
 
     def clear(self) -> None:
         self.ready, self.work, self.sent, self.ctx, self.error = 0, None, None, None, None

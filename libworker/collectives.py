@@ -4,8 +4,9 @@ Every operation is issued asynchronously (`launch`) and waited for (`finish`)
 in short slices, so a wait ends as soon as the operation completes (no extra
 thread, no callback: the cost of a raw `work.wait()`), when the control plane
 aborts the round (a peer failed or hung), or at the collective timeout,
-whichever comes first. NCCL work on CUDA tensors is waited for on the stream,
-as torch does, and is ended by aborting the communicator (see world.abort).
+whichever comes first; a wait that outlasts a slice runs `world.stuck_hooks`.
+NCCL work on CUDA tensors is waited for on the stream, as torch does, and is
+ended by aborting the communicator (see world.abort).
 Any transport error, abort or timeout raises WorkerInternalError and marks the
 round's process group as abandoned. `Started` holds what one operation
 launched: its works, and how to make its result once they have ended.
@@ -64,6 +65,8 @@ def finish(work: Any, on_stream: bool = False) -> None:
 
 
 def _wait_in_slices(work: Any) -> None:
+    """Wait slice by slice; between slices, `world.stuck_hooks` run (a rank that may be waiting for a peer that
+    called join() answers it: libworker.negotiation)."""
     round_number = world.round
     deadline = time.monotonic() + world.timing.collective_timeout + 5.0
     while not _ended_within_a_slice(work):
@@ -71,6 +74,8 @@ def _wait_in_slices(work: Any) -> None:
             raise fail("aborted by the control plane (a peer failed)")
         if time.monotonic() > deadline:
             raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
+        for hook in world.stuck_hooks:
+            hook()
 
 
 def _ended_within_a_slice(work: Any) -> bool:

@@ -27,14 +27,10 @@ from libworker.buckets import Bucket
 from libworker.collectives import finish, launch, waits_on_stream
 from libworker.compression import Compressor
 from libworker.errors import WorkerInternalError
-from libworker.handles import agree
+from libworker.handles import StepAgreement, agree
 from libworker.negotiation import Signature, TensorSpec
 from libworker.process_sets import ProcessSet
 from libworker.reduction import TORCH_OPS, Adasum, Average
-
-
-def _nothing_to_confirm() -> None:
-    """The step's agreement was reached before its buckets started."""
 
 
 def _copy_scaled(grads: list[torch.Tensor], results: list[torch.Tensor], scale: float) -> None:
@@ -54,12 +50,15 @@ class _NotAMember(Exception):
 class GradientReducer:
     """The buckets of one optimizer (`layout`: each one's parameters), their hooks, and the reduction of one step.
 
-    Each step starts with one negotiation of the whole bucket layout: on the
-    first step of a round in full and before any bucket moves, so a rank whose
-    model differs fails on every rank with CollectiveMismatchError; from then
-    on as the cached signature's one small allreduce, sent ahead of the first
-    bucket without waiting (confirmed in synchronize), so backward never waits
-    for it. A rank in `join()` serves the buckets with zeros either way.
+    The first step of a round negotiates the whole bucket layout in full
+    before any bucket moves, so a rank whose model differs fails on every rank
+    with CollectiveMismatchError. From then on, on the global set while no
+    rank is joined and on CPU tensors, a step sends nothing but its buckets (libworker.negotiation:
+    unannounced steps); otherwise the cached signature's one small allreduce
+    is sent ahead of the first bucket without waiting (confirmed in
+    synchronize). The first bucket carries one more element, 0 from an active
+    rank and 1 from a rank in `join()` serving the step with zeros: its sum
+    tells every rank, at the same step, that a rank joined.
     """
 
     def __init__(self, params: list[torch.Tensor], layout: list[list[torch.Tensor]], compression: type[Compressor], backward_passes_per_step: int,
@@ -71,11 +70,11 @@ class GradientReducer:
         self.op = op
         self.predivide = gradient_predivide_factor
         self.sparse: set[torch.Tensor] = set()
-        self.buckets = [Bucket.of(group) for group in layout]
+        self.buckets = [Bucket.of(group, control=index == 0) for index, group in enumerate(layout)]
         self.signature = self._layout_signature()
         self.group: Any = None
         self.step_error: BaseException | None = None
-        self.confirm_step: Any = _nothing_to_confirm
+        self.agreement = StepAgreement()
         self.delay = {p: backward_passes_per_step for p in params}
         self.touched = False
         self.next_launch = 0
@@ -119,7 +118,7 @@ class GradientReducer:
             return
         self.group = process_sets.group_of(self.process_set)
         try:
-            self.confirm_step = agree(self.process_set, self.name, self.signature)
+            self.agreement = agree(self.process_set, self.name, self.signature)
         except (RuntimeError, ValueError) as exc:
             self.step_error = exc
 
@@ -149,6 +148,8 @@ class GradientReducer:
 
     def _launch(self, bucket: Bucket) -> None:
         torch._foreach_copy_(bucket.views, self.gradients(bucket))
+        if bucket.control:
+            bucket.buffer[-1] = 0  # an active rank; a rank in join() serves the step with 1 here
         if dist.get_world_size(self.group) == 1:
             return
         sent, bucket.ctx = self.compression.compress(bucket.buffer)
@@ -162,6 +163,7 @@ class GradientReducer:
 
     def synchronize(self) -> None:
         """Finish this step's reduction: every bucket's result lands in its parameters' `.grad`."""
+        joined_ranks = None
         try:
             self._agree_on_step()
             if isinstance(self.step_error, _NotAMember):
@@ -171,7 +173,7 @@ class GradientReducer:
             for bucket in self.buckets[self.next_launch :]:
                 self._launch(bucket)
             self.next_launch = len(self.buckets)
-            self.confirm_step()
+            self.agreement.confirm()
             size = dist.get_world_size(self.group)
             for bucket in self.buckets:
                 if bucket.error is not None:
@@ -180,11 +182,13 @@ class GradientReducer:
                     continue
                 finish(bucket.work, waits_on_stream(bucket.buffer))
                 result = self.compression.decompress(bucket.sent, bucket.ctx)
-                views = bucket.views if result is bucket.buffer else [v.view_as(p) for v, p in zip(result.split(bucket.sizes), bucket.params)]
-                _copy_scaled([p.grad for p in bucket.params], views, self.predivide / size if self.op == Average else 1.0)
+                if bucket.control:
+                    joined_ranks = result[-1:]
+                _copy_scaled([p.grad for p in bucket.params], bucket.data_of(result), self.predivide / size if self.op == Average else 1.0)
             for p in self.sparse:
                 p.grad = p.grad.to_sparse()
         finally:
+            self.agreement.end(joined_ranks)
             self.clear()
 
     def clear(self) -> None:
@@ -195,5 +199,5 @@ class GradientReducer:
         self.touched = False
         self.next_launch = 0
         self.step_error = None
-        self.confirm_step = _nothing_to_confirm
+        self.agreement = StepAgreement()
         self.sparse.clear()

@@ -71,19 +71,40 @@ def map_result(handle: int, make_result: Callable[[Any], Any]) -> int:
     return handle
 
 
-def agree(process_set: ProcessSet, name: str, signature: Signature) -> Callable[[], None]:
+def _nothing_to_confirm() -> None:
+    """The step's agreement was reached before its data started, or it needs none."""
+
+
+def _no_joined_ranks_to_count(joined_ranks: torch.Tensor | None) -> None:
+    """Only a step started unannounced learns from its data that ranks joined (cycles tell the others)."""
+
+
+@dataclass(frozen=True)
+class StepAgreement:
+    """How one operation its caller runs itself (DistributedOptimizer's step) was agreed on: `confirm` waits for
+    an agreement sent ahead of the data (WorkerInternalError if the ranks turn out not to agree); `end` takes
+    the step's count of ranks that served it as joined (a one-element tensor from its data; None if it failed)."""
+
+    confirm: Callable[[], None] = _nothing_to_confirm
+    end: Callable[[torch.Tensor | None], None] = _no_joined_ranks_to_count
+
+
+def agree(process_set: ProcessSet, name: str, signature: Signature) -> StepAgreement:
     """Agree on an operation the caller then runs itself (DistributedOptimizer's buckets), before it starts it.
 
-    Once the signature is cached the agreement is sent ahead (Controller.send_ahead) and the caller starts its
-    data at once; the returned function waits for the agreement (WorkerInternalError if the ranks turn out not
-    to agree). Otherwise it agrees now, raising what a mismatch raises, and returns a function with nothing to
-    wait for."""
+    Once the signature is cached, on the global set while no rank is joined, the step starts unannounced
+    (Controller.start_unannounced: nothing is sent; a rank that joins meanwhile asks what to serve). Otherwise,
+    once cached, the agreement is sent ahead (Controller.send_ahead) and the caller starts its data at once.
+    Otherwise it agrees now, raising what a mismatch raises."""
     controller, _ = _negotiation(process_set)
+    operation = controller.start_unannounced(name, signature)
+    if operation is not None:
+        return StepAgreement(end=functools.partial(controller.end_unannounced, operation))
     ahead = controller.send_ahead(name, signature)
     if ahead is not None:
-        return functools.partial(controller.confirm, ahead)
+        return StepAgreement(confirm=functools.partial(controller.confirm, ahead))
     synchronize(submit(process_set, name, signature, lambda group: Started([], lambda: None)))
-    return lambda: None
+    return StepAgreement()
 
 
 def poll(handle: int) -> bool:
@@ -121,6 +142,8 @@ def _serve(group: Any, signature: Signature) -> None:
     """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
     zeros = [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device)) for spec in signature.tensors]
     if signature.kind == "optimizer":
+        if zeros:
+            zeros[0][-1] = 1  # the first bucket's control element: this rank served the step as joined
         for buffer in zeros:
             run_collective(lambda b=buffer: dist.all_reduce(b, group=group, async_op=True), waits_on_stream(buffer))
         return

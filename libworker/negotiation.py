@@ -30,6 +30,18 @@ last. A request that no other rank submits stalls: after the collective
 timeout its wait raises CollectiveMismatchError naming the ranks that lack it.
 The cache holds at most CACHE_CAPACITY names (cleared whole when full, the
 same cycle everywhere) and lives for one round.
+
+**Unannounced steps.** A DistributedOptimizer step on CPU tensors costs no
+cycle on the global set once its layout is cached and while no rank is
+joined: its buckets start at once (`start_unannounced`). Every rank counts
+its cycles and such steps alike, so a rank that calls `join()` then asks the
+others, through the round's store, what their next operation is
+(libworker.join_notices): a step it serves with zeros, marking the first
+bucket's control element, so every rank learns from the step's data that a
+rank joined; from then on, until all have joined, every step is agreed again
+(sent ahead). Elsewhere (a process set, a GPU, a rank joined) a cached
+step's cycle is sent ahead of its data (`send_ahead`) and confirmed when the
+step ends.
 """
 
 from __future__ import annotations
@@ -44,8 +56,10 @@ import msgpack
 import torch
 import torch.distributed as dist
 
+from libworker import join_notices, torch_compat
 from libworker.collectives import fail, finish, launch, run_collective
 from libworker.errors import CollectiveMismatchError
+from libworker.join_notices import CYCLE, STEP, Notices
 from libworker.world import world
 
 CACHE_CAPACITY = 1024
@@ -54,6 +68,7 @@ OP_LABELS = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Produc
 HEADER = 4  # uncached-or-stalled (negated), all joined, none joined, newest joiner (negated rank + 1)
 STALL_PROBE_AFTER = 2.0
 IDLE_SLEEP_MAX = 0.01
+NOTICE_POLL = 0.1
 
 
 def cache_enabled() -> bool:
@@ -178,6 +193,11 @@ class Controller:
     missing: dict[str, list[int]] = field(default_factory=dict)
     cycles: int = 0
     ahead_flags: dict[int, torch.Tensor] = field(default_factory=dict)
+    may_skip_agreement: bool = False
+    someone_joined: bool = False
+    waiting_in: dict[int, str] = field(default_factory=dict)
+    notices: Notices = field(default_factory=Notices)
+    notices_read_at: float = 0.0
 
     def submit(self, request: Request) -> Request:
         if request.name is not None and any(r.name == request.name for r in self.pending):
@@ -216,6 +236,8 @@ class Controller:
         self.joined, self.newly_joined, self.join_result = True, True, None
         idle = 0
         try:
+            if self.may_skip_agreement and not self.someone_joined:
+                self._serve_what_comes_next()
             while self.join_result is None:
                 idle = 0 if self.cycle() else idle + 1
                 if idle:
@@ -223,6 +245,56 @@ class Controller:
         finally:
             self.joined = self.newly_joined = False
         return self.join_result
+
+    def _serve_what_comes_next(self) -> None:
+        """The others' next operation may be a step they started unannounced: ask them (libworker.join_notices)
+        and serve it with zeros; a cycle needs nothing more (the join loop's cycles pair with it)."""
+        store = torch_compat.default_store()
+        join_notices.announce(store, self._my_rank(), self.cycles)
+        deadline = time.monotonic() + world.timing.collective_timeout
+        idle = 0
+        while (what := join_notices.answer_to(store, self.cycles + 1)) is None:
+            if self.notices.all_joined_after(store, self.cycles, len(self.global_ranks)):
+                return
+            if world.aborted_round == world.round:
+                raise fail("aborted by the control plane while joining (a peer failed)")
+            if time.monotonic() > deadline:
+                raise fail(f"no rank answered this rank's join within {world.timing.collective_timeout:g}s")
+            idle += 1
+            time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
+        if what.startswith(STEP):
+            self.cycles += 1
+            self.serve(self.cache[what.removeprefix(STEP)][1])
+            self.someone_joined = True
+
+    def start_unannounced(self, name: str, signature: Signature) -> int | None:
+        """Number the step `name` and let its data start with no agreement: only on a set where a rank may join
+        (the global one) while no rank is joined, with its signature cached, and on CPU tensors (NCCL work is
+        waited for on the stream, so a host stuck behind it could not answer a rank that joined). What decides it is the same on every
+        rank (ops still pending do not: they are negotiated later, whenever a rank waits for one). A rank that
+        joins meanwhile learns about the step from a join notice; the step's data tells every rank that it
+        joined (`end_unannounced`). None: agree on it as on any operation."""
+        hit = self.cache.get(name)
+        if not self.may_skip_agreement or self.someone_joined or signature.device != "cpu" or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+            return None
+        self.cycles += 1
+        self.waiting_in[self.cycles] = STEP + name
+        return self.cycles
+
+    def end_unannounced(self, operation: int, joined_ranks: torch.Tensor | None) -> None:
+        """The unannounced step number `operation` ended; `joined_ranks` (its first bucket's control element, None
+        if it failed) counts the ranks that served it as joined."""
+        self.waiting_in.pop(operation, None)
+        if joined_ranks is not None and float(joined_ranks) > 0:
+            self.someone_joined = True
+
+    def answer_joiners(self) -> None:
+        """While this rank waits in an operation: answer the ranks that joined right before it (the store is
+        asked at most every NOTICE_POLL seconds: every rank of a large job may be waiting at once)."""
+        now = time.monotonic()
+        if self.waiting_in and self.may_skip_agreement and now - self.notices_read_at >= NOTICE_POLL:
+            self.notices_read_at = now
+            self.notices.answer(torch_compat.default_store(), self.waiting_in)
 
     def send_ahead(self, name: str, signature: Signature) -> SentAhead | None:
         """Start the cycle that agrees on the operation `name` without waiting for it, so its data can be launched
@@ -282,13 +354,18 @@ class Controller:
                 uncached = True
         header = [-int(uncached), int(self.joined), int(not self.joined), -(self._my_rank() + 1) if self.newly_joined else 0]
         flags = torch.tensor(header + slots, dtype=torch.int32)
-        run_collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
+        self.waiting_in[self.cycles] = CYCLE
+        try:
+            run_collective(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
+        finally:
+            self.waiting_in.pop(self.cycles, None)
         self.newly_joined = False
         agreed = flags.tolist()
         if agreed[1] == 1:
             self.join_result = self.global_ranks[-agreed[3] - 1] if agreed[3] < 0 else self.global_ranks[-1]
+            self.someone_joined = False
             return True
-        any_joined = agreed[2] == 0
+        any_joined = self.someone_joined = agreed[2] == 0
         if agreed[0] < 0:
             decisions = self._full_exchange(keyed)
         else:
@@ -365,5 +442,18 @@ def controller(set_id: int, group: Any, global_ranks: list[int], serve: Callable
         _controllers_round[0] = world.round
     found = _controllers.get(set_id)
     if found is None or found.group is not group:
-        found = _controllers[set_id] = Controller(group, global_ranks, serve)
+        found = _controllers[set_id] = Controller(group, global_ranks, serve, may_skip_agreement=set_id == 0)
     return found
+
+
+def _answer_joiners() -> None:
+    """A stuck hook (libworker.collectives): the global set's controller of this round answers join notices."""
+    found = _controllers.get(0) if _controllers_round[0] == world.round else None
+    if found is not None:
+        try:
+            found.answer_joiners()
+        except (RuntimeError, ValueError, dist.DistError):
+            return
+
+
+world.stuck_hooks.append(_answer_joiners)

@@ -115,3 +115,9 @@ def forget_a_default_group_that_failed_to_form() -> None:
     group "0": every later round of theirs times out forming. A failed formation registers nothing else (the group
     is entered in `_world` only once its backend connected)."""
     dist.distributed_c10d._world.group_count = 0
+
+
+def default_store() -> dist.Store:
+    """The store the round's default process group was built on. torch 2.13 keeps it (`_get_default_store`) but
+    hands it out through no public function; negotiation uses it for join notices (libworker.negotiation)."""
+    return dist.distributed_c10d._get_default_store()

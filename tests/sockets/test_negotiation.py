@@ -297,6 +297,39 @@ def test_a_rank_that_joins_serves_the_metric_the_others_log_before_their_next_st
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def _collectives_per_step_body() -> list[int]:
+    """How many allreduces each of 4 steps of a small model issues (one bucket)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import libworker as hvd
+
+    issued = [0]
+    all_reduce = dist.all_reduce
+
+    def counting_all_reduce(*args: Any, **kwargs: Any) -> Any:
+        issued[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    model = torch.nn.Linear(6, 2)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    per_step = []
+    for _ in range(4):
+        before = issued[0]
+        optimizer.zero_grad()
+        F.mse_loss(model(torch.randn(4, 6)), torch.randn(4, 2)).backward()
+        optimizer.step()
+        per_step.append(issued[0] - before)
+    return per_step
+
+
+def test_a_step_after_the_first_of_a_round_sends_nothing_but_its_buckets() -> None:
+    for per_step in run_ranks(2, _collectives_per_step_body):
+        assert per_step[0] > 1, "the round's first step agrees on the layout before its bucket moves"
+        assert per_step[1:] == [1, 1, 1]
+
+
 def _process_set_body() -> dict[str, Any]:
     import libworker as hvd
 
