@@ -12,12 +12,24 @@ operation it is waiting in; every rank waiting there writes the same answer.
 When every rank of the set sent a notice after the same operation, they all
 joined at once, and none waits for an answer. Keys live in the round's store,
 so a round's notices end with it.
+
+No rank ever waits on that store. The store is served by the round's rank 0,
+and a TCPStore call to a server that hangs (its host froze) blocks far past
+the client's timeout (measured: minutes against a SIGSTOPped server), while a
+rank waiting in an operation must stay free to see the control plane's abort.
+So one daemon thread per round (`NoticeBoard`) makes every store call: the
+others post what they write and read what it last fetched. A thread caught in
+a call to a hung server ends when that call fails (the server's process dies);
+otherwise it ends with its round (`close`).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 NOTICES = "elastic_join/notices"
 CYCLE = "cycle"
@@ -28,48 +40,95 @@ def answer_key(operation: int) -> str:
     return f"elastic_join/answer/{operation}"
 
 
-def announce(store: Any, rank: int, operations: int) -> None:
-    """Tell every rank that `rank` joined after taking part in `operations` operations."""
-    store.append(NOTICES, f"{rank}:{operations};")
+class Notice(NamedTuple):
+    """Rank `rank` joined after taking part in `operations` operations of the set."""
+
+    rank: int
+    operations: int
 
 
-def answer_to(store: Any, operation: int) -> str | None:
-    """What the others wait in as operation number `operation` (CYCLE, or STEP + a layout's name), once answered."""
-    key = answer_key(operation)
-    return store.get(key).decode() if store.check([key]) else None
+def parse_notices(text: str) -> list[Notice]:
+    """The notices appended to the store's key, in the order they came."""
+    return [Notice(*map(int, entry.split(":"))) for entry in text.split(";")[:-1]]
+
+
+def all_joined_after(notices: list[Notice], operations: int, size: int) -> bool:
+    """Whether every rank of the set sent a notice after the same `operations` operations."""
+    return len({notice.rank for notice in notices if notice.operations == operations}) == size
 
 
 @dataclass
-class Notices:
-    """The notices of one round read so far, and those not yet answered or passed."""
+class Unanswered:
+    """The notices one waiting rank has taken in so far, and those it has not answered or passed yet."""
 
-    read: int = 0
-    waiting: list[tuple[int, int]] = field(default_factory=list)
+    taken: int = 0
+    waiting: list[Notice] = field(default_factory=list)
 
-    def read_new(self, store: Any) -> None:
-        if not store.check([NOTICES]):
-            return
-        entries = store.get(NOTICES).decode().split(";")[:-1]
-        for entry in entries[self.read :]:
-            rank, operations = entry.split(":")
-            self.waiting.append((int(rank), int(operations)))
-        self.read = len(entries)
-
-    def answer(self, store: Any, waiting_in: dict[int, str]) -> None:
-        """Answer each notice whose next operation is one this rank waits in (`waiting_in`: number -> what); keep
-        those whose next operation this rank has not reached yet."""
-        self.read_new(store)
+    def answers(self, notices: list[Notice], waiting_in: dict[int, str]) -> dict[int, str]:
+        """What to answer under each operation number: for every notice whose next operation is one this rank
+        waits in (`waiting_in`: number -> what). Notices of joiners this rank has not reached yet are kept for
+        later; those it has passed are dropped (a rank that waited there answered them)."""
+        self.waiting.extend(notices[self.taken :])
+        self.taken = max(self.taken, len(notices))
         newest = max(waiting_in, default=0)
-        kept = []
-        for rank, operations in self.waiting:
-            what = waiting_in.get(operations + 1)
+        found, kept = {}, []
+        for notice in self.waiting:
+            what = waiting_in.get(notice.operations + 1)
             if what is not None:
-                store.set(answer_key(operations + 1), what)
-            elif operations + 1 > newest:
-                kept.append((rank, operations))
+                found[notice.operations + 1] = what
+            elif notice.operations + 1 > newest:
+                kept.append(notice)
         self.waiting = kept
+        return found
 
-    def all_joined_after(self, store: Any, operations: int, size: int) -> bool:
-        """Whether every rank of the set sent a notice after the same `operations` operations."""
-        self.read_new(store)
-        return len({rank for rank, after in self.waiting if after == operations}) == size
+
+class NoticeBoard:
+    """One round's join notices, kept by the one thread that calls the store (see the module's docstring).
+
+    `announce` and `answer` post writes; `refresh` asks for a fetch of the notices (and of the answer to one
+    operation), at most one fetch queued at a time; `notices` and `answers` hold what the last fetch found.
+    None of them waits for the store.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._requests: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._fetch_queued = False
+        self._closed = False
+        self.notices: list[Notice] = []
+        self.answers: dict[int, str] = {}
+        self._thread = threading.Thread(target=self._serve, name="join-notices", daemon=True)
+        self._thread.start()
+
+    def announce(self, notice: Notice) -> None:
+        self._requests.put(lambda: self._store.append(NOTICES, f"{notice.rank}:{notice.operations};"))
+
+    def answer(self, operation: int, what: str) -> None:
+        self._requests.put(lambda: self._store.set(answer_key(operation), what))
+
+    def refresh(self, answer_to: int | None = None) -> None:
+        if self._fetch_queued:
+            return
+        self._fetch_queued = True
+        self._requests.put(lambda: self._fetch(answer_to))
+
+    def close(self) -> None:
+        """The round ended: the thread ends, leaving what is still posted (no rank of the round needs it)."""
+        self._closed = True
+        self._requests.put(None)
+
+    def _fetch(self, answer_to: int | None) -> None:
+        try:
+            if self._store.check([NOTICES]):
+                self.notices = parse_notices(self._store.get(NOTICES).decode())
+            if answer_to is not None and self._store.check([answer_key(answer_to)]):
+                self.answers = {**self.answers, answer_to: self._store.get(answer_key(answer_to)).decode()}
+        finally:
+            self._fetch_queued = False
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None and not self._closed:
+            try:
+                request()
+            except RuntimeError:
+                continue  # the store's server is gone with its round: the waits that need it end at the abort

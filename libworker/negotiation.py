@@ -56,10 +56,10 @@ import msgpack
 import torch
 import torch.distributed as dist
 
-from libworker import join_notices, torch_compat
+from libworker import torch_compat
 from libworker.collectives import fail, finish, launch, run_collective
 from libworker.errors import CollectiveMismatchError
-from libworker.join_notices import CYCLE, STEP, Notices
+from libworker.join_notices import CYCLE, STEP, Notice, NoticeBoard, Unanswered, all_joined_after
 from libworker.world import world
 
 CACHE_CAPACITY = 1024
@@ -178,7 +178,8 @@ class _Decision:
 
 @dataclass(eq=False)
 class Controller:
-    """The negotiation of one process set in one round: pending requests, the cache, join state."""
+    """The negotiation of one process set in one round: pending requests, the cache, join state, and on the
+    global set the join notices (`board`, whose thread is the only caller of the round's store)."""
 
     group: Any
     global_ranks: list[int]
@@ -193,10 +194,10 @@ class Controller:
     missing: dict[str, list[int]] = field(default_factory=dict)
     cycles: int = 0
     ahead_flags: dict[int, torch.Tensor] = field(default_factory=dict)
-    may_skip_agreement: bool = False
     someone_joined: bool = False
     waiting_in: dict[int, str] = field(default_factory=dict)
-    notices: Notices = field(default_factory=Notices)
+    board: NoticeBoard | None = None
+    unanswered: Unanswered = field(default_factory=Unanswered)
     notices_read_at: float = 0.0
 
     def submit(self, request: Request) -> Request:
@@ -236,8 +237,8 @@ class Controller:
         self.joined, self.newly_joined, self.join_result = True, True, None
         idle = 0
         try:
-            if self.may_skip_agreement and not self.someone_joined:
-                self._serve_what_comes_next()
+            if self.board is not None and not self.someone_joined:
+                self._serve_what_comes_next(self.board)
             while self.join_result is None:
                 idle = 0 if self.cycle() else idle + 1
                 if idle:
@@ -246,20 +247,21 @@ class Controller:
             self.joined = self.newly_joined = False
         return self.join_result
 
-    def _serve_what_comes_next(self) -> None:
+    def _serve_what_comes_next(self, board: NoticeBoard) -> None:
         """The others' next operation may be a step they started unannounced: ask them (libworker.join_notices)
         and serve it with zeros; a cycle needs nothing more (the join loop's cycles pair with it)."""
-        store = torch_compat.default_store()
-        join_notices.announce(store, self._my_rank(), self.cycles)
+        board.announce(Notice(self._my_rank(), self.cycles))
+        operation = self.cycles + 1
         deadline = time.monotonic() + world.timing.collective_timeout
         idle = 0
-        while (what := join_notices.answer_to(store, self.cycles + 1)) is None:
-            if self.notices.all_joined_after(store, self.cycles, len(self.global_ranks)):
+        while (what := board.answers.get(operation)) is None:
+            if all_joined_after(board.notices, self.cycles, len(self.global_ranks)):
                 return
             if world.aborted_round == world.round:
                 raise fail("aborted by the control plane while joining (a peer failed)")
             if time.monotonic() > deadline:
                 raise fail(f"no rank answered this rank's join within {world.timing.collective_timeout:g}s")
+            board.refresh(answer_to=operation)
             idle += 1
             time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
         if what.startswith(STEP):
@@ -268,14 +270,15 @@ class Controller:
             self.someone_joined = True
 
     def start_unannounced(self, name: str, signature: Signature) -> int | None:
-        """Number the step `name` and let its data start with no agreement: only on a set where a rank may join
-        (the global one) while no rank is joined, with its signature cached, and on CPU tensors (NCCL work is
-        waited for on the stream, so a host stuck behind it could not answer a rank that joined). What decides it is the same on every
-        rank (ops still pending do not: they are negotiated later, whenever a rank waits for one). A rank that
-        joins meanwhile learns about the step from a join notice; the step's data tells every rank that it
-        joined (`end_unannounced`). None: agree on it as on any operation."""
+        """Number the step `name` and let its data start with no agreement: only on the set whose ranks may join
+        (the global one: the one with a notice board) while no rank is joined, with its signature cached, and on
+        CPU tensors (NCCL work is waited for on the stream, so a host stuck behind it could not answer a rank
+        that joined). What decides it is the same on every rank (ops still pending do not: they are negotiated
+        later, whenever a rank waits for one). A rank that joins meanwhile learns about the step from a join
+        notice; the step's data tells every rank that it joined (`end_unannounced`). None: agree on it as on any
+        operation."""
         hit = self.cache.get(name)
-        if not self.may_skip_agreement or self.someone_joined or signature.device != "cpu" or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+        if self.board is None or self.someone_joined or signature.device != "cpu" or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
             return None
         self.cycles += 1
         self.waiting_in[self.cycles] = STEP + name
@@ -289,12 +292,20 @@ class Controller:
             self.someone_joined = True
 
     def answer_joiners(self) -> None:
-        """While this rank waits in an operation: answer the ranks that joined right before it (the store is
-        asked at most every NOTICE_POLL seconds: every rank of a large job may be waiting at once)."""
+        """While this rank waits in an operation: answer the ranks that joined right before it, from the notices
+        the board last fetched, and ask for a fresh fetch (at most every NOTICE_POLL seconds: every rank of a
+        large job may be waiting at once). Nothing here waits for the store."""
         now = time.monotonic()
-        if self.waiting_in and self.may_skip_agreement and now - self.notices_read_at >= NOTICE_POLL:
+        if self.waiting_in and self.board is not None and now - self.notices_read_at >= NOTICE_POLL:
             self.notices_read_at = now
-            self.notices.answer(torch_compat.default_store(), self.waiting_in)
+            for operation, what in self.unanswered.answers(self.board.notices, self.waiting_in).items():
+                self.board.answer(operation, what)
+            self.board.refresh()
+
+    def close(self) -> None:
+        """The round (or the set's group) ended: so does its notice board's thread."""
+        if self.board is not None:
+            self.board.close()
 
     def send_ahead(self, name: str, signature: Signature) -> SentAhead | None:
         """Start the cycle that agrees on the operation `name` without waiting for it, so its data can be launched
@@ -438,11 +449,16 @@ _controllers_round = [0]
 def controller(set_id: int, group: Any, global_ranks: list[int], serve: Callable[[Signature], None]) -> Controller:
     """The negotiation of process set `set_id` in the current round (a new round starts with empty ones)."""
     if _controllers_round[0] != world.round:
+        for ended in _controllers.values():
+            ended.close()
         _controllers.clear()
         _controllers_round[0] = world.round
     found = _controllers.get(set_id)
     if found is None or found.group is not group:
-        found = _controllers[set_id] = Controller(group, global_ranks, serve, may_skip_agreement=set_id == 0)
+        if found is not None:
+            found.close()
+        board = NoticeBoard(torch_compat.default_store()) if set_id == 0 else None  # no rank joins another set
+        found = _controllers[set_id] = Controller(group, global_ranks, serve, board=board)
     return found
 
 
@@ -450,10 +466,7 @@ def _answer_joiners() -> None:
     """A stuck hook (libworker.collectives): the global set's controller of this round answers join notices."""
     found = _controllers.get(0) if _controllers_round[0] == world.round else None
     if found is not None:
-        try:
-            found.answer_joiners()
-        except (RuntimeError, ValueError, dist.DistError):
-            return
+        found.answer_joiners()
 
 
 world.stuck_hooks.append(_answer_joiners)

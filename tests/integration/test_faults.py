@@ -73,6 +73,36 @@ def test_a_worker_hung_in_a_collective_is_cut_loose(tmp_path: Path) -> None:
         cluster.close()
 
 
+def test_a_frozen_host_that_serves_rank_0_never_holds_up_the_survivors(tmp_path: Path) -> None:
+    """A host freezes (its agent and workers stop, as a kernel hang leaves them: nothing kills the workers) while
+    it holds rank 0, whose process serves the round's store. The survivors, waiting in a step, must not wait on
+    that store: the control plane's abort reaches them and they train on at size 2."""
+    cluster = Cluster(tmp_path, {"ELASTIC_COLLECTIVE_TIMEOUT": "3"})
+    frozen: list[int] = []
+    try:
+        cluster.start_services()
+        cluster.start_agent("host-1", 2)
+        cluster.start_agent("host-2", 2)
+        log_dir = tmp_path / "train"
+        job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+        wait_for_size(log_dir, 4)
+        host_of_rank_0 = next(e["host"] for e in steps(log_dir) if e["rank"] == 0)
+        frozen = [cluster.processes[f"agent-{host_of_rank_0}"].pid] + [worker_pid(cluster, host_of_rank_0, local_rank) for local_rank in (0, 1)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        stopped_at = max(e["time"] for e in steps(log_dir))
+        wait_for_size(log_dir, 2, after=stopped_at, timeout=30)
+        assert cluster.wait_job_end(job, 180) == 0
+        assert_training_invariants(log_dir)
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        cluster.close()
+
+
 def test_reset_limit_stops_the_job_with_a_message(cluster: Cluster) -> None:
     cluster.start_agent("host-1", 2)
     cluster.start_agent("host-2", 2)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import torch
 
+from libworker.join_notices import NoticeBoard
 from libworker.negotiation import Controller, Signature, TensorSpec
 
 LAYOUT = Signature("optimizer", (TensorSpec("float32", (1001,)),), 0)
 
 
 def _global_set(signature: Signature = LAYOUT) -> Controller:
-    controller = Controller(None, [0, 1], lambda signature: None, may_skip_agreement=True)
+    board = NoticeBoard(store=None)  # these tests post nothing
+    board.close()
+    controller = Controller(None, [0, 1], lambda signature: None, board=board)
     controller._remember("optimizer.0", signature)
     return controller
 
@@ -41,7 +44,7 @@ def test_an_uncached_or_changed_layout_a_gpu_step_or_a_process_set_is_agreed_on(
     on_gpu = Signature("optimizer", LAYOUT.tensors, 0, device="cuda")
     assert _global_set(on_gpu).start_unannounced("optimizer.0", on_gpu) is None
     process_set = _global_set()
-    process_set.may_skip_agreement = False
+    process_set.board = None
     assert process_set.start_unannounced("optimizer.0", LAYOUT) is None
 
 
