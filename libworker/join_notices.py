@@ -132,3 +132,4 @@ class NoticeBoard:
                 request()
             except RuntimeError:
                 continue  # the store's server is gone with its round: the waits that need it end at the abort
+        self._store = None  # rank 0's store is its server too: let it go with the round, not with this object
