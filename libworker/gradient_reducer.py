@@ -25,12 +25,17 @@ import torch.distributed as dist
 from libworker import process_sets
 from libworker.buckets import Bucket
 from libworker.collectives import finish, launch, waits_on_stream
-from libworker.compression import Compressor
+from libworker.compression import Compressor, FP16Compressor, NoneCompressor
 from libworker.errors import WorkerInternalError
 from libworker.handles import StepAgreement, agree
 from libworker.negotiation import Signature, TensorSpec
 from libworker.process_sets import ProcessSet
-from libworker.reduction import TORCH_OPS, Adasum, Average
+from libworker.reduction import TORCH_OPS, Adasum, Average, Sum
+
+# The first bucket's control element counts joined ranks only if it is summed and arrives exact (a 1 among 0s
+# survives float16; a user's compressor might drop or quantize it away).
+OPS_THAT_COUNT_JOINS = (Average, Sum)
+COMPRESSIONS_THAT_COUNT_JOINS = (NoneCompressor, FP16Compressor)
 
 
 def _copy_scaled(grads: list[torch.Tensor], results: list[torch.Tensor], scale: float) -> None:
@@ -52,13 +57,14 @@ class GradientReducer:
 
     The first step of a round negotiates the whole bucket layout in full
     before any bucket moves, so a rank whose model differs fails on every rank
-    with CollectiveMismatchError. From then on, on the global set while no
-    rank is joined and on CPU tensors, a step sends nothing but its buckets (libworker.negotiation:
-    unannounced steps); otherwise the cached signature's one small allreduce
-    is sent ahead of the first bucket without waiting (confirmed in
-    synchronize). The first bucket carries one more element, 0 from an active
-    rank and 1 from a rank in `join()` serving the step with zeros: its sum
-    tells every rank, at the same step, that a rank joined.
+    with CollectiveMismatchError. The first bucket carries one more element,
+    0 from an active rank and 1 from a rank in `join()` serving the step with
+    zeros: its sum tells every rank, at the same step, that a rank joined.
+    So from then on, on the global set while no rank is joined, on CPU
+    tensors, and where that element is summed exact (`counts_joins`), a step
+    sends nothing but its buckets (libworker.negotiation: unannounced steps);
+    otherwise the cached signature's one small allreduce is sent ahead of the
+    first bucket without waiting (confirmed in synchronize).
     """
 
     def __init__(self, params: list[torch.Tensor], layout: list[list[torch.Tensor]], compression: type[Compressor], backward_passes_per_step: int,
@@ -71,6 +77,7 @@ class GradientReducer:
         self.predivide = gradient_predivide_factor
         self.sparse: set[torch.Tensor] = set()
         self.buckets = [Bucket.of(group, control=index == 0) for index, group in enumerate(layout)]
+        self.counts_joins = op in OPS_THAT_COUNT_JOINS and compression in COMPRESSIONS_THAT_COUNT_JOINS
         self.signature = self._layout_signature()
         self.group: Any = None
         self.step_error: BaseException | None = None
@@ -118,7 +125,7 @@ class GradientReducer:
             return
         self.group = process_sets.group_of(self.process_set)
         try:
-            self.agreement = agree(self.process_set, self.name, self.signature)
+            self.agreement = agree(self.process_set, self.name, self.signature, may_start_unannounced=self.counts_joins)
         except (RuntimeError, ValueError) as exc:
             self.step_error = exc
 

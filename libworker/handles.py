@@ -89,15 +89,16 @@ class StepAgreement:
     end: Callable[[torch.Tensor | None], None] = _no_joined_ranks_to_count
 
 
-def agree(process_set: ProcessSet, name: str, signature: Signature) -> StepAgreement:
+def agree(process_set: ProcessSet, name: str, signature: Signature, *, may_start_unannounced: bool) -> StepAgreement:
     """Agree on an operation the caller then runs itself (DistributedOptimizer's buckets), before it starts it.
 
-    Once the signature is cached, on the global set while no rank is joined, the step starts unannounced
-    (Controller.start_unannounced: nothing is sent; a rank that joins meanwhile asks what to serve). Otherwise,
-    once cached, the agreement is sent ahead (Controller.send_ahead) and the caller starts its data at once.
-    Otherwise it agrees now, raising what a mismatch raises."""
+    If the caller's data tells its ranks that one joined (`may_start_unannounced`), once the signature is cached,
+    on the global set while no rank is joined, the step starts unannounced (Controller.start_unannounced: nothing
+    is sent; a rank that joins meanwhile asks what to serve). Otherwise, once cached, the agreement is sent ahead
+    (Controller.send_ahead) and the caller starts its data at once. Otherwise it agrees now, raising what a
+    mismatch raises."""
     controller, _ = _negotiation(process_set)
-    operation = controller.start_unannounced(name, signature)
+    operation = controller.start_unannounced(name, signature) if may_start_unannounced else None
     if operation is not None:
         return StepAgreement(end=functools.partial(controller.end_unannounced, operation))
     ahead = controller.send_ahead(name, signature)

@@ -162,11 +162,13 @@ class Request:
 
 @dataclass
 class SentAhead:
-    """An agreement in flight ahead of the data it covers (`Controller.send_ahead`)."""
+    """An agreement in flight ahead of the data it covers (`Controller.send_ahead`): the cycle numbered
+    `operation`."""
 
     flags: torch.Tensor
     work: Any
     slot: int
+    operation: int
 
 
 @dataclass
@@ -318,7 +320,8 @@ class Controller:
         self.cycles += 1
         flags = self._ahead_flags(hit[0]).clone()
         work = launch(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
-        return SentAhead(flags, work, hit[0])
+        self.waiting_in[self.cycles] = CYCLE  # until confirmed: a rank that joins meanwhile is told to cycle
+        return SentAhead(flags, work, hit[0], self.cycles)
 
     def _ahead_flags(self, slot: int) -> torch.Tensor:
         """The flags of a cycle in which only cache slot `slot` is pending on this rank (kept: a step sends the same
@@ -332,7 +335,10 @@ class Controller:
     def confirm(self, ahead: SentAhead) -> None:
         """Wait for an agreement sent ahead. Every other rank either agreed on the same request or did something
         else while this one's data was already on its way: then the round's process group cannot be trusted."""
-        finish(ahead.work)
+        try:
+            finish(ahead.work)
+        finally:
+            self.waiting_in.pop(ahead.operation, None)
         agreed = ahead.flags.tolist()
         if agreed[0] < 0 or agreed[HEADER + ahead.slot] != 1:
             raise fail("the ranks did not all take the same step: this rank's data was already sent ahead of the agreement")

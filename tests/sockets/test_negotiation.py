@@ -195,7 +195,22 @@ def test_every_dtype_on_every_op_matches_a_single_process_reference(size: int) -
             np.testing.assert_array_equal(out[f"{dtype}/grouped"][1].astype(np.float64), _numpy(_reduced(small, "max")).astype(np.float64))
 
 
-def _join_body(batches_per_rank: list[int]) -> dict[str, Any]:
+def _users_own_compression() -> Any:
+    """A compressor as a user writes one (lossless here): the library cannot know what it does to a value."""
+
+    class PassThrough:
+        @staticmethod
+        def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return tensor.clone(), None
+
+        @staticmethod
+        def decompress(tensor: torch.Tensor, ctx: None) -> torch.Tensor:
+            return tensor
+
+    return PassThrough
+
+
+def _join_body(batches_per_rank: list[int], users_compression: bool = False) -> dict[str, Any]:
     import torch.nn.functional as F
 
     import libworker as hvd
@@ -203,7 +218,9 @@ def _join_body(batches_per_rank: list[int]) -> dict[str, Any]:
     rank = hvd.rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    compression = _users_own_compression() if users_compression else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                         compression=compression)
     for step in range(batches_per_rank[rank]):
         generator = torch.Generator().manual_seed(1000 * rank + step)
         x, y = torch.randn(4, 6, generator=generator), torch.randn(4, 2, generator=generator)
@@ -250,10 +267,13 @@ def _reference_join_training(batches_per_rank: list[int]) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("batches_per_rank", [[3, 5], [5, 2, 4], [1, 3], [4, 4], [2, 2, 4]])
-def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: list[int]) -> None:
+@pytest.mark.parametrize("batches_per_rank, users_compression", [
+    ([3, 5], False), ([5, 2, 4], False), ([1, 3], False), ([4, 4], False), ([2, 2, 4], False),
+    ([3, 5], True), ([5, 2, 4], True),  # steps agreed on one by one: the data cannot be trusted to count joins
+])
+def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: list[int], users_compression: bool) -> None:
     size = len(batches_per_rank)
-    outcomes = run_ranks(size, _join_body, batches_per_rank, timeout=120)
+    outcomes = run_ranks(size, _join_body, batches_per_rank, users_compression, timeout=120)
     reference = _reference_join_training(batches_per_rank)
     last_to_join = max(range(size), key=lambda r: (batches_per_rank[r], r))
     for rank, out in enumerate(outcomes):
@@ -297,7 +317,7 @@ def test_a_rank_that_joins_serves_the_metric_the_others_log_before_their_next_st
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def _collectives_per_step_body() -> list[int]:
+def _collectives_per_step_body(op_name: str = "Average", users_compression: bool = False) -> list[int]:
     """How many allreduces each of 4 steps of a small model issues (one bucket)."""
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -313,7 +333,9 @@ def _collectives_per_step_body() -> list[int]:
 
     dist.all_reduce = counting_all_reduce
     model = torch.nn.Linear(6, 2)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    compression = _users_own_compression() if users_compression else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                         op=getattr(hvd, op_name), compression=compression)
     per_step = []
     for _ in range(4):
         before = issued[0]
@@ -494,3 +516,11 @@ def test_a_step_after_a_failed_step_reduces_again() -> None:
         assert "aborted by the control plane" in out["failed"]
     for mine, theirs in zip(outcomes[0]["params"], outcomes[1]["params"]):
         np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize("op_name, users_compression", [("Max", False), ("Average", True)])
+def test_a_step_whose_data_cannot_count_joins_agrees_on_every_step(op_name: str, users_compression: bool) -> None:
+    """Under op=Max, or through a user's compressor, the first bucket's count of joined ranks is not a sum that
+    arrives exact: every step sends its one small agreement ahead of its bucket."""
+    for per_step in run_ranks(2, _collectives_per_step_body, op_name, users_compression):
+        assert per_step[1:] == [2, 2, 2]
