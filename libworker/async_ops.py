@@ -21,7 +21,7 @@ from libworker import wire
 from libworker.collectives import Started, launch, run_collective, waits_on_stream
 from libworker.errors import CollectiveMismatchError
 from libworker.handles import map_result, submit, synchronize
-from libworker.negotiation import Signature, spec_of
+from libworker.signatures import Signature, spec_of
 from libworker.process_sets import ProcessSet, global_process_set
 from libworker.reduction import Adasum, Average, check_reducible, grouped_reduce_started, reduce_op, reduce_started
 from libworker.world import require_joined

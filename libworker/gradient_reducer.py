@@ -28,7 +28,7 @@ from libworker.collectives import finish, launch, waits_on_stream
 from libworker.compression import Compressor, FP16Compressor, NoneCompressor
 from libworker.errors import WorkerInternalError
 from libworker.handles import StepAgreement, agree
-from libworker.negotiation import Signature, TensorSpec
+from libworker.signatures import Signature, TensorSpec
 from libworker.process_sets import ProcessSet
 from libworker.reduction import TORCH_OPS, Adasum, Average, Sum
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from libworker import negotiation, process_sets
 from libworker.collectives import Started, run_collective, waits_on_stream
 from libworker.errors import WorkerInternalError
-from libworker.negotiation import Controller, Request, Signature
+from libworker.negotiation import Controller, Request
+from libworker.signatures import Signature
 from libworker.process_sets import ProcessSet, global_process_set
 from libworker.reduction import Average, Sum, grouped_reduce_started
 from libworker.world import require_joined, world

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from libworker.collectives import fail
+from libworker.world import world
+
 NOTICES = "elastic_join/notices"
+POLL_SLEEP_MAX = 0.01
 CYCLE = "cycle"
 STEP = "step:"
 
@@ -87,7 +92,7 @@ class NoticeBoard:
 
     `announce` and `answer` post writes; `refresh` asks for a fetch of the notices (and of the answer to one
     operation), at most one fetch queued at a time; `notices` and `answers` hold what the last fetch found.
-    None of them waits for the store.
+    None of them waits for the store; `await_answer` (a joining rank) waits only for what the thread fetches.
     """
 
     def __init__(self, store: Any) -> None:
@@ -111,6 +116,27 @@ class NoticeBoard:
             return
         self._fetch_queued = True
         self._requests.put(lambda: self._fetch(answer_to))
+
+    def await_answer(self, notice: Notice, size: int) -> str | None:
+        """Post `notice` (this rank joined) and wait for what the others' next operation is: CYCLE, or STEP and
+        a layout's name; None when all `size` ranks of the set joined after the same operation. Like a
+        collective's wait, it ends at the control plane's abort or after the collective timeout."""
+        self.announce(notice)
+        operation = notice.operations + 1
+        round_number = world.round
+        deadline = time.monotonic() + world.timing.collective_timeout
+        idle = 0
+        while (what := self.answers.get(operation)) is None:
+            if all_joined_after(self.notices, notice.operations, size):
+                return None
+            if world.aborted_round == round_number:
+                raise fail("aborted by the control plane while joining (a peer failed)")
+            if time.monotonic() > deadline:
+                raise fail(f"no rank answered this rank's join within {world.timing.collective_timeout:g}s")
+            self.refresh(answer_to=operation)
+            idle += 1
+            time.sleep(min(0.0005 * idle, POLL_SLEEP_MAX))
+        return what
 
     def close(self) -> None:
         """The round ended: the thread ends, leaving what is still posted (no rank of the round needs it)."""

@@ -2,7 +2,8 @@
 
 An operation is submitted as a `Request`: its name (Horovod's `name=`, or an
 automatic one: the n-th unnamed operation still pending), and its `Signature`
-(kind, dtypes and shapes, reduce op, root, scale factors, device). Nothing is
+(libworker.signatures: kind, dtypes and shapes, reduce op, root, scale
+factors, device). Nothing is
 sent at submit. A rank that waits for a request runs negotiation *cycles*
 until it is decided; a cycle is a collective over the process set, so the
 cycles of all ranks pair up, and every rank takes the same decisions from
@@ -31,17 +32,15 @@ timeout its wait raises CollectiveMismatchError naming the ranks that lack it.
 The cache holds at most CACHE_CAPACITY names (cleared whole when full, the
 same cycle everywhere) and lives for one round.
 
-**Unannounced steps.** A DistributedOptimizer step on CPU tensors costs no
-cycle on the global set once its layout is cached and while no rank is
-joined: its buckets start at once (`start_unannounced`). Every rank counts
-its cycles and such steps alike, so a rank that calls `join()` then asks the
-others, through the round's store, what their next operation is
-(libworker.join_notices): a step it serves with zeros, marking the first
-bucket's control element, so every rank learns from the step's data that a
-rank joined; from then on, until all have joined, every step is agreed again
-(sent ahead). Elsewhere (a process set, a GPU, a rank joined) a cached
-step's cycle is sent ahead of its data (`send_ahead`) and confirmed when the
-step ends.
+**Unannounced steps.** Once its layout is cached, a DistributedOptimizer
+step on the global set whose data can count joined ranks starts its buckets
+with no cycle while no rank is joined (`start_unannounced`). Cycles and such
+steps are numbered alike, so a rank that calls `join()` asks the others
+through the round's store what its next operation is (libworker.join_notices)
+and serves a step with zeros, marking its first bucket: every rank learns of
+the join from that step's data, and agrees on every step again until all
+have joined. Elsewhere a cached step's cycle is sent ahead of its data
+(`send_ahead`) and confirmed when the step ends.
 """
 
 from __future__ import annotations
@@ -59,12 +58,12 @@ import torch.distributed as dist
 from libworker import torch_compat
 from libworker.collectives import fail, finish, launch, run_collective
 from libworker.errors import CollectiveMismatchError
-from libworker.join_notices import CYCLE, STEP, Notice, NoticeBoard, Unanswered, all_joined_after
+from libworker.join_notices import CYCLE, STEP, Notice, NoticeBoard, Unanswered
+from libworker.signatures import Signature, mismatch
 from libworker.world import world
 
 CACHE_CAPACITY = 1024
 JOIN_SERVABLE = frozenset({"allreduce", "barrier", "optimizer"})
-OP_LABELS = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product", -1: "none"}
 HEADER = 4  # uncached-or-stalled (negated), all joined, none joined, newest joiner (negated rank + 1)
 STALL_PROBE_AFTER = 2.0
 IDLE_SLEEP_MAX = 0.01
@@ -74,72 +73,6 @@ NOTICE_POLL = 0.1
 def cache_enabled() -> bool:
     """ELASTIC_NEGOTIATION_CACHE=0 makes every cycle take the full path (for measuring what the cache saves)."""
     return os.environ.get("ELASTIC_NEGOTIATION_CACHE", "1") != "0"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What a rank is about to do; ranks must agree on all of it. For allgather and alltoall `shape` leaves out
-    the first dimension, which may differ."""
-
-    kind: str
-    tensors: tuple[TensorSpec, ...] = ()
-    op: int = -1
-    root: int = -1
-    prescale: float = 1.0
-    postscale: float = 1.0
-    device: str = "cpu"
-
-    def to_wire(self) -> list[Any]:
-        return [self.kind, [[t.dtype, list(t.shape)] for t in self.tensors], self.op, self.root, self.prescale, self.postscale, self.device]
-
-    @classmethod
-    def from_wire(cls, wire: list[Any]) -> Signature:
-        kind, tensors, op, root, prescale, postscale, device = wire
-        return cls(kind, tuple(TensorSpec(d, tuple(s)) for d, s in tensors), op, root, prescale, postscale, device)
-
-
-def spec_of(tensor: torch.Tensor, skip_first: bool = False) -> TensorSpec:
-    shape = tuple(tensor.shape)
-    return TensorSpec(str(tensor.dtype).removeprefix("torch."), shape[1:] if skip_first else shape)
-
-
-def _describe(values: dict[int, Any]) -> str:
-    """`rank 0 has X, rank 1 has Y` (ranks with the same value grouped)."""
-    groups: dict[str, list[int]] = {}
-    for rank, value in sorted(values.items()):
-        groups.setdefault(str(value), []).append(rank)
-    return ", ".join(f"rank {ranks[0]} has {value}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} have {value}"
-                     for value, ranks in groups.items())
-
-
-def mismatch(signatures: dict[int, Signature]) -> str | None:
-    """The first field the ranks' signatures disagree on, as Horovod words it with every rank's value; None if equal."""
-    first = next(iter(signatures.values()))
-    if all(s == first for s in signatures.values()):
-        return None
-    kind = first.kind
-    checks: list[tuple[str, Callable[[Signature], Any]]] = [
-        ("operations", lambda s: s.kind),
-        (f"{kind} CPU/GPU device selection", lambda s: s.device),
-        (f"{kind} number of tensors", lambda s: len(s.tensors)),
-        (f"{kind} data types", lambda s: ", ".join(t.dtype for t in s.tensors)),
-        (f"{kind} tensor shapes" + (" (after the first dimension)" if kind in ("allgather", "alltoall") else ""),
-         lambda s: "; ".join(str(list(t.shape)) for t in s.tensors)),
-        (f"{kind} reduction operation", lambda s: OP_LABELS.get(s.op, s.op)),
-        (f"{kind} root ranks", lambda s: s.root),
-        (f"{kind} prescale and/or postscale factors", lambda s: (s.prescale, s.postscale)),
-    ]
-    for label, value in checks:
-        values = {rank: value(s) for rank, s in signatures.items()}
-        if len(set(map(str, values.values()))) > 1:
-            return f"Mismatched {label}: {_describe(values)}"
-    return f"Mismatched {kind}: {_describe(signatures)}"
 
 
 @dataclass(eq=False)
@@ -252,21 +185,8 @@ class Controller:
     def _serve_what_comes_next(self, board: NoticeBoard) -> None:
         """The others' next operation may be a step they started unannounced: ask them (libworker.join_notices)
         and serve it with zeros; a cycle needs nothing more (the join loop's cycles pair with it)."""
-        board.announce(Notice(self._my_rank(), self.cycles))
-        operation = self.cycles + 1
-        deadline = time.monotonic() + world.timing.collective_timeout
-        idle = 0
-        while (what := board.answers.get(operation)) is None:
-            if all_joined_after(board.notices, self.cycles, len(self.global_ranks)):
-                return
-            if world.aborted_round == world.round:
-                raise fail("aborted by the control plane while joining (a peer failed)")
-            if time.monotonic() > deadline:
-                raise fail(f"no rank answered this rank's join within {world.timing.collective_timeout:g}s")
-            board.refresh(answer_to=operation)
-            idle += 1
-            time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
-        if what.startswith(STEP):
+        what = board.await_answer(Notice(self._my_rank(), self.cycles), len(self.global_ranks))
+        if what is not None and what.startswith(STEP):
             self.cycles += 1
             self.serve(self.cache[what.removeprefix(STEP)][1])
             self.someone_joined = True

@@ -410,7 +410,7 @@ def test_an_op_no_other_rank_submits_fails_after_the_timeout_naming_who_lacks_it
 
 
 def test_mismatch_messages_name_each_rank() -> None:
-    from libworker.negotiation import Signature, TensorSpec, mismatch
+    from libworker.signatures import Signature, TensorSpec, mismatch
 
     a = Signature("allreduce", (TensorSpec("float32", (17, 17)),), op=0)
     b = Signature("allreduce", (TensorSpec("float32", (18, 17)),), op=0)

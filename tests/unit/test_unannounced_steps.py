@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from libworker.join_notices import NoticeBoard
-from libworker.negotiation import Controller, Signature, TensorSpec
+from libworker.negotiation import Controller
+from libworker.signatures import Signature, TensorSpec
 
 LAYOUT = Signature("optimizer", (TensorSpec("float32", (1001,)),), 0)
 
