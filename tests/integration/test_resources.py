@@ -4,8 +4,10 @@ another host's workers are killed again and again, under `ulimit -n 256`.
 host-1 and host-2 hold the survivors; host-3's running workers are killed one
 after the other (each kill is a reset, and so is each replacement rejoining). The survivor is
 measured whenever the job is back at full size, so every sample sees the same
-process group shape; the last sample allows a past round's group held aside
-until its pending collective ends (at most the collective timeout) to go.
+process group shape, and only once the survivor has mapped both slots of its
+host snapshot (after two commits); the last sample allows a past round's
+group held aside until its pending collective ends (at most the collective
+timeout) to go.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.harness import Cluster, wait_for
+from testing.harness import Cluster, read_events, wait_for
 from tests.integration.training import JOB, steps, wait_for_size
 
 FD_LIMIT = 256
@@ -95,6 +97,9 @@ def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(cluster: Clus
             wait_for(lambda: reset_count(cluster) > before, 30, "the reset after a kill")
 
     kill_until(4)
+    # Kills can come faster than commits: the first sample waits until the survivor has written its host snapshot's
+    # two slots, which it keeps mapped from then on (a descriptor and the mapping's own, each).
+    wait_for(lambda: sum(e["event"] == "commit" and e["pid"] == survivor for e in read_events(log_dir)) >= 2, 60, "the survivor's first two commits")
     baseline = at_full_size_after(4)
     kill_until(resets)
     at_full_size_after(resets)
