@@ -2,12 +2,10 @@
 
 An operation is submitted as a `Request`: its name (Horovod's `name=`, or an
 automatic one: the n-th unnamed operation still pending), and its `Signature`
-(libworker.signatures: kind, dtypes and shapes, reduce op, root, scale
-factors, device). Nothing is
-sent at submit. A rank that waits for a request runs negotiation *cycles*
-until it is decided; a cycle is a collective over the process set, so the
-cycles of all ranks pair up, and every rank takes the same decisions from
-the same exchanged data:
+(libworker.signatures). Nothing is sent at submit. A rank that waits for a
+request runs negotiation *cycles* until it is decided; a cycle is a
+collective over the process set, so the cycles of all ranks pair up, and
+every rank takes the same decisions from the same exchanged data:
 
 - **Fast path (cached).** Each name agreed before keeps a cache slot (the same
   slot on every rank: slots are given out by the decisions). A cycle is one
@@ -192,15 +190,12 @@ class Controller:
             self.someone_joined = True
 
     def start_unannounced(self, name: str, signature: Signature) -> int | None:
-        """Number the step `name` and let its data start with no agreement: only on the set whose ranks may join
-        (the global one: the one with a notice board) while no rank is joined, with its signature cached, and on
-        CPU tensors (NCCL work is waited for on the stream, so a host stuck behind it could not answer a rank
-        that joined). What decides it is the same on every rank (ops still pending do not: they are negotiated
-        later, whenever a rank waits for one). A rank that joins meanwhile learns about the step from a join
-        notice; the step's data tells every rank that it joined (`end_unannounced`). None: agree on it as on any
-        operation."""
-        hit = self.cache.get(name)
-        if self.board is None or self.someone_joined or signature.device != "cpu" or hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+        """Number the step `name` and let its data start with no agreement: on the global set (the one with a
+        notice board: only its ranks join) while no rank is joined, on CPU tensors (a host held up behind NCCL
+        work could not answer a joining rank), once its signature is cached. All of it is the same on every rank.
+        A rank that joins meanwhile asks what to serve; the step's data tells every rank (`end_unannounced`).
+        None: agree on it as on any operation."""
+        if self.board is None or self.someone_joined or signature.device != "cpu" or self._cached_slot(name, signature) is None:
             return None
         self.cycles += 1
         self.waiting_in[self.cycles] = STEP + name
@@ -234,14 +229,21 @@ class Controller:
         right behind it: only when it would be the only pending operation and its signature is cached, as a
         training step's is from its second step in a round. The cycle is the same one small allreduce the others
         run (a rank in join() learns from it to serve the data with zeros). None: agree the usual way."""
-        hit = self.cache.get(name)
-        if self.pending or hit is None or self.joined or self.stalled or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+        slot = self._cached_slot(name, signature)
+        if self.pending or slot is None or self.joined or self.stalled:
             return None
         self.cycles += 1
-        flags = self._ahead_flags(hit[0]).clone()
+        flags = self._ahead_flags(slot).clone()
         work = launch(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group, async_op=True))
         self.waiting_in[self.cycles] = CYCLE  # until confirmed: a rank that joins meanwhile is told to cycle
-        return SentAhead(flags, work, hit[0], self.cycles)
+        return SentAhead(flags, work, slot, self.cycles)
+
+    def _cached_slot(self, name: str, signature: Signature) -> int | None:
+        """The cache slot of `name` if it was agreed with this very signature (and the cache is on), else None."""
+        hit = self.cache.get(name)
+        if hit is None or (hit[1] is not signature and hit[1] != signature) or not cache_enabled():
+            return None
+        return hit[0]
 
     def _ahead_flags(self, slot: int) -> torch.Tensor:
         """The flags of a cycle in which only cache slot `slot` is pending on this rank (kept: a step sends the same
