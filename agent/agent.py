@@ -10,7 +10,8 @@ The parts, each with one job:
 - agent/workers.py: a worker's environment, spawn, signal, reap;
   agent/standbys.py: spare workers waiting in `init()`;
 - agent/fork_server.py: the host's zygote, which forks workers with torch
-  already imported (started with the job, kept for the next);
+  already imported (one for the agent's own interpreter started with the
+  agent, another where a job needs it, kept for the next);
 - agent/snapshots.py: the host's snapshot of the job's committed state.
 
 What this module adds:
@@ -43,7 +44,7 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from agent.fork_server import ForkServer
+from agent.fork_server import ForkServer, own_key
 from agent.keeper import WorkerKeeper
 from agent.link import DiscoveryLink
 from agent.slots import SlotBook
@@ -109,11 +110,12 @@ class AgentService(Service):
         self.book = SlotBook(time.monotonic)
         self.snapshots = SnapshotKeeper(host, self.log)
         self.link = DiscoveryLink(AsyncClient(self, control.discovery, self.incarnation, security), host, slots, self.incarnation, timing,
-                                  control.values(), self.book, self.snapshots.report, self._host_lost, self.log)
+                                  control.values(), self.book, self._host_report, self._host_lost, self.log)
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
         self.fork_server = ForkServer(fork_server, self.log)
+        self.fork_server.prepare(own_key())
         self.keeper = WorkerKeeper(self, settings, timing, standby, self.book, self.link, self.snapshots, self.fork_server, self.registry,
                                    self.rendezvous, self._worker_exited, self.log)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
@@ -175,6 +177,11 @@ class AgentService(Service):
             return
         if not (self.book.draining and not self.keeper.workers):
             self.link.beat()
+
+    def _host_report(self) -> dict[str, Any]:
+        """What each heartbeat tells discovery of the host beside its liveness: its snapshot, last checkpoint and
+        fork server (what `elasticctl status` shows)."""
+        return {**self.snapshots.report(), "fork_server": self.keeper.fork_server_availability()}
 
     def _host_lost(self) -> None:
         """Discovery declared this host lost: its workers are stopped before it registers afresh."""

@@ -1,23 +1,29 @@
-"""The agent's side of its host's fork server (libworker/zygote.py): start it, ask it for workers, replace it.
+"""The agent's side of its host's fork server (libworker/zygote.py): start it, ask it for workers, replace it, say
+why it does not serve.
 
-`ForkServer.prepare(key_of(plan))` makes sure a zygote for the job is
-running or starting when the agent learns of the job (a round, or the job a
-joining host is told of): one per interpreter, preload list, job
-environment and working directory (its `Key`; the preloads are imported
-there), kept after the job for the next one. `fork(...)`
-returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker:
-pid, poll, wait, stdout and stderr pipes) or None, and the caller spawns
-instead: the job's command is not `python SCRIPT`/`python -m MODULE`, fork
-servers are off (`--no-fork-server`, ELASTIC_FORK_SERVER=0), or the zygote
-refused (one log line, once per key), failed or is still starting.
+A zygote is started with the job's interpreter exactly as the job names it (`python` found on the workers' PATH,
+a virtualenv's `bin/python`, a conda env's, a pyenv shim): a virtualenv's python is a symlink, and resolving it
+would leave the virtualenv and its packages. At start the agent prepares one for its own interpreter
+(`own_key`), so an agent that waits for a job has torch imported before the job arrives; `prepare(key)` makes sure
+the job's zygote is running or starting when the agent learns of the job. One zygote serves every job that agrees
+on its `Key`: the interpreter (`interpreter_identity`), the `--preload` modules, the job's `--env` (what `import
+torch` may read) and, only where there are preloads, the working directory they are imported in; it is kept after
+the job for the next one.
 
-While a zygote starts, `starting()` says so: the agent holds process starts
-back until it is ready (a fresh interpreter would import torch beside it),
-at most `START_LIMIT` seconds. A zygote that dies is started again; after
-`DEATHS_ALLOWED` deaths in a job the agent spawns for the rest of that job.
-The agent is a child subreaper (PR_SET_CHILD_SUBREAPER) while fork servers
-are on, so forked workers are its children; `reap_orphans` reaps whatever
-else is re-parented to it (a worker's own children left behind).
+`fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
+stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
+torchrun-mode job's is the slot's supervisor around it (`python -m agent.torchrun_slot -- CMD`), forked from the
+same zygote, which then forks each round's command from a fork of its own (agent/torchrun_slot.py).
+
+Why a host spawns instead is always said (`availability`): the command is not `python SCRIPT`/`python -m MODULE`,
+fork servers are off, the zygote refused (an import failed or left a thread or CUDA behind) or exited while it
+imported (the last line of its stderr says why: `ModuleNotFoundError: No module named 'torch'`), or it died
+`DEATHS_ALLOWED` times in the job. A zygote killed by a signal is started again. While a zygote starts,
+`starting()` says so: the agent holds process starts back until it is ready (a fresh interpreter would import torch
+beside it), at most `START_LIMIT` seconds.
+
+The agent is a child subreaper (PR_SET_CHILD_SUBREAPER) while fork servers are on, so forked workers are its
+children; `reap_orphans` reaps whatever else is re-parented to it (a worker's own children left behind).
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ import ctypes
 import json
 import os
 import resource
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Collection, Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any
 
 from bus.contract import JobPlan
 from bus.lifetime import die_with_parent
@@ -42,15 +52,35 @@ ANSWER_LIMIT = 5.0
 DEATHS_ALLOWED = 3
 PR_SET_CHILD_SUBREAPER = 36
 ENV_SWITCH = "ELASTIC_FORK_SERVER"
+TORCHRUN_SUPERVISOR = ["-m", "agent.torchrun_slot", "--"]
+SPAWN_COST = "workers start as fresh interpreters (seconds per restart)"
 
 
-class Key(NamedTuple):
-    """What a zygote is started with: one zygote serves the jobs that agree on all of it."""
+@dataclass(frozen=True)
+class Key:
+    """What a zygote is started with: one zygote serves the jobs that agree on all of it but `python` (the path it
+    is started with, as the job names it)."""
 
-    python: str
+    interpreter: str
     preload: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    cwd: str  # the job's working directory, where the preloads are imported from ("": the agent's)
+    cwd: str  # where the preloads are imported from ("": no preloads, or the agent's directory)
+    python: str = field(compare=False)
+
+
+def interpreter_identity(python: str) -> str:
+    """What makes two paths the same interpreter: the binary they run and, for a virtualenv's python (a symlink out
+    of the environment, which the environment's pyvenv.cfg changes the meaning of), the virtualenv."""
+    environment = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    venv = environment if os.path.isfile(os.path.join(environment, "pyvenv.cfg")) else ""
+    real = os.path.realpath(python)
+    return f"{real} in {venv}" if venv else real
+
+
+def own_key() -> Key:
+    """The zygote of the agent's own interpreter, with no preloads and no job environment: prepared at the agent's
+    start, it serves every job run with the same python."""
+    return Key(interpreter_identity(sys.executable), (), (), "", sys.executable)
 
 
 def script_argv(command: list[str]) -> list[str] | None:
@@ -63,15 +93,37 @@ def script_argv(command: list[str]) -> list[str] | None:
     return command[1:] if not command[1].startswith("-") else None
 
 
-def key_of(plan: JobPlan) -> Key | None:
-    """The zygote a job's workers can be forked from; None when they cannot (not a Python script, torchrun mode,
-    the job turned fork servers off, or its python is not found)."""
-    if plan.mode != "horovod" or not plan.fork_server or script_argv(plan.command) is None:
-        return None
-    python = shutil.which(plan.command[0])
+def forked_argv(plan: JobPlan) -> list[str] | None:
+    """What a forked worker of the job runs (the script's arguments, or the torchrun supervisor's around the
+    command); None when the command is not a Python script."""
+    argv = script_argv(plan.command)
+    if argv is None or plan.mode != "torchrun":
+        return argv
+    return [*TORCHRUN_SUPERVISOR, *plan.command]
+
+
+def find_python(command: str, env: Mapping[str, str], cwd: str | None) -> str | None:
+    """The job's interpreter as a worker's exec would find it: on the workers' PATH, or relative to the job's
+    directory; not resolved further (a virtualenv's python must stay itself)."""
+    if os.sep in command:
+        path = os.path.join(cwd or os.getcwd(), command)
+        return os.path.abspath(path) if os.access(path, os.X_OK) else None
+    found = shutil.which(command, path=env.get("PATH", os.defpath))
+    return os.path.abspath(found) if found else None
+
+
+def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]:
+    """The zygote a job's workers can be forked from, or None and why they cannot (not a Python script, the job
+    turned fork servers off, its python is not found)."""
+    if not plan.fork_server:
+        return None, "the job turned fork servers off (--no-fork-server)"
+    if forked_argv(plan) is None:
+        return None, f"the command is not `python SCRIPT` or `python -m MODULE`: {shlex.join(plan.command)[:200]}"
+    python = find_python(plan.command[0], {**base_env, **plan.env}, plan.cwd)
     if python is None:
-        return None
-    return Key(os.path.realpath(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "")
+        return None, f"{plan.command[0]} is not found"
+    cwd = (plan.cwd or "") if plan.preload else ""
+    return Key(interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), cwd, python), ""
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
@@ -107,7 +159,7 @@ class ForkedProcess:
 
 
 class Zygote:
-    """One zygote process and its end of the socket pair."""
+    """One zygote process and its end of the socket pair; its stderr goes to a file, read when it exits unready."""
 
     def __init__(self, key: Key, base_env: Mapping[str, str]) -> None:
         self.key = key
@@ -115,10 +167,15 @@ class Zygote:
         command = [key.python, "-m", "libworker.zygote", "--socket-fd", str(theirs.fileno())]
         if key.preload:
             command += ["--preload", ",".join(key.preload)]
+        self.stderr = tempfile.TemporaryFile()
         try:
             self.process = subprocess.Popen(command, env={**base_env, **dict(key.env), "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, cwd=key.cwd if os.path.isdir(key.cwd) else None,
+                                            stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=key.cwd if os.path.isdir(key.cwd) else None,
                                             pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent())
+        except OSError:
+            self.sock.close()
+            self.stderr.close()
+            raise
         finally:
             theirs.close()
         self.started = time.monotonic()
@@ -142,6 +199,16 @@ class Zygote:
             self.refused = str(hello.get("refused") or f"it said {message[:200]!r} instead of being ready")
         return self.ready
 
+    def exit_reason(self) -> str | None:
+        """Why a zygote that exited by itself before it was ready did (the last line of its stderr: the error that
+        stopped its imports); None when it was killed by a signal or had served (it may be started again)."""
+        code = self.process.returncode
+        if self.ready or code is None or code <= 0:
+            return None
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
+        return f"the fork server exited with code {code}" + (f": {lines[-1][:300]}" if lines else "")
+
     def fork(self, order: dict[str, Any], fds: list[int]) -> int:
         """The forked worker's pid; OSError/ValueError when the zygote cannot serve it."""
         self.sock.settimeout(ANSWER_LIMIT)
@@ -156,6 +223,7 @@ class Zygote:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+        self.stderr.close()
 
 
 def _parse(message: bytes) -> dict[str, Any]:
@@ -172,7 +240,7 @@ class ForkServer:
     def __init__(self, on: bool, log: Any) -> None:
         self.on, self.log = on, log
         self.zygote: Zygote | None = None
-        self.refused: set[Key] = set()
+        self.refused: dict[Key, str] = {}
         self.deaths = 0
         self.stdin = _stdin()
         if on:
@@ -195,6 +263,22 @@ class ForkServer:
     def new_job(self) -> None:
         self.deaths = 0
 
+    def availability(self, key: Key | None, why_not: str) -> dict[str, str]:
+        """This host's fork server for a job whose workers would be forked from `key` (None: they cannot be, for
+        `why_not`): {"state": "ready" | "starting" | "unavailable" | "off", "reason": why it does not serve}."""
+        if not self.on:
+            return {"state": "off", "reason": "the agent runs with --no-fork-server or ELASTIC_FORK_SERVER=0"}
+        if key is None:
+            return {"state": "unavailable", "reason": why_not}
+        if key in self.refused:
+            return {"state": "unavailable", "reason": self.refused[key]}
+        if self.deaths >= DEATHS_ALLOWED:
+            return {"state": "unavailable", "reason": f"the fork server died {self.deaths} times in this job"}
+        zygote = self._serving(key, ready_only=False)
+        if zygote is not None and zygote.check_ready():
+            return {"state": "ready", "reason": ""}
+        return {"state": "starting", "reason": ""}
+
     def starting(self, key: Key | None) -> bool:
         """The zygote for `key` is still importing (process starts wait for it, up to START_LIMIT)."""
         zygote = self._serving(key, ready_only=False)
@@ -207,14 +291,14 @@ class ForkServer:
 
     def fork(self, key: Key | None, command: list[str], env: Mapping[str, str], cwd: str | None) -> ForkedProcess | None:
         """A worker forked from the zygote for `key` that runs `command` (`python SCRIPT ARGS` or `python -m MODULE
-        ARGS`) with this environment and cwd; None: spawn it instead."""
-        zygote, argv = self._serving(key, ready_only=True), script_argv(command)
-        if zygote is None or argv is None:
+        ARGS`, shown as its command line) with this environment and cwd; None: spawn it instead."""
+        zygote = self._serving(key, ready_only=True)
+        if zygote is None:
             return None
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        order = {"argv": argv, "cmdline": command, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(), "agent_pid": os.getpid(),
-                 "umask": _umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
+        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(),
+                 "agent_pid": os.getpid(), "umask": _umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
         try:
             pid = zygote.fork(order, [self.stdin, out_write, err_write])
         except (OSError, ValueError) as exc:
@@ -229,14 +313,16 @@ class ForkServer:
         return ForkedProcess(pid, out_read, err_read)
 
     def check(self) -> None:
-        """After SIGCHLD: a zygote that refused (an import failed, a thread or CUDA in it) is not started again for its
-        key; one that died (a signal, a crash; while importing or serving) is started again."""
+        """After SIGCHLD: a zygote that refused (an import failed, a thread or CUDA in it) or exited by itself while
+        it imported is not started again for its key; one killed by a signal (while importing or serving) or that
+        died after it served is started again."""
         zygote = self.zygote
         if zygote is None or zygote.process.poll() is None:
             return
         zygote.check_ready()
-        if zygote.refused is not None:
-            self._refuse(zygote.key, zygote.refused)
+        reason = zygote.refused or zygote.exit_reason()
+        if reason is not None:
+            self._refuse(zygote.key, reason)
             return
         self.log.warning("fork_server_died", pid=zygote.process.pid, exit_code=zygote.process.returncode, was_ready=zygote.ready)
         self._zygote_lost()
@@ -268,9 +354,9 @@ class ForkServer:
         self.prepare(key)
 
     def _refuse(self, key: Key, reason: str) -> None:
-        self.refused.add(key)
+        self.refused[key] = reason
         self.close()
-        self.log.warning("fork_server_unavailable", reason=reason, detail="workers are spawned instead")
+        self.log.warning("fork_server_unavailable", python=key.python, reason=reason, detail="workers are spawned instead")
 
 
 _RLIMITS = [name for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NPROC",

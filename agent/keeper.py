@@ -15,9 +15,11 @@ It carries out the slot book's decisions (agent/slots.py) on real processes:
   one that dies is replaced with the slots' back-off, and standbys that keep
   dying are given up for the job;
 - every process is forked from the host's fork server where it serves the
-  job (agent/fork_server.py), else spawned; while the fork server imports,
-  starts are held back until it is ready (`start_held_back`); without
-  `--standby`, one standby is kept where the fork server serves the job;
+  job (agent/fork_server.py), else spawned, and the job's output says so once
+  with the reason (`[host] workers start as fresh interpreters ...: REASON`);
+  while the fork server imports, starts are held back until it is ready
+  (`start_held_back`); without `--standby`, one standby is kept where the fork
+  server serves the job;
 - `stop_all` signals every worker; after SIGTERM, `escalate` sends SIGKILL
   to those still alive after the grace.
 Each worker's output is forwarded with a `[host:slot]` prefix.
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.fork_server import ForkServer, key_of
+from agent.fork_server import SPAWN_COST, ForkServer, Key, forked_argv, key_of, own_key
 from agent.link import DiscoveryLink
 from agent.output import PrefixedPipe
 from agent.restarts import RestartPolicy
@@ -63,6 +65,9 @@ class WorkerKeeper:
         self.standbys = StandbyPool()
         self.plan: JobPlan | None = None
         self.held_back: dict[int, SlotInfo | None] = {}
+        self.fork_key: Key | None = None
+        self.fork_why_not = ""
+        self.said_spawning = False
         self.latest_round: dict[str, Any] | None = None
         self._kill_at: float | None = None
 
@@ -113,7 +118,10 @@ class WorkerKeeper:
         if new_job:
             self.snapshots.start_job(plan)
             self.fork_server.new_job()
-        self.fork_server.prepare(key_of(plan))
+            self.said_spawning = False
+        self.fork_key, self.fork_why_not = key_of(plan, os.environ)
+        self.fork_server.prepare(self.fork_key)
+        self._say_if_spawning()
         self.plan = plan
         self.book.start_job(RestartPolicy.of_plan(plan), new_job)
         self._keep_standbys()
@@ -140,14 +148,16 @@ class WorkerKeeper:
         """Start the worker of `local_rank` (STANDBY: a spare that waits in `init()` for a slot): forked from the fork
         server, or spawned; `slot` is its assignment in the round, None when it starts ahead of one. While the fork
         server imports, the start is held back until it is ready (`start_held_back`)."""
-        key = key_of(plan)
-        if self.fork_server.starting(key):
+        if self.fork_server.starting(self.fork_key):
             self.held_back[local_rank] = slot
             return
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
-        forked = self.fork_server.fork(key, plan.command, env, plan.cwd)
-        if forked is None and local_rank == STANDBY and self.standby is None:
-            return  # a default standby is one the fork server makes nearly free; none without it
+        argv = forked_argv(plan)
+        forked = None if argv is None else self.fork_server.fork(self.fork_key, [plan.command[0], *argv], env, plan.cwd)
+        if forked is None:
+            self._say_if_spawning()
+            if local_rank == STANDBY and self.standby is None:
+                return  # a default standby is one the fork server makes nearly free; none without it
         try:
             worker = Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
         except OSError as exc:
@@ -173,13 +183,31 @@ class WorkerKeeper:
 
     def start_held_back(self) -> None:
         """The fork server is ready (or given up on): start the processes held back for it."""
-        if not self.held_back or self.plan is None or self.fork_server.starting(key_of(self.plan)):
+        if not self.held_back or self.plan is None or self.fork_server.starting(self.fork_key):
             return
         held, self.held_back = self.held_back, {}
         for local_rank, slot in held.items():
             if local_rank != STANDBY and local_rank not in self.workers and self.book.may_start_worker() and not self.admit_standby(local_rank):
                 self._spawn(local_rank, self.plan, slot)
         self._keep_standbys()
+
+    def fork_server_availability(self) -> dict[str, str]:
+        """The host's fork server as `elasticctl status` shows it: for the job's workers, or between jobs for the
+        zygote the agent keeps (its own interpreter's, or the last job's)."""
+        if self.plan is not None:
+            return self.fork_server.availability(self.fork_key, self.fork_why_not)
+        zygote = self.fork_server.zygote
+        return self.fork_server.availability(own_key() if zygote is None else zygote.key, "")
+
+    def _say_if_spawning(self) -> None:
+        """Once per job: the job's output says this host spawns its workers, why, and what that costs."""
+        if self.plan is None or self.said_spawning:
+            return
+        availability = self.fork_server.availability(self.fork_key, self.fork_why_not)
+        if availability["state"] in ("unavailable", "off"):
+            self.said_spawning = True
+            sys.stdout.write(f"[{self.host}] {SPAWN_COST}: {availability['reason']}\n")
+            sys.stdout.flush()
 
     def _output_prefix(self, worker: Worker) -> str:
         return f"[{self.host}:{'standby' if worker.local_rank == STANDBY else worker.local_rank}] "
@@ -210,6 +238,7 @@ class WorkerKeeper:
             if not standby.stop_requested and self.book.may_start_worker():
                 self._replace_standby(code)
         self.fork_server.check()
+        self._say_if_spawning()
         reap_orphans({*(w.pid for w in self.workers.values()), *self.standbys.processes, *self.fork_server.pids()})
         if killed_on_request:
             self.ensure_workers()

@@ -58,10 +58,14 @@ def render(view: dict[str, Any]) -> str:
         if h.get("down"):
             restarting = f"slot {', '.join(map(str, h['down']))} restarting after a crash"
             note = f"{note}; {restarting}" if note else restarting
+        fork_server = h.get("fork_server") or {}
+        if fork_server.get("reason"):
+            spawning = f"workers spawn: {fork_server['reason']}"
+            note = f"{note}; {spawning}" if note else spawning
         snapshot = h.get("snapshot")
         held = f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'])} ago" if snapshot else None
-        host_rows.append([h["host"], h["slots"], h["state"], held, note])
-    lines += _table(["HOST", "SLOTS", "STATE", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
+        host_rows.append([h["host"], h["slots"], h["state"], fork_server.get("state"), held, note])
+    lines += _table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
     lines.append("")
     worker_rows = [[w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]] for w in view["workers"]]
     lines += _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]

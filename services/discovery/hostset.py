@@ -48,6 +48,7 @@ class HostRecord:
     down: frozenset[int] = field(default_factory=frozenset)
     down_version: int = 0
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fork_server: dict[str, str] | None = None  # its agent's last report: {"state", "reason"} (agent/fork_server.py)
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ class HostSet:
                     "blacklist_count": record.blacklist_count,
                     "snapshot": record.snapshots.get("snapshot"),
                     "checkpoint": record.snapshots.get("checkpoint"),
+                    "fork_server": record.fork_server,
                 }
             )
         return rows

@@ -1,11 +1,12 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
 Messages:
-  register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint}   an agent (re)starts;
+  register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}   an agent (re)starts;
                                            warm=False while its workers start
-  heartbeat {host, incarnation, warm, snapshot, checkpoint}      -> {status: ok | unknown | lost}
+  heartbeat {host, incarnation, warm, snapshot, checkpoint, fork_server}      -> {status: ok | unknown | lost}
                                            snapshot {commit, bytes, written_at}: the host's snapshot;
-                                           checkpoint {commit, bytes, written_at, path}: its last durable copy
+                                           checkpoint {commit, bytes, written_at, path}: its last durable copy;
+                                           fork_server {state: ready | starting | unavailable | off, reason}
   slots {host, incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet
   unregister {host, incarnation}           an agent leaves cleanly
   hosts                                    -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]],
@@ -69,6 +70,8 @@ from services.discovery.script import DiscoveryScript
 
 
 MAX_PATH = 4096
+MAX_REASON = 500
+FORK_SERVER_STATES = ("ready", "starting", "unavailable", "off")
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 METRICS_INTERVAL = 1.0
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
@@ -109,6 +112,7 @@ class DiscoveryService(Service):
         down, version = self._down(request) if "down" in request.body else ((), 0)
         self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request), down=down, down_version=version)
         self.hostset.hosts[host].snapshots = self._snapshots(request)
+        self.hostset.hosts[host].fork_server = self._fork_server(request)
         self.log.info("host_registered", host=host, slots=slots, down=list(down))
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
@@ -134,11 +138,12 @@ class DiscoveryService(Service):
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
         was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
-        snapshots = self._snapshots(request)
+        snapshots, fork_server = self._snapshots(request), self._fork_server(request)
         status = self.hostset.heartbeat(host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
         HEARTBEATS.labels(status).inc()
         if status == "ok":
             self.hostset.hosts[host].snapshots = snapshots
+            self.hostset.hosts[host].fork_server = fork_server
         if status == "ok" and not was_warm and self.hostset.hosts[host].warm:
             self.log.info("host_warm", host=host)
             self._changed()
@@ -163,6 +168,16 @@ class DiscoveryService(Service):
                 raise RequestError("bad_request", f"{kind}.path must be a path of at most {MAX_PATH} characters")
             found[kind] = {"commit": commit, "bytes": size, "written_at": float(written_at), **({"path": path} if path else {})}
         return found
+
+    @staticmethod
+    def _fork_server(request: Request) -> dict[str, str] | None:
+        """The agent's report of its fork server (None from an agent that does not report one)."""
+        report = request.body.get("fork_server")
+        if report is None:
+            return None
+        if not isinstance(report, dict) or report.get("state") not in FORK_SERVER_STATES or not isinstance(report.get("reason", ""), str):
+            raise RequestError("bad_request", f"field 'fork_server' must be a map with a state of {', '.join(FORK_SERVER_STATES)} and a reason")
+        return {"state": report["state"], "reason": report.get("reason", "")[:MAX_REASON]}
 
     @staticmethod
     def _warm(request: Request) -> bool:

@@ -4,15 +4,15 @@ is not safe to fork (libworker/zygote.py), and the job options that steer it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-import os
-
-from agent.fork_server import Key, enabled, key_of
+from agent.fork_server import Key, enabled, forked_argv, interpreter_identity, key_of, own_key
 from bus.contract import JobPlan
 from bus.service import RequestError
 from libworker.zygote import fork_hazards, native_threads
@@ -23,32 +23,59 @@ def plan(command: list[str], **fields: object) -> JobPlan:
     return JobPlan(job=1, command=command, **fields)  # type: ignore[arg-type]
 
 
+def key(command: list[str], **fields: object) -> Key | None:
+    return key_of(plan(command, **fields), os.environ)[0]
+
+
 def test_a_python_script_or_module_job_is_forked_from_the_zygote_of_its_interpreter() -> None:
-    key = key_of(plan([sys.executable, "train.py", "--lr", "0.1"]))
-    assert key == Key(os.path.realpath(sys.executable), (), (), ""), "the zygote of the interpreter itself, without preloads"
-    assert key_of(plan([sys.executable, "-m", "pkg.train"])) == key
-    assert key_of(plan(["python3", "train.py"])) is not None, "a python on PATH is found"
+    found = key([sys.executable, "train.py", "--lr", "0.1"])
+    assert found == own_key(), "the agent's own interpreter's zygote, without preloads, serves it"
+    assert found is not None and found.python == sys.executable, "started as named, not resolved"
+    assert key([sys.executable, "-m", "pkg.train"]) == found
+    assert key(["python3", "train.py"]) is not None, "a python on PATH is found"
+
+
+def test_a_virtualenvs_python_is_its_own_interpreter_though_it_links_to_the_base_one(tmp_path: Path) -> None:
+    base = os.path.realpath(sys.executable)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(base)}\n")
+    for name in ("python", "python3"):
+        (venv / "bin" / name).symlink_to(base)
+    found = key([str(venv / "bin" / "python"), "train.py"])
+    assert found is not None and found.python == str(venv / "bin" / "python"), "the zygote starts with the venv's python, not the one it links to"
+    assert found.interpreter != interpreter_identity(base)
+    assert key([str(venv / "bin" / "python3"), "train.py"]) == found, "two names of one venv's python are one interpreter"
+    on_path = key_of(plan(["python", "train.py"], env={"PATH": str(venv / "bin")}), {})[0]
+    assert on_path is not None and on_path.python == str(venv / "bin" / "python"), "found on the workers' PATH"
+    relative = key([os.path.join("venv", "bin", "python"), "train.py"], cwd=str(tmp_path))
+    assert relative is not None and relative.interpreter == found.interpreter, "relative to the job's directory, as exec finds it"
 
 
 @pytest.mark.parametrize("command", [["sh", "-c", "python train.py"], ["./train"], [sys.executable, "-u", "train.py"], [sys.executable, "-m"],
                                      ["python-that-does-not-exist-9", "train.py"]])
-def test_what_is_not_python_script_args_is_spawned(command: list[str]) -> None:
-    assert key_of(plan(command)) is None
+def test_what_is_not_python_script_args_is_spawned_with_a_reason(command: list[str]) -> None:
+    found, why_not = key_of(plan(command), os.environ)
+    assert found is None and why_not, why_not
 
 
-def test_torchrun_mode_and_a_job_that_turned_it_off_are_spawned() -> None:
-    assert key_of(plan([sys.executable, "train.py"], mode="torchrun")) is None
-    assert key_of(plan([sys.executable, "train.py"], fork_server=False)) is None
+def test_a_job_that_turned_it_off_is_spawned_and_torchrun_mode_forks_its_supervisor() -> None:
+    assert key_of(plan([sys.executable, "train.py"], fork_server=False), os.environ) == (None, "the job turned fork servers off (--no-fork-server)")
+    torchrun = plan([sys.executable, "train.py", "--lr", "1"], mode="torchrun")
+    assert key_of(torchrun, os.environ)[0] == own_key()
+    assert forked_argv(torchrun) == ["-m", "agent.torchrun_slot", "--", sys.executable, "train.py", "--lr", "1"]
+    assert forked_argv(plan(["sh", "-c", "python train.py"], mode="torchrun")) is None
 
 
-def test_preloads_the_jobs_environment_and_directory_make_a_zygote_of_their_own() -> None:
-    base = key_of(plan([sys.executable, "train.py"]))
-    preloading = key_of(plan([sys.executable, "train.py"], preload=("transformers",)))
-    with_env = key_of(plan([sys.executable, "train.py"], env={"OMP_NUM_THREADS": "1"}))
+def test_preloads_and_the_jobs_environment_make_a_zygote_of_their_own_and_the_directory_only_with_preloads() -> None:
+    base = key([sys.executable, "train.py"])
+    preloading = key([sys.executable, "train.py"], preload=("transformers",))
+    with_env = key([sys.executable, "train.py"], env={"OMP_NUM_THREADS": "1"})
     assert len({base, preloading, with_env}) == 3
-    assert key_of(plan([sys.executable, "other.py"], env={"OMP_NUM_THREADS": "1"})) == with_env
-    in_project = key_of(plan([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project"))
+    assert key([sys.executable, "other.py"], env={"OMP_NUM_THREADS": "1"}) == with_env
+    in_project = key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project")
     assert in_project is not None and in_project.cwd == "/srv/project", "preloads import from the job's directory"
+    assert key([sys.executable, "train.py"], cwd="/srv/project") == base, "without preloads, any directory's job shares the zygote"
 
 
 def test_the_environment_switch_turns_it_off() -> None:
