@@ -23,8 +23,9 @@ What this module adds:
   channel (`subscribe`) receives the relayed events, a standby waits in
   `standby` for a slot, `script_ended` (sent by libworker at exit) marks a
   worker whose script ended, the snapshot writer reports each commit's
-  duration (`committed`), and a torchrun-mode slot's supervisor reports its
-  command's failure (`child_failed`, agent/torchrun_slot.py);
+  duration (`committed`), and a torchrun-mode slot's supervisor reports each
+  round's command (`command_started`) and its failure (`child_failed`,
+  agent/torchrun_slot.py);
 - signals, handled in the loop (SIGCHLD reaps; SIGTERM drains the host:
   workers leave at their next commit, then the agent unregisters and exits;
   a second SIGTERM stops them now);
@@ -305,6 +306,16 @@ class AgentService(Service):
             raise RequestError("not_a_worker", f"process {pid} is not the worker of slot {local_rank} on host {self.host}")
         self.log.warning("command_failed", local_rank=local_rank, pid=pid, exit_code=code)
         self.keeper.report_exit(local_rank, pid, code, process_lives=True, restarting=True)
+        return {}
+
+    @handles("command_started")
+    def on_command_started(self, request: Request) -> dict[str, Any]:
+        """A torchrun-mode slot's supervisor started its round's command (forked from its seed, or spawned)."""
+        local_rank, pid, command_pid = field(request.body, "local_rank", int), field(request.body, "pid", int), field(request.body, "command_pid", int)
+        forked = request.body.get("forked")
+        if not isinstance(forked, bool):
+            raise RequestError("bad_request", "field 'forked' must be a bool")
+        self.log.info("command_started", local_rank=local_rank, pid=pid, command_pid=command_pid, forked=forked, round=request.body.get("round"))
         return {}
 
     @handles("script_ended")

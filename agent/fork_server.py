@@ -131,12 +131,14 @@ def enabled(environ: Mapping[str, str]) -> bool:
 
 
 class ForkedProcess:
-    """A worker forked by the zygote and re-parented to this process: waited for as a child, like a Popen."""
+    """A worker forked by a zygote and re-parented to this process: waited for as a child, like a Popen (with the
+    read ends of its stdout and stderr pipes, where it has them)."""
 
-    def __init__(self, pid: int, stdout: int, stderr: int) -> None:
+    def __init__(self, pid: int, stdout: int | None = None, stderr: int | None = None) -> None:
         self.pid = pid
         self.returncode: int | None = None
-        self.stdout, self.stderr = os.fdopen(stdout, "rb"), os.fdopen(stderr, "rb")
+        self.stdout = None if stdout is None else os.fdopen(stdout, "rb")
+        self.stderr = None if stderr is None else os.fdopen(stderr, "rb")
 
     def poll(self) -> int | None:
         if self.returncode is None:

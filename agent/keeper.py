@@ -49,7 +49,8 @@ from bus.contract import JobPlan
 from bus.service import Service
 
 STOP_GRACE = 5.0
-DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not)
+DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not,
+# nor in torchrun mode, where a crashed command's supervisor lives on and forks the next round's)
 
 
 class WorkerKeeper:
@@ -299,7 +300,7 @@ class WorkerKeeper:
         """Start standbys until `--standby` of them exist (while a job runs and the host is not draining)."""
         if self.plan is None or not self.book.may_keep_standbys():
             return
-        wanted = self.standby if self.standby is not None else DEFAULT_FORKED_STANDBYS
+        wanted = self.standby if self.standby is not None else 0 if self.plan.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
         for _ in range(wanted - len(self.standbys)):
             self._spawn(STANDBY, self.plan, None)
 

@@ -14,12 +14,16 @@ In each round:
   store its peers still use when it exits. The supervisor of local rank 0 starts its store server at once (rank 0
   is nearly always some host's local rank 0), any other when it first holds rank 0;
 - it starts the command with torchrun's variables for the slot (`torchrun_environment`), in a process group of
-  its own (so stopping it stops its children too, e.g. data-loader workers). A command of the form `python
-  SCRIPT ARGS` or `python -m MODULE ARGS` starts warm: the supervisor keeps an interpreter that has imported
-  torch waiting (libworker.warm_start, started `WARM_DELAY` seconds into a round, so it does not compete with
-  the round's start) and hands it the command, so a new round's workers do not wait for `import torch`. A warm
-  interpreter that failed to start (libworker not importable by the command's python) turns warm starts off
-  for the slot, with one line; `ELASTIC_WARM_START=0` turns them off for a job.
+  its own (so stopping it stops its children too, e.g. data-loader workers).
+
+How the command starts. Where the host's fork server serves the job (agent/fork_server.py), the agent forks this
+supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a
+`CommandSeed`, a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
+MODULE ARGS`) is forked from that seed (libworker/zygote.py's protocol: re-parented to this supervisor, a child
+subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh
+interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned
+supervisor (fork servers off, a command that is not a Python script) starts each command as a fresh interpreter;
+a seed that dies does too, from then on, with one line.
 
 What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
 peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
@@ -31,14 +35,17 @@ exits by itself:
   round; the registry aborts the round for every other slot.
 SIGTERM or SIGINT to the supervisor (the job's end, the agent stopping) stops the command the same way, then the
 supervisor exits as the command did (killed by the same signal, when it was); between commands it dies of the
-signal at once.
+signal at once. The command and the seed die with the supervisor (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,7 +53,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agent.fork_server import script_argv
+from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, script_argv
+from agent.workers import WorkerProcess, reap_orphans
 from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
@@ -55,7 +63,8 @@ from bus.envelope import Message
 from bus.lifetime import die_with_parent
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
-WARM_DELAY = 2.0
+SEED_ANSWER_LIMIT = 5.0
+PR_SET_PDEATHSIG = 1
 STOP_GRACE = 5.0
 POLL = 0.01
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
@@ -114,51 +123,77 @@ class RoundStores:
             raise RuntimeError("the store server exited")
         return f"{self.address}:{int(port)}"
 
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
     def close(self) -> None:
         if self.process is not None:
             _stop(self.process)
             self.process = None
 
 
-class WarmStart:
-    """The slot's waiting warm interpreter (at most one), for the next round's command."""
+class CommandSeed:
+    """A fork of this supervisor, made before it starts any thread, that forks each round's command on order (the
+    zygote's protocol, with this supervisor as the parent the command is re-parented to)."""
 
-    def __init__(self, command: list[str]) -> None:
-        self.python, self.argv = command[0], script_argv(command)
-        self.enabled = self.argv is not None and os.environ.get("ELASTIC_WARM_START", "1") != "0"
-        self.process: subprocess.Popen[bytes] | None = None
+    def __init__(self) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        supervisor = os.getpid()
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.pid = os.fork()
+        if self.pid == 0:
+            self.sock.close()
+            _serve_as_seed(theirs, supervisor)
+        theirs.close()
 
-    def prepare(self) -> None:
-        if self.enabled and self.process is None:
-            self.process = subprocess.Popen([self.python, "-m", "libworker.warm_start"], stdin=subprocess.PIPE, start_new_session=True,
-                                            preexec_fn=die_with_parent())
-
-    def take(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-        """Hand the command to the waiting interpreter; None when there is none (it is then started cold)."""
-        process, self.process = self.process, None
-        if process is None:
-            return None
-        if process.poll() is not None:
-            self.enabled = False
-            say(f"warm start unavailable (the warm interpreter exited with code {process.returncode}); commands start cold")
-            return None
-        assert process.stdin is not None and self.argv is not None
+    def fork(self, command: list[str], env: Mapping[str, str]) -> ForkedProcess | None:
+        """The command forked from the seed, on this supervisor's stdio; None when the seed cannot serve (gone)."""
+        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": _umask()}
         try:
-            process.stdin.write(json.dumps({"argv": self.argv, "env": env, "cwd": os.getcwd()}).encode() + b"\n")
-            process.stdin.close()
-        except BrokenPipeError:
-            self.enabled = False
+            self.sock.settimeout(SEED_ANSWER_LIMIT)
+            socket.send_fds(self.sock, [json.dumps(order).encode()], [0, 1, 2])
+            answer = json.loads(self.sock.recv(65536) or b"{}")
+        except (OSError, ValueError) as exc:
+            say(f"the command seed is gone ({exc or type(exc).__name__}); commands start as fresh interpreters (seconds per restart)")
             return None
-        return process
+        if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
+            say(f"the command seed refused ({answer}); commands start as fresh interpreters (seconds per restart)")
+            return None
+        return ForkedProcess(answer["pid"])
 
-    def discard(self) -> None:
-        if self.process is not None:
-            _stop(self.process)
-            self.process = None
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _serve_as_seed(sock: socket.socket, supervisor: int) -> None:
+    """In the seed: wait for orders until the supervisor closes its end or dies; in a command forked from it, run
+    the script (libworker's zygote) and exit as it does, never returning into the supervisor's code."""
+    from libworker import warm_start, zygote
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != supervisor:
+        os._exit(0)
+    gc.freeze()
+    order, fds = zygote.serve(sock, zygote.native_threads())
+    sock.close()
+    zygote.become_worker(order, fds)
+    warm_start.start(order)
+    sys.exit(0)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class SlotSupervisor:
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], seed: CommandSeed | None) -> None:
         self.command = command
         self.timing = Timing.from_env()
         self.local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1"))
@@ -169,9 +204,9 @@ class SlotSupervisor:
         self.aborted_round = 0
         self.newest_hosts_update = 0.0
         self.stop_signal: int | None = None
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: WorkerProcess | None = None
         self.lock = threading.Lock()
-        self.warm = WarmStart(command)
+        self.seed = seed
         self.stores = RoundStores(os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1"))
         self.link.listeners.append(self._on_event)
         self.link.wait_subscribed(5.0)
@@ -200,13 +235,13 @@ class SlotSupervisor:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_stop_signal)
-        self.warm.prepare()
         if self.local_rank == 0:
             self.stores.start()
         try:
             return self._serve()
         finally:
-            self.warm.discard()
+            if self.seed is not None:
+                self.seed.close()
             self.stores.close()
 
     def _serve(self) -> int:
@@ -257,17 +292,38 @@ class SlotSupervisor:
         max_restarts = os.environ.get(WorkerEnv.RESET_LIMIT)
         env = {**os.environ, **torchrun_environment(self.slot, master, int(max_restarts) if max_restarts else None,
                                                     os.environ.get(WorkerEnv.JOB_KEY, ""), os.environ)}
-        child = self.child = self.warm.take(env) or subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+        child = self.child = self._start_command(env)
+        self._tell_started(child)
         try:
             return self._watch(child)
         finally:
             self.child = None
 
-    def _watch(self, child: subprocess.Popen[bytes]) -> int | None:
-        warm_at = time.monotonic() + WARM_DELAY
+    def _start_command(self, env: dict[str, str]) -> WorkerProcess:
+        """The round's command: forked from the seed where there is one, else a fresh interpreter."""
+        if self.seed is not None:
+            forked = self.seed.fork(self.command, env)
+            if forked is not None:
+                return forked
+            self.seed.close()
+            self.seed = None
+        return subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
+
+    def _tell_started(self, child: WorkerProcess) -> None:
+        """The agent logs each round's command (`command_started`: its pid, and whether it was forked)."""
+        body = {"local_rank": self.local_rank, "pid": worker_pid(), "command_pid": child.pid, "forked": isinstance(child, ForkedProcess), "round": self.round}
+        try:
+            self.link.requests.request("command_started", body, timeout=5.0, deadline=30.0)
+        except (Unreachable, ServiceError) as exc:
+            say(f"could not tell the agent: {exc}")
+
+    def _known_children(self) -> set[int]:
+        """The children this supervisor waits for itself (the rest re-parented to it are reaped as orphans)."""
+        return {pid for pid in (self.seed and self.seed.pid, self.child and self.child.pid, self.stores.pid()) if pid}
+
+    def _watch(self, child: WorkerProcess) -> int | None:
         while (code := _wait(child, POLL)) is None:
-            if time.monotonic() > warm_at:
-                self.warm.prepare()
+            reap_orphans(self._known_children())
             if self.stop_signal is not None:
                 return _stop(child)
             if self.round_ending():
@@ -287,24 +343,24 @@ class SlotSupervisor:
             say(f"could not tell the agent: {exc}")
 
 
-def _wait(child: subprocess.Popen[bytes], timeout: float) -> int | None:
-    try:
-        return child.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return None
+def _wait(child: WorkerProcess, timeout: float) -> int | None:
+    """The child's exit code once it exits within `timeout` seconds, else None (spawned or forked alike)."""
+    deadline = time.monotonic() + timeout
+    while (code := child.poll()) is None and time.monotonic() < deadline:
+        time.sleep(min(0.005, timeout))
+    return code
 
 
-def _stop(child: subprocess.Popen[bytes]) -> int:
+def _stop(child: WorkerProcess) -> int:
     """SIGTERM to the command's process group, SIGKILL after STOP_GRACE; its exit code."""
-    for signum, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, None)):
+    for signum in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
-        try:
-            return child.wait(grace)
-        except subprocess.TimeoutExpired:
-            continue
+        code = _wait(child, STOP_GRACE)
+        if code is not None:
+            return code
     return child.wait()
 
 
@@ -319,7 +375,9 @@ def main() -> None:
         command = command[1:]
     if not command:
         sys.exit("usage: python -m agent.torchrun_slot [--] COMMAND [ARGS...]")
-    code = SlotSupervisor(command).run()
+    forked_from_a_zygote = "torch" in sys.modules  # a spawned supervisor never imports it
+    seed = CommandSeed() if forked_from_a_zygote and script_argv(command) is not None else None
+    code = SlotSupervisor(command, seed).run()
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

@@ -1,20 +1,15 @@
-"""A warm interpreter for a torchrun-mode slot: torch imported ahead of the round, the script run when it starts.
+"""Run a script in an interpreter that has already imported torch: what a forked worker does once it is on its own.
 
-A torchrun-mode slot's supervisor (agent/torchrun_slot.py) keeps one of these waiting while its command runs:
-`python -m libworker.warm_start` imports torch, torch.distributed, DDP, what a first optimizer imports and
-libworker (`PRELOADED`), never
-touches CUDA, and then blocks reading one JSON line on stdin: the command's `argv` (a script's path or `-m
-MODULE`, then its arguments), `env` and `cwd`. It takes that environment as its own (and, when it names
-OMP_NUM_THREADS, the thread count torch would have read from it at start), goes to `cwd` and runs the script as
-`python SCRIPT ARGS` would, as `__main__` (runpy): so the next round's command starts without paying for a fresh
-interpreter and `import torch`. Its exit is the script's. An end of input without a line (the supervisor is done
-with it) exits 0 without running anything.
+A process forked from a zygote (libworker/zygote.py: the host's fork server, or a torchrun-mode supervisor's seed,
+agent/torchrun_slot.py) ends in `start(order)`: it takes the order's environment as its own (and, when it names
+OMP_NUM_THREADS, the thread count torch would have read from it at start), goes to the order's `cwd` and runs the
+script (`argv`: a script's path or `-m MODULE`, then its arguments) as `python SCRIPT ARGS` would, as `__main__`
+(runpy). Its exit is the script's. `PRELOADED` is what the zygote imports for it: torch, torch.distributed, DDP,
+what a first optimizer imports, and libworker; never CUDA.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import runpy
 import sys
@@ -43,16 +38,3 @@ def start(order: dict[str, Any]) -> None:
         sys.argv = argv
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
-
-
-def main() -> None:
-    for name in PRELOADED:
-        importlib.import_module(name)
-    line = sys.stdin.readline()
-    if not line.strip():
-        sys.exit(0)
-    start(json.loads(line))
-
-
-if __name__ == "__main__":
-    main()

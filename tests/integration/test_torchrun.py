@@ -113,6 +113,39 @@ def test_a_killed_worker_starts_every_worker_again_from_the_last_save(cluster: C
     assert "parameters identical on all 2 ranks: True" in cluster.output("agent-host-1")
 
 
+def agent_events(cluster: Cluster, host: str, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in cluster.output(f"agent-{host}").splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return [e for e in found if e.get("event") == event]
+
+
+def test_a_worker_killed_a_second_into_the_job_comes_back_forked_from_the_fork_server(cluster: Cluster, tmp_path: Path) -> None:
+    """A crash one second in costs what a crash after an hour costs: the first round's commands and the next round's
+    are forked (the supervisors from the host's zygote, the commands from their seeds), none spawned."""
+    cluster.start_agent("host-1", 2)
+    job = cluster.submit("--mode", "torchrun", "--", *ddp(tmp_path, "--steps", "150", "--step-delay", "0.03", "--checkpoint", str(tmp_path / "ddp.pt")))
+    first_step = wait_for(lambda: next((e for e in read_events(tmp_path / "log") if e["event"] == "step"), None), 120, "the job's first step")
+    wait_for(lambda: any(e["event"] == "step" and e["time"] >= first_step["time"] + 1.0 for e in read_events(tmp_path / "log")), 30, "a second of training")
+    victim = next(e["pid"] for e in starts(tmp_path) if e["rank"] == 1)
+    os.kill(victim, signal.SIGKILL)
+    assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run")
+    second = starts_of_restart(tmp_path, 1, 2)
+    assert second is not None, starts(tmp_path)
+    assert_resumed_together(second, 2, at_least=0)
+    started = agent_events(cluster, "host-1", "command_started")
+    assert sorted((e["round"], e["local_rank"]) for e in started) == [(1, 0), (1, 1), (2, 0), (2, 1)], started
+    assert all(e["forked"] for e in started), started
+    assert {e["command_pid"] for e in started if e["round"] == 2} == {e["pid"] for e in second}
+    supervisors = agent_events(cluster, "host-1", "worker_started")
+    assert [e["forked"] for e in supervisors] == [True, True], supervisors
+    assert "parameters identical on all 2 ranks: True" in cluster.output("agent-host-1")
+
+
 def test_an_added_host_a_drain_and_a_lost_host_each_start_a_new_round(cluster: Cluster, tmp_path: Path) -> None:
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 1)
