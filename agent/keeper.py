@@ -77,6 +77,8 @@ class WorkerKeeper:
         self.plan = None
         self.latest_round = None
         self.held_back.clear()
+        if self.fork_server.zygote is None:
+            self.fork_server.prepare(own_key())  # the job's could not serve: ready the agent's own for the next
         self.book.end_job()
         self.set_down(frozenset())
         self.standbys.signal_all(signal.SIGTERM)
@@ -194,7 +196,7 @@ class WorkerKeeper:
 
     def fork_server_availability(self) -> dict[str, str]:
         """The host's fork server as `elasticctl status` shows it: for the job's workers, or between jobs for the
-        zygote the agent keeps (its own interpreter's, or the last job's)."""
+        zygote the agent keeps (the last job's, else its own interpreter's)."""
         if self.plan is not None:
             return self.fork_server.availability(self.fork_key, self.fork_why_not)
         zygote = self.fork_server.zygote

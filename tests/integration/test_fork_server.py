@@ -2,7 +2,8 @@
 one would be; a crash is replaced by a fork, with or without a standby, and by a spawn with `--no-fork-server`; a
 zygote killed mid-job is started again and the next replacement still starts; one that keeps dying is given up and
 the job spawns; forked workers die with their agent; a `--preload` that is not fork-safe (a thread at import) or not importable falls back to spawning
-with one line, and the job runs."""
+with one line, and the job runs; `elasticctl status` shows each host's fork server, and a host that spawns says why
+once in the job's output (issue 31)."""
 
 from __future__ import annotations
 
@@ -155,3 +156,41 @@ def test_a_preload_that_cannot_be_forked_falls_back_to_spawning_with_one_line(cl
         reason = unavailable[0]["reason"]
         assert ("metrics-flusher" in reason) if preload.startswith("tests") else ("No module named 'no_such_module_anywhere'" in reason), reason
         assert [e["forked"] for e in logged(cluster, host, "worker_started")] == [False], host
+
+
+def hosts_in_status(cluster: Cluster) -> dict[str, dict]:
+    result = cluster.elasticctl("status", "--json")
+    assert result.returncode == 0, result.stderr
+    return {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
+
+
+def spawning_lines(cluster: Cluster, host: str) -> list[str]:
+    return [line for line in cluster.output(f"agent-{host}").splitlines() if "workers start as fresh interpreters" in line]
+
+
+def test_status_shows_each_hosts_fork_server_and_a_host_that_spawns_says_why_once(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, "--preload", "no_such_module_anywhere", agent_args=("--standby", "0"), epochs=12)
+    why = "--preload no_such_module_anywhere: ModuleNotFoundError: No module named 'no_such_module_anywhere'"
+    wait_for(lambda: all(h["fork_server"] == {"state": "unavailable", "reason": why} for h in hosts_in_status(cluster).values()), 30,
+             "every host's fork server shown unavailable")
+    table = cluster.elasticctl("status").stdout
+    host_rows = {}
+    for line in table.splitlines():
+        host_rows.setdefault(line.split(" ", 1)[0], line)  # the hosts' table comes before the workers'
+    assert "FORK SERVER" in host_rows["HOST"], table
+    assert all(" unavailable " in host_rows[host] and host_rows[host].endswith(f"workers spawn: {why}") for host in HOSTS), table
+    kill_and_wait_for_the_replacement(cluster, log_dir, "host-2")
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    for host in HOSTS:
+        assert spawning_lines(cluster, host) == [f"[{host}] workers start as fresh interpreters (seconds per restart): {why}"], "once per host, a replacement included"
+    wait_for(lambda: all(h["fork_server"]["state"] == "ready" for h in hosts_in_status(cluster).values()), 60,
+             "between jobs, each agent's own interpreter's fork server ready again")
+
+
+def test_status_shows_ready_fork_servers_and_nothing_is_said_while_they_serve(cluster: Cluster, tmp_path: Path) -> None:
+    job, log_dir = start_job(cluster, tmp_path, agent_args=("--standby", "0"), epochs=2)
+    assert {h["fork_server"]["state"] for h in hosts_in_status(cluster).values()} == {"ready"}
+    assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
+    assert not any(spawning_lines(cluster, host) for host in HOSTS)
+    started = [e["forked"] for host in HOSTS for e in logged(cluster, host, "worker_started")]
+    assert started == [True] * 3, started
