@@ -3,12 +3,14 @@ torchrun's environment, and starts it again at every new round.
 
 The agent starts one per slot of a `--mode torchrun` job (`python -m agent.torchrun_slot CMD...`) in place of the
 command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
-the slot's exit). It never imports torch: it costs a small interpreter per slot and lives as long as the slot.
+the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter per slot);
+forked from the host's zygote, it shares the zygote's pages and costs what it writes.
 
 In each round:
 - it joins through its agent (`rank_and_size`, as libworker's `join()` does) and learns the slot's rank;
 - rank 0's supervisor has a new store served for the round (`RoundStores`: a process of its own,
-  libworker.round_store, kept for the job, which serves a fresh TCPStore per round, as torchrun's agent does)
+  libworker.round_store, forked from the seed where there is one, kept for the job, which serves a fresh TCPStore
+  per round, as torchrun's agent does)
   and publishes `address:port` under the round's prefix in the rendezvous key-value store; the others read it
   there. The commands connect to it as clients (TORCHELASTIC_USE_AGENT_STORE=True), so none of them serves a
   store its peers still use when it exits. The supervisor of local rank 0 starts its store server at once (rank 0
@@ -51,7 +53,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, script_argv
 from agent.workers import WorkerProcess, reap_orphans
@@ -97,29 +99,44 @@ def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int
 
 
 class RoundStores:
-    """This slot's store server (libworker.round_store), started once: a new store for each round it serves."""
+    """This slot's store server (libworker.round_store), started once (forked from the seed where there is one): a
+    new store for each round it serves."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.process: subprocess.Popen[bytes] | None = None
+    def __init__(self, address: str, seed: CommandSeed | None) -> None:
+        self.address, self.seed = address, seed
+        self.process: WorkerProcess | None = None
+        self.requests: IO[bytes] | None = None
+        self.ports: IO[bytes] | None = None
 
     def start(self) -> None:
-        if self.process is None:
-            self.process = subprocess.Popen([sys.executable, "-m", "libworker.round_store", self.address], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent())
+        if self.process is not None:
+            return
+        command = [sys.executable, "-m", "libworker.round_store", self.address]
+        if self.seed is not None:
+            (requests_read, requests_write), (ports_read, ports_write) = os.pipe(), os.pipe()
+            forked = self.seed.fork(command, os.environ, (requests_read, ports_write, 2))
+            os.close(requests_read)
+            os.close(ports_write)
+            if forked is not None:
+                self.process, self.requests, self.ports = forked, os.fdopen(requests_write, "wb"), os.fdopen(ports_read, "rb")
+                return
+            os.close(requests_write)
+            os.close(ports_read)
+        spawned = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent())
+        self.process, self.requests, self.ports = spawned, spawned.stdin, spawned.stdout
 
     def next_store(self) -> str:
         """`address:port` of a new store for this round."""
         self.start()
-        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        assert self.requests is not None and self.ports is not None
         try:
-            self.process.stdin.write(b"next\n")
-            self.process.stdin.flush()
-            port = self.process.stdout.readline().strip()
+            self.requests.write(b"next\n")
+            self.requests.flush()
+            port = self.ports.readline().strip()
         except BrokenPipeError:
             port = b""
         if not port.isdigit():
-            self.process = None
+            self.close()
             raise RuntimeError("the store server exited")
         return f"{self.address}:{int(port)}"
 
@@ -127,9 +144,12 @@ class RoundStores:
         return None if self.process is None else self.process.pid
 
     def close(self) -> None:
+        for stream in (self.requests, self.ports):
+            if stream is not None:
+                stream.close()
         if self.process is not None:
             _stop(self.process)
-            self.process = None
+        self.process = self.requests = self.ports = None
 
 
 class CommandSeed:
@@ -146,12 +166,12 @@ class CommandSeed:
             _serve_as_seed(theirs, supervisor)
         theirs.close()
 
-    def fork(self, command: list[str], env: Mapping[str, str]) -> ForkedProcess | None:
-        """The command forked from the seed, on this supervisor's stdio; None when the seed cannot serve (gone)."""
+    def fork(self, command: list[str], env: Mapping[str, str], stdio: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
+        """`command` forked from the seed, on this supervisor's stdio or `stdio`; None when the seed cannot serve."""
         order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": _umask()}
         try:
             self.sock.settimeout(SEED_ANSWER_LIMIT)
-            socket.send_fds(self.sock, [json.dumps(order).encode()], [0, 1, 2])
+            socket.send_fds(self.sock, [json.dumps(order).encode()], list(stdio))
             answer = json.loads(self.sock.recv(65536) or b"{}")
         except (OSError, ValueError) as exc:
             say(f"the command seed is gone ({exc or type(exc).__name__}); commands start as fresh interpreters (seconds per restart)")
@@ -207,7 +227,7 @@ class SlotSupervisor:
         self.child: WorkerProcess | None = None
         self.lock = threading.Lock()
         self.seed = seed
-        self.stores = RoundStores(os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1"))
+        self.stores = RoundStores(os.environ.get(WorkerEnv.ADVERTISE_ADDR, "127.0.0.1"), seed)
         self.link.listeners.append(self._on_event)
         self.link.wait_subscribed(5.0)
 
@@ -240,9 +260,9 @@ class SlotSupervisor:
         try:
             return self._serve()
         finally:
+            self.stores.close()
             if self.seed is not None:
                 self.seed.close()
-            self.stores.close()
 
     def _serve(self) -> int:
         if os.environ.get(WorkerEnv.STANDBY):
@@ -306,7 +326,7 @@ class SlotSupervisor:
             if forked is not None:
                 return forked
             self.seed.close()
-            self.seed = None
+            self.seed = self.stores.seed = None
         return subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
 
     def _tell_started(self, child: WorkerProcess) -> None:
