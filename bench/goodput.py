@@ -52,7 +52,9 @@ cores, so the baseline's pace and a chaos run's can differ twofold; this
 ratio factors that out), then
 `fault -> full size again` per fault: from the kill (worker, agent) or the
 undrain (drain) to rank 0's first step at world size 3 in a round started
-after the fault.
+after the fault, then the share of rank 0's steps in the window taken at
+world size 3 and how many worker and standby processes the agents forked
+and spawned (from their logs).
 
 Every process started here (restarted agents included) is stopped on the way
 out, whatever happens.
@@ -216,6 +218,7 @@ class Run:
     end: float
     events: list[Event] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    started: dict[str, int] = field(default_factory=dict)  # worker and standby processes the agents started: forked, spawned
 
     def rank0(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["rank"] == 0 and e["event"] == kind]
@@ -254,6 +257,11 @@ class Run:
         if not gaps:
             return float("nan")
         return FULL_SIZE * statistics.median(len(e["indices"]) for e in steps) / statistics.median(gaps)
+
+    def full_size_share(self) -> tuple[int, int]:
+        """(rank 0's steps at full size, all its steps) inside the window."""
+        sizes = [e["size"] for e in self.rank0("step") if self.start <= e["time"] <= self.end]
+        return sum(size == FULL_SIZE for size in sizes), len(sizes)
 
     def back_at_full_size(self, fault: Fault) -> float | None:
         """Seconds from the fault to rank 0's first step at full size in a later round; None if not in the run."""
@@ -297,9 +305,21 @@ def measure(mode: str | None, setup: str, duration: float, fault_every: float, d
             next_fault += fault_every
         time.sleep(max(0.0, run.end - time.time()))
         run.events = events + tail.poll()
+        run.started = processes_started(c)
         c.call("registry", "cancel", {"reason": "benchmark done"})
         c.wait_job_end(job, 30)
     return run
+
+
+def processes_started(c: Cluster) -> dict[str, int]:
+    """How the agents started their workers and standbys, from their logs: forked from the fork server, or spawned."""
+    counts = {"forked": 0, "spawned": 0}
+    for host in HOSTS:
+        for line in c.output(f"agent-{host}").splitlines():
+            if '"worker_started"' in line or '"standby_started"' in line:
+                with contextlib.suppress(ValueError):
+                    counts["forked" if json.loads(line).get("forked") else "spawned"] += 1
+    return counts
 
 
 def report(run: Run, baseline: Run) -> None:
@@ -318,6 +338,9 @@ def report(run: Run, baseline: Run) -> None:
     measured = [r for r in recoveries if r is not None]
     if measured:
         print(f"  {origin} -> full size again: median {statistics.median(measured):.2f} s, max {max(measured):.2f} s")
+    at_full_size, all_steps = run.full_size_share()
+    print(f"  steps at full size: {at_full_size / max(1, all_steps):.3f} ({at_full_size} of {all_steps}); processes started: {run.started.get('forked', 0)} forked, "
+          f"{run.started.get('spawned', 0)} spawned")
 
 
 def main() -> None:

@@ -165,7 +165,7 @@ def test_sigkill_of_elasticctl_local_leaves_none_of_its_processes(tmp_path: Path
     try:
         local = cluster.spawn("local", [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--", *sleeper])
         wait_for(lambda: len(cluster.leftover_workers()) == 2, 30, "both workers of the job to run")
-        assert len(processes_with_env(marker)) == 1 + len(SERVICES) + 2 + 2
+        assert len(processes_with_env(marker)) == 1 + len(SERVICES) + 2 + 2 + 2, "elasticctl, the services, 2 agents, their fork servers, 2 workers"
         local.send_signal(signal.SIGKILL)
         local.wait()
         wait_for(lambda: not processes_with_env(marker), 5, "every process of elasticctl local to exit")
