@@ -300,7 +300,7 @@ class ForkServer:
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(),
-                 "agent_pid": os.getpid(), "umask": _umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
+                 "agent_pid": os.getpid(), "umask": current_umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
         try:
             pid = zygote.fork(order, [self.stdin, out_write, err_write])
         except (OSError, ValueError) as exc:
@@ -365,7 +365,7 @@ _RLIMITS = [name for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK", "R
                               "RLIMIT_MEMLOCK") if hasattr(resource, name)]
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask

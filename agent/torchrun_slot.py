@@ -55,7 +55,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, script_argv
+from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, script_argv
 from agent.workers import WorkerProcess, reap_orphans
 from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable
@@ -66,7 +66,6 @@ from bus.lifetime import die_with_parent
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
 SEED_ANSWER_LIMIT = 5.0
-PR_SET_PDEATHSIG = 1
 STOP_GRACE = 5.0
 POLL = 0.01
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
@@ -168,7 +167,7 @@ class CommandSeed:
 
     def fork(self, command: list[str], env: Mapping[str, str], stdio: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
         """`command` forked from the seed, on this supervisor's stdio or `stdio`; None when the seed cannot serve."""
-        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": _umask()}
+        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": current_umask()}
         try:
             self.sock.settimeout(SEED_ANSWER_LIMIT)
             socket.send_fds(self.sock, [json.dumps(order).encode()], list(stdio))
@@ -195,7 +194,7 @@ def _serve_as_seed(sock: socket.socket, supervisor: int) -> None:
     the script (libworker's zygote) and exit as it does, never returning into the supervisor's code."""
     from libworker import warm_start, zygote
 
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != supervisor:
         os._exit(0)
     gc.freeze()
@@ -204,12 +203,6 @@ def _serve_as_seed(sock: socket.socket, supervisor: int) -> None:
     zygote.become_worker(order, fds)
     warm_start.start(order)
     sys.exit(0)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class SlotSupervisor:
