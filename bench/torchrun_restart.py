@@ -20,7 +20,8 @@ rank of the new round has logged its first step (all workers training again), an
 against the last step saved before the kill.
 
 A kill whose job does not train again within RECOVERY_LIMIT seconds (or whose torchrun gives up) counts as not
-recovered, and the median is over the kills that did.
+recovered (after an early kill that did not recover, the run's late kill is not made), and the median is over the
+kills that did.
 
 Printed: one `RESTART variant=V run=I kill=early|late seconds=S resumed_from=R last_saved=L` line per kill, then
 `RESTART_SUMMARY variant=V kill=K median_s=M recovered=N/RUNS` per variant and kill, `RESTART_RATIO kill=K
@@ -114,6 +115,12 @@ def kill_processes_naming(text: str) -> None:
             continue
 
 
+def both_kills(args: argparse.Namespace, measure: Callable[[str, float], float | None]) -> dict[str, float | None]:
+    """The early kill, then the late one, unless the job never trained again after the early one."""
+    early = measure("early", args.early)
+    return {"early": early, "late": None if early is None else measure("late", args.late)}
+
+
 def run_torchrun(args: argparse.Namespace, run: int) -> dict[str, float | None]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-torchrun-"))
     port = free_ports(1)[0]
@@ -123,8 +130,8 @@ def run_torchrun(args: argparse.Namespace, run: int) -> dict[str, float | None]:
     with open(workdir / "torchrun.log", "wb") as log:
         launcher = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        return {kill: measure_kill(workdir / "log", args.nproc, "torchrun", run, kill, after, gave_up=lambda: launcher.poll() is not None)
-                for kill, after in (("early", args.early), ("late", args.late))}
+        return both_kills(args, lambda kill, after: measure_kill(workdir / "log", args.nproc, "torchrun", run, kill, after,
+                                                                 gave_up=lambda: launcher.poll() is not None))
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
@@ -138,7 +145,7 @@ def run_elastic(args: argparse.Namespace, run: int, variant: str) -> dict[str, f
         options = ["--no-fork-server"] if variant.endswith("-spawn") else []
         log_dir = elastic.workdir / "log"
         elastic.submit("--mode", "torchrun", *options, "--", sys.executable, *SCRIPT, *saving, "--log-dir", str(log_dir))
-        seconds = {kill: measure_kill(log_dir, args.nproc, variant, run, kill, after) for kill, after in (("early", args.early), ("late", args.late))}
+        seconds = both_kills(args, lambda kill, after: measure_kill(log_dir, args.nproc, variant, run, kill, after))
         uss, processes = slot_overhead_mib({e["pid"] for e in events(log_dir, "start")})
         print(f"SLOT_OVERHEAD variant={variant} run={run} uss_mib_per_slot={uss / args.nproc:.1f} processes={processes}", flush=True)
         return seconds

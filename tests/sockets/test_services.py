@@ -179,3 +179,20 @@ def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_ho
     finally:
         agent.close()
         sub.close()
+
+
+def test_discovery_keeps_each_agents_fork_server_report_and_refuses_a_malformed_one(discovery: DiscoveryService) -> None:
+    agent = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+    try:
+        why = "the fork server exited with code 1: ModuleNotFoundError: No module named 'torch'"
+        agent.request("register", {"host": "h1", "slots": 1, "incarnation": "i", "fork_server": {"state": "starting", "reason": ""}})
+        agent.request("heartbeat", {"host": "h1", "incarnation": "i", "fork_server": {"state": "unavailable", "reason": why}})
+        agent.request("register", {"host": "h2", "slots": 1, "incarnation": "i"})
+        shown = {h["host"]: h["fork_server"] for h in agent.request("hosts").body["all"]}
+        assert shown == {"h1": {"state": "unavailable", "reason": why}, "h2": None}, "an agent that reports none shows none"
+        for bad in ({"state": "warm"}, {"state": "ready", "reason": 3}, "ready", ["ready"]):
+            with pytest.raises(ServiceError, match="fork_server"):
+                agent.request("heartbeat", {"host": "h1", "incarnation": "i", "fork_server": bad})
+        assert {h["host"]: h["fork_server"] for h in agent.request("hosts").body["all"]}["h1"] == {"state": "unavailable", "reason": why}, "kept"
+    finally:
+        agent.close()

@@ -1,4 +1,5 @@
-"""`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint."""
+"""`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint, and
+each host's fork server (why a host spawns its workers, in its note)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import time
 from elasticctl.status import render
 
 
-def host(name: str, snapshot: dict | None, checkpoint: dict | None) -> dict:
-    return {"host": name, "slots": 1, "state": "active", "down": [], "blacklisted": False, "snapshot": snapshot, "checkpoint": checkpoint}
+def host(name: str, snapshot: dict | None, checkpoint: dict | None, fork_server: dict | None = None) -> dict:
+    return {"host": name, "slots": 1, "state": "active", "down": [], "blacklisted": False, "snapshot": snapshot, "checkpoint": checkpoint,
+            "fork_server": fork_server}
 
 
 def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint() -> None:
@@ -27,4 +29,20 @@ def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint()
     assert "resumed from the snapshot of commit 40 after every worker failed" in text
     row = next(line for line in text.splitlines() if line.startswith("host-1"))
     assert "commit 57, 3.0 MiB, 0.5s ago" in row
-    assert next(line for line in text.splitlines() if line.startswith("host-2")).split()[3] == "-"
+    assert next(line for line in text.splitlines() if line.startswith("host-2")).split()[3:5] == ["-", "-"], "no fork server reported, no snapshot"
+
+
+def test_the_table_shows_each_hosts_fork_server_and_why_a_host_spawns() -> None:
+    why = "the fork server exited with code 1: ModuleNotFoundError: No module named 'torch'"
+    view = {
+        "job": {"job": 1, "state": "running", "round": 1, "size": 3, "resets": 0, "exit_code": None, "reason": "", "spec": {}},
+        "hosts": [host("host-1", None, None, {"state": "ready", "reason": ""}), host("host-2", None, None, {"state": "unavailable", "reason": why}),
+                  host("host-3", None, None, {"state": "starting", "reason": ""})],
+        "workers": [],
+        "history": [],
+    }
+    rows = {line.split()[0]: line for line in render(view).splitlines() if line.strip()}
+    assert rows["HOST"].split()[:5] == ["HOST", "SLOTS", "STATE", "FORK", "SERVER"]
+    assert rows["host-1"].split()[3] == "ready" and "workers spawn" not in rows["host-1"]
+    assert rows["host-2"].split()[3] == "unavailable" and rows["host-2"].endswith(f"workers spawn: {why}")
+    assert rows["host-3"].split()[3] == "starting"
