@@ -194,3 +194,13 @@ def test_status_shows_ready_fork_servers_and_nothing_is_said_while_they_serve(cl
     assert not any(spawning_lines(cluster, host) for host in HOSTS)
     started = [e["forked"] for host in HOSTS for e in logged(cluster, host, "worker_started")]
     assert started == [True] * 3, started
+
+
+def test_an_agent_readies_its_own_interpreters_fork_server_before_any_job_and_the_job_forks_from_it(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_agent("host-1", 2, ["--standby", "0"])
+    wait_for(lambda: hosts_in_status(cluster)["host-1"]["fork_server"] == {"state": "ready", "reason": ""}, 60, "host-1's fork server ready with no job")
+    zygote = logged(cluster, "host-1", "fork_server_starting")
+    assert [e["python"] for e in zygote] == [sys.executable], "started as the agent's interpreter is named (a virtualenv's python in CI)"
+    run_report_job(cluster, tmp_path, "first")
+    assert [e["forked"] for e in logged(cluster, "host-1", "worker_started")] == [True, True]
+    assert len(logged(cluster, "host-1", "fork_server_starting")) == 1, "the job's workers came from the zygote the agent readied"
