@@ -6,9 +6,9 @@ a virtualenv's `bin/python`, a conda env's, a pyenv shim): a virtualenv's python
 would leave the virtualenv and its packages. At start the agent prepares one for its own interpreter
 (`own_key`), so an agent that waits for a job has torch imported before the job arrives; `prepare(key)` makes sure
 the job's zygote is running or starting when the agent learns of the job. One zygote serves every job that agrees
-on its `Key`: the interpreter (`interpreter_identity`), the `--preload` modules, the job's `--env` (what `import
-torch` may read) and, only where there are preloads, the working directory they are imported in; it is kept after
-the job for the next one.
+on its `Key`: the interpreter (`interpreter_identity`), the `--preload` modules, the job's `--env` variables read as
+a process starts (`READ_AT_START`: PYTHONPATH, OMP_*, LD_*, ...) and, only where there are preloads, the working
+directory they are imported in; it is kept after the job for the next one.
 
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
 stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
@@ -54,6 +54,10 @@ PR_SET_CHILD_SUBREAPER = 36
 ENV_SWITCH = "ELASTIC_FORK_SERVER"
 TORCHRUN_SUPERVISOR = ["-m", "agent.torchrun_slot", "--"]
 SPAWN_COST = "workers start as fresh interpreters (seconds per restart)"
+# The job's variables an interpreter, the dynamic loader or a library torch loads reads once, as it starts (sys.path,
+# OpenMP and BLAS thread pools, allocators, torch's import-time switches): a zygote started without them cannot take
+# them on. Every other variable a worker gets when it starts, which is all a variable read later needs.
+READ_AT_START = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "MALLOC_", "TORCH")
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,8 @@ def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]
     if python is None:
         return None, f"{plan.command[0]} is not found"
     cwd = (plan.cwd or "") if plan.preload else ""
-    return Key(interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), cwd, python), ""
+    read_at_start = tuple(sorted((name, value) for name, value in plan.env.items() if name.startswith(READ_AT_START)))
+    return Key(interpreter_identity(python), tuple(plan.preload), read_at_start, cwd, python), ""
 
 
 def enabled(environ: Mapping[str, str]) -> bool:

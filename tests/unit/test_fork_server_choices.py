@@ -67,7 +67,7 @@ def test_a_job_that_turned_it_off_is_spawned_and_torchrun_mode_forks_its_supervi
     assert forked_argv(plan(["sh", "-c", "python train.py"], mode="torchrun")) is None
 
 
-def test_preloads_and_the_jobs_environment_make_a_zygote_of_their_own_and_the_directory_only_with_preloads() -> None:
+def test_preloads_and_variables_read_at_start_make_a_zygote_of_their_own_and_the_directory_only_with_preloads() -> None:
     base = key([sys.executable, "train.py"])
     preloading = key([sys.executable, "train.py"], preload=("transformers",))
     with_env = key([sys.executable, "train.py"], env={"OMP_NUM_THREADS": "1"})
@@ -76,6 +76,8 @@ def test_preloads_and_the_jobs_environment_make_a_zygote_of_their_own_and_the_di
     in_project = key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project")
     assert in_project is not None and in_project.cwd == "/srv/project", "preloads import from the job's directory"
     assert key([sys.executable, "train.py"], cwd="/srv/project") == base, "without preloads, any directory's job shares the zygote"
+    assert key([sys.executable, "train.py"], env={"WANDB_PROJECT": "x", "NCCL_DEBUG": "INFO"}) == base, "read after start: the worker takes them"
+    assert key([sys.executable, "train.py"], env={"PYTHONPATH": "/srv/lib"}) not in (base, with_env), "sys.path is made as the interpreter starts"
 
 
 def test_the_environment_switch_turns_it_off() -> None:
