@@ -7,8 +7,9 @@ would leave the virtualenv and its packages. At start the agent prepares one for
 (`own_key`), so an agent that waits for a job has torch imported before the job arrives; `prepare(key)` makes sure
 the job's zygote is running or starting when the agent learns of the job. One zygote serves every job that agrees
 on its `Key`: the interpreter (`interpreter_identity`), the `--preload` modules, the job's `--env` variables read as
-a process starts (`READ_AT_START`: PYTHONPATH, OMP_*, LD_*, ...) and, only where there are preloads, the working
-directory they are imported in; it is kept after the job for the next one.
+a process starts (`READ_AT_START`: PYTHONPATH, OMP_*, LD_*, ...) and, only where there are preloads (the job's own
+modules, imported in the zygote), the working directory and every variable of `--env`; it is kept after the job for
+the next one.
 
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
 stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
@@ -126,9 +127,10 @@ def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]
     python = find_python(plan.command[0], {**base_env, **plan.env}, plan.cwd)
     if python is None:
         return None, f"{plan.command[0]} is not found"
-    cwd = (plan.cwd or "") if plan.preload else ""
+    if plan.preload:  # the job's own modules are imported in the zygote: from its directory, reading any variable
+        return Key(interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "", python), ""
     read_at_start = tuple(sorted((name, value) for name, value in plan.env.items() if name.startswith(READ_AT_START)))
-    return Key(interpreter_identity(python), tuple(plan.preload), read_at_start, cwd, python), ""
+    return Key(interpreter_identity(python), (), read_at_start, "", python), ""
 
 
 def enabled(environ: Mapping[str, str]) -> bool:

@@ -75,6 +75,8 @@ def test_preloads_and_variables_read_at_start_make_a_zygote_of_their_own_and_the
     assert key([sys.executable, "other.py"], env={"OMP_NUM_THREADS": "1"}) == with_env
     in_project = key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project")
     assert in_project is not None and in_project.cwd == "/srv/project", "preloads import from the job's directory"
+    assert key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project", env={"MY_MODELS_BACKEND": "fast"}) != in_project, \
+        "a preload may read any variable as it imports"
     assert key([sys.executable, "train.py"], cwd="/srv/project") == base, "without preloads, any directory's job shares the zygote"
     assert key([sys.executable, "train.py"], env={"WANDB_PROJECT": "x", "NCCL_DEBUG": "INFO"}) == base, "read after start: the worker takes them"
     assert key([sys.executable, "train.py"], env={"PYTHONPATH": "/srv/lib"}) not in (base, with_env), "sys.path is made as the interpreter starts"
