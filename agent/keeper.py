@@ -124,8 +124,8 @@ class WorkerKeeper:
             self.said_spawning = False
         self.fork_key, self.fork_why_not = key_of(plan, os.environ)
         self.fork_server.prepare(self.fork_key)
-        self._say_if_spawning()
         self.plan = plan
+        self._say_if_spawning()
         self.book.start_job(RestartPolicy.of_plan(plan), new_job)
         self._keep_standbys()
 
