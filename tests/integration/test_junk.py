@@ -39,6 +39,7 @@ STORM_PEERS = 20
 TOPICS_PER_SUBSCRIBER = 10
 RSS_GROWTH_LIMIT = 20 * 1024 * 1024
 FENCE_TIMEOUT = 60.0
+FENCE_RESEND = 5.0
 SETTLE_TIMEOUT = 5.0
 
 Frames = list[bytes]
@@ -188,16 +189,23 @@ class Flood:
         return ids
 
     def fence(self) -> None:
-        """Return once every peer's last request is answered: the process has handled everything they sent."""
-        waiting = set()
+        """Return once every peer's last request is answered: the process has handled everything they sent. A fence
+        unanswered for FENCE_RESEND seconds is sent again, with its id: a ROUTER drops a reply to a peer whose queue is
+        full (a loaded machine drains the junk's replies slowly), and the resent one, after all the junk, proves it
+        as well."""
+        waiting = {}
         for peer in self.peers:
             self.fences += 1
-            waiting.add(f"fence-{self.fences}")
-            peer.send_multipart(_request("ping", {}, f"fence-{self.fences}", "junk-fence"))
-        deadline = time.monotonic() + FENCE_TIMEOUT
+            waiting[f"fence-{self.fences}"] = peer
+        deadline, resend_at = time.monotonic() + FENCE_TIMEOUT, 0.0
         while waiting and time.monotonic() < deadline:
+            if time.monotonic() >= resend_at:
+                for fence, peer in waiting.items():
+                    peer.send_multipart(_request("ping", {}, fence, "junk-fence"))
+                resend_at = time.monotonic() + FENCE_RESEND
             self.poller.poll(100)
-            waiting -= self._drain()
+            for answered in self._drain():
+                waiting.pop(answered, None)
         assert not waiting, f"{self.endpoint}: no answer to {sorted(waiting)} within {FENCE_TIMEOUT:g}s"
 
     def oversized(self) -> None:
