@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import statistics
 import sys
@@ -32,6 +33,7 @@ def cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
         yield instance
     finally:
         instance.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def steps(log_dir: Path) -> list[dict[str, Any]]:

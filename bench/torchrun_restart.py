@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -136,6 +137,7 @@ def run_torchrun(args: argparse.Namespace, run: int) -> dict[str, float | None]:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         kill_processes_naming(str(workdir))
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_elastic(args: argparse.Namespace, run: int, variant: str) -> dict[str, float | None]:
