@@ -28,12 +28,17 @@ def cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
     workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-"))
     instance = Cluster(workdir, extra_env)
     signal.signal(signal.SIGTERM, _stop)
+    finished = False
     try:
         instance.start_services()
         yield instance
+        finished = True
     finally:
         instance.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if finished:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"(the cluster's logs are kept in {workdir})", file=sys.stderr, flush=True)
 
 
 def steps(log_dir: Path) -> list[dict[str, Any]]:
