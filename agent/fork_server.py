@@ -14,7 +14,7 @@ the next one.
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
 stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
 torchrun-mode job's is the slot's supervisor around it (`python -m agent.torchrun_slot -- CMD`), forked from the
-same zygote, which then forks each round's command from a fork of its own (agent/torchrun_slot.py).
+same zygote, which then forks each round's command from a fork of its own (agent/command_seed.py).
 
 Why a host spawns instead is always said (`availability`): the command is not `python SCRIPT`/`python -m MODULE`,
 fork servers are off, the zygote refused (an import failed or left a thread or CUDA behind) or exited while it
@@ -30,6 +30,7 @@ children; `reap_orphans` reaps whatever else is re-parented to it (a worker's ow
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import resource
@@ -82,6 +83,7 @@ def interpreter_identity(python: str) -> str:
     return f"{real} in {venv}" if venv else real
 
 
+@functools.cache
 def own_key() -> Key:
     """The zygote of the agent's own interpreter, with no preloads and no job environment: prepared at the agent's
     start, it serves every job run with the same python."""
@@ -220,12 +222,7 @@ class Zygote:
 
     def fork(self, order: dict[str, Any], fds: list[int]) -> int:
         """The forked worker's pid; OSError/ValueError when the zygote cannot serve it."""
-        self.sock.settimeout(ANSWER_LIMIT)
-        socket.send_fds(self.sock, [json.dumps(order).encode()], fds)
-        answer = _parse(self.sock.recv(65536))
-        if not isinstance(answer.get("pid"), int):
-            raise ValueError(str(answer.get("error") or "the fork server closed its socket"))
-        return answer["pid"]
+        return send_order(self.sock, order, fds)
 
     def stop(self) -> None:
         self.sock.close()
@@ -233,6 +230,17 @@ class Zygote:
             self.process.kill()
         self.process.wait()
         self.stderr.close()
+
+
+def send_order(sock: socket.socket, order: dict[str, Any], fds: list[int]) -> int:
+    """Send one order of libworker/zygote.py's protocol (JSON, with the worker's stdin, stdout and stderr as fds) to
+    a zygote or a torchrun supervisor's seed; the forked process's pid, or OSError/ValueError when it cannot serve."""
+    sock.settimeout(ANSWER_LIMIT)
+    socket.send_fds(sock, [json.dumps(order).encode()], fds)
+    answer = _parse(sock.recv(65536))
+    if not isinstance(answer.get("pid"), int):
+        raise ValueError(str(answer.get("error") or "it closed its socket"))
+    return answer["pid"]
 
 
 def _parse(message: bytes) -> dict[str, Any]:

@@ -20,7 +20,7 @@ In each round:
 
 How the command starts. Where the host's fork server serves the job (agent/fork_server.py), the agent forks this
 supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a
-`CommandSeed`, a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
+`CommandSeed` (agent/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
 MODULE ARGS`) is forked from that seed (libworker/zygote.py's protocol: re-parented to this supervisor, a child
 subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh
 interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned
@@ -42,12 +42,8 @@ signal at once. The command and the seed die with the supervisor (PR_SET_PDEATHS
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,7 +51,8 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, script_argv
+from agent.command_seed import CommandSeed, SeedGone
+from agent.fork_server import ForkedProcess, script_argv
 from agent.workers import WorkerProcess, reap_orphans
 from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable
@@ -65,7 +62,6 @@ from bus.envelope import Message
 from bus.lifetime import die_with_parent
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
-SEED_ANSWER_LIMIT = 5.0
 STOP_GRACE = 5.0
 POLL = 0.01
 ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
@@ -113,9 +109,14 @@ class RoundStores:
         command = [sys.executable, "-m", "libworker.round_store", self.address]
         if self.seed is not None:
             (requests_read, requests_write), (ports_read, ports_write) = os.pipe(), os.pipe()
-            forked = self.seed.fork(command, os.environ, (requests_read, ports_write, 2))
-            os.close(requests_read)
-            os.close(ports_write)
+            try:
+                forked = self.seed.fork(command, os.environ, (requests_read, ports_write, 2))
+            except SeedGone as exc:
+                say(f"{exc}; the round's store server starts as a fresh interpreter")
+                forked = None
+            finally:
+                os.close(requests_read)
+                os.close(ports_write)
             if forked is not None:
                 self.process, self.requests, self.ports = forked, os.fdopen(requests_write, "wb"), os.fdopen(ports_read, "rb")
                 return
@@ -149,60 +150,6 @@ class RoundStores:
         if self.process is not None:
             _stop(self.process)
         self.process = self.requests = self.ports = None
-
-
-class CommandSeed:
-    """A fork of this supervisor, made before it starts any thread, that forks each round's command on order (the
-    zygote's protocol, with this supervisor as the parent the command is re-parented to)."""
-
-    def __init__(self) -> None:
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        supervisor = os.getpid()
-        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.pid = os.fork()
-        if self.pid == 0:
-            self.sock.close()
-            _serve_as_seed(theirs, supervisor)
-        theirs.close()
-
-    def fork(self, command: list[str], env: Mapping[str, str], stdio: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess | None:
-        """`command` forked from the seed, on this supervisor's stdio or `stdio`; None when the seed cannot serve."""
-        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": current_umask()}
-        try:
-            self.sock.settimeout(SEED_ANSWER_LIMIT)
-            socket.send_fds(self.sock, [json.dumps(order).encode()], list(stdio))
-            answer = json.loads(self.sock.recv(65536) or b"{}")
-        except (OSError, ValueError) as exc:
-            say(f"the command seed is gone ({exc or type(exc).__name__}); commands start as fresh interpreters (seconds per restart)")
-            return None
-        if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
-            say(f"the command seed refused ({answer}); commands start as fresh interpreters (seconds per restart)")
-            return None
-        return ForkedProcess(answer["pid"])
-
-    def close(self) -> None:
-        self.sock.close()
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-
-
-def _serve_as_seed(sock: socket.socket, supervisor: int) -> None:
-    """In the seed: wait for orders until the supervisor closes its end or dies; in a command forked from it, run
-    the script (libworker's zygote) and exit as it does, never returning into the supervisor's code."""
-    from libworker import warm_start, zygote
-
-    ctypes.CDLL(None).prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != supervisor:
-        os._exit(0)
-    gc.freeze()
-    order, fds = zygote.serve(sock, zygote.native_threads())
-    sock.close()
-    zygote.become_worker(order, fds)
-    warm_start.start(order)
-    sys.exit(0)
 
 
 class SlotSupervisor:
@@ -315,9 +262,10 @@ class SlotSupervisor:
     def _start_command(self, env: dict[str, str]) -> WorkerProcess:
         """The round's command: forked from the seed where there is one, else a fresh interpreter."""
         if self.seed is not None:
-            forked = self.seed.fork(self.command, env)
-            if forked is not None:
-                return forked
+            try:
+                return self.seed.fork(self.command, env)
+            except SeedGone as exc:
+                say(f"{exc}; commands start as fresh interpreters (seconds per restart)")
             self.seed.close()
             self.seed = self.stores.seed = None
         return subprocess.Popen(self.command, env=env, start_new_session=True, preexec_fn=die_with_parent())
