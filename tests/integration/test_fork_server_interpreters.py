@@ -34,9 +34,7 @@ while server.availability(key, "")["state"] == "starting" and time.monotonic() <
     time.sleep(0.02)
     server.check()
 availability = server.availability(key, "")
-server.prepare(key)
-time.sleep(0.5)
-server.check()
+server.prepare(key)  # a key given up on is not started again
 print(json.dumps({"availability": availability, "events": [e["event"] for e in log.events], "reasons": [e.get("reason") for e in log.events],
                   "running": server.zygote is not None}))
 server.close()
