@@ -67,7 +67,8 @@ WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
 WORKERS_BY_STATE = Gauge(
     "elastic_agent_workers",
     "Worker processes of this host by state (set every second): running (joined a round), starting (started, not "
-    "joined yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its back-off).",
+    "joined yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its "
+    "back-off).",
     ["host", "state"],
 )
 COMMIT_SECONDS = Histogram(
@@ -110,19 +111,45 @@ class AgentService(Service):
         self.log = self.log.bind(host=host)
         self.book = SlotBook(time.monotonic)
         self.snapshots = SnapshotKeeper(host, self.log)
-        self.link = DiscoveryLink(AsyncClient(self, control.discovery, self.incarnation, security), host, slots, self.incarnation, timing,
-                                  control.values(), self.book, self._host_report, self._host_lost, self.log)
+        self.link = DiscoveryLink(
+            AsyncClient(self, control.discovery, self.incarnation, security),
+            host,
+            slots,
+            self.incarnation,
+            timing,
+            control.values(),
+            self.book,
+            self._host_report,
+            self._host_lost,
+            self.log,
+        )
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
         self.fork_server = ForkServer(fork_server, self.log)
         self.fork_server.prepare(own_key())
-        self.keeper = WorkerKeeper(self, settings, timing, standby, self.book, self.link, self.snapshots, self.fork_server, self.registry,
-                                   self.rendezvous, self._worker_exited, self.log)
+        self.keeper = WorkerKeeper(
+            self,
+            settings,
+            timing,
+            standby,
+            self.book,
+            self.link,
+            self.snapshots,
+            self.fork_server,
+            self.registry,
+            self.rendezvous,
+            self._worker_exited,
+            self.log,
+        )
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
         self.watch(self.events.sock, self._on_events)
-        self.event_handlers = {Event.ROUND: self._on_round, Event.KILL_WORKER: self.keeper.kill_hung, Event.JOB_FINISHED: self._on_job_finished}
+        self.event_handlers = {
+            Event.ROUND: self._on_round,
+            Event.KILL_WORKER: self.keeper.kill_hung,
+            Event.JOB_FINISHED: self._on_job_finished,
+        }
         self._install_signals()
         self.every(timing.heartbeat, self._heartbeat)
         self.every(timing.heartbeat, self._ping_workers)
@@ -300,10 +327,16 @@ class AgentService(Service):
     def on_child_failed(self, request: Request) -> dict[str, Any]:
         """A torchrun-mode slot's command failed in its round (agent/torchrun_slot.py): reported as a worker restarted
         in place, so the registry aborts the round for every slot; the slot's supervisor lives on and joins the next."""
-        local_rank, pid, code = field(request.body, "local_rank", int), field(request.body, "pid", int), field(request.body, "exit_code", int)
+        local_rank, pid, code = (
+            field(request.body, "local_rank", int),
+            field(request.body, "pid", int),
+            field(request.body, "exit_code", int),
+        )
         worker = self.keeper.workers.get(local_rank)
         if worker is None or worker.pid != pid:
-            raise RequestError("not_a_worker", f"process {pid} is not the worker of slot {local_rank} on host {self.host}")
+            raise RequestError(
+                "not_a_worker", f"process {pid} is not the worker of slot {local_rank} on host {self.host}"
+            )
         self.log.warning("command_failed", local_rank=local_rank, pid=pid, exit_code=code)
         self.keeper.report_exit(local_rank, pid, code, process_lives=True, restarting=True)
         return {}
@@ -311,11 +344,22 @@ class AgentService(Service):
     @handles("command_started")
     def on_command_started(self, request: Request) -> dict[str, Any]:
         """A torchrun-mode slot's supervisor started its round's command (forked from its seed, or spawned)."""
-        local_rank, pid, command_pid = field(request.body, "local_rank", int), field(request.body, "pid", int), field(request.body, "command_pid", int)
+        local_rank, pid, command_pid = (
+            field(request.body, "local_rank", int),
+            field(request.body, "pid", int),
+            field(request.body, "command_pid", int),
+        )
         forked = request.body.get("forked")
         if not isinstance(forked, bool):
             raise RequestError("bad_request", "field 'forked' must be a bool")
-        self.log.info("command_started", local_rank=local_rank, pid=pid, command_pid=command_pid, forked=forked, round=request.body.get("round"))
+        self.log.info(
+            "command_started",
+            local_rank=local_rank,
+            pid=pid,
+            command_pid=command_pid,
+            forked=forked,
+            round=request.body.get("round"),
+        )
         return {}
 
     @handles("script_ended")
@@ -343,7 +387,9 @@ class AgentService(Service):
         if isinstance(local_rank, int):
             self._warmed(local_rank)
             self.keeper.slot_ready(local_rank)
-        return self._forward(request, on_rank=lambda: self.book.joined.add(local_rank) if isinstance(local_rank, int) else None)
+        return self._forward(
+            request, on_rank=lambda: self.book.joined.add(local_rank) if isinstance(local_rank, int) else None
+        )
 
     @handles("kv_set")
     def on_kv_set(self, request: Request) -> Any:
@@ -376,7 +422,10 @@ class AgentService(Service):
     # -- metrics -------------------------------------------------------------------------------
     def _update_metrics(self) -> None:
         """Count workers by state here, in the loop: the thread serving metrics must not iterate the agent's dicts."""
-        states = ["stopping" if w.stop_requested else "running" if rank in self.book.joined else "starting" for rank, w in self.keeper.workers.items()]
+        states = [
+            "stopping" if w.stop_requested else "running" if rank in self.book.joined else "starting"
+            for rank, w in self.keeper.workers.items()
+        ]
         states += ["standby"] * len(self.keeper.standbys) + ["restarting"] * len(self.book.restarting())
         for state in WORKER_STATES:
             WORKERS_BY_STATE.labels(self.host, state).set(states.count(state))

@@ -40,9 +40,18 @@ class CommandSeed:
             _serve_as_seed(theirs, supervisor)
         theirs.close()
 
-    def fork(self, command: list[str], env: Mapping[str, str], stdio: tuple[int, int, int] = (0, 1, 2)) -> ForkedProcess:
-        """`command` forked from the seed, on this supervisor's stdio or `stdio`; SeedGone when the seed cannot serve."""
-        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": os.getcwd(), "agent_pid": os.getpid(), "umask": current_umask()}
+    def fork(
+        self, command: list[str], env: Mapping[str, str], stdio: tuple[int, int, int] = (0, 1, 2)
+    ) -> ForkedProcess:
+        """`command` forked from the seed, on this supervisor's stdio or `stdio`; SeedGone if the seed cannot serve."""
+        order = {
+            "argv": command[1:],
+            "cmdline": command,
+            "env": dict(env),
+            "cwd": os.getcwd(),
+            "agent_pid": os.getpid(),
+            "umask": current_umask(),
+        }
         try:
             return ForkedProcess(send_order(self.sock, order, list(stdio)))
         except (OSError, ValueError) as exc:

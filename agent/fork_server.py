@@ -130,7 +130,9 @@ def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]
     if python is None:
         return None, f"{plan.command[0]} is not found"
     if plan.preload:  # the job's own modules are imported in the zygote: from its directory, reading any variable
-        return Key(interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "", python), ""
+        return Key(
+            interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "", python
+        ), ""
     read_at_start = tuple(sorted((name, value) for name, value in plan.env.items() if name.startswith(READ_AT_START)))
     return Key(interpreter_identity(python), (), read_at_start, "", python), ""
 
@@ -180,9 +182,16 @@ class Zygote:
             command += ["--preload", ",".join(key.preload)]
         self.stderr = tempfile.TemporaryFile()
         try:
-            self.process = subprocess.Popen(command, env={**base_env, **dict(key.env), "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=self.stderr, cwd=key.cwd if os.path.isdir(key.cwd) else None,
-                                            pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent())
+            self.process = subprocess.Popen(
+                command,
+                env={**base_env, **dict(key.env), "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self.stderr,
+                cwd=key.cwd if os.path.isdir(key.cwd) else None,
+                pass_fds=(theirs.fileno(),),
+                preexec_fn=die_with_parent(),
+            )
         except OSError:
             self.sock.close()
             self.stderr.close()
@@ -217,7 +226,9 @@ class Zygote:
         if self.ready or code is None or code <= 0:
             return None
         self.stderr.seek(0)
-        lines = [line.strip() for line in self.stderr.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
+        lines = [
+            line.strip() for line in self.stderr.read()[-4096:].decode(errors="replace").splitlines() if line.strip()
+        ]
         return f"the fork server exited with code {code}" + (f": {lines[-1][:300]}" if lines else "")
 
     def fork(self, order: dict[str, Any], fds: list[int]) -> int:
@@ -306,7 +317,9 @@ class ForkServer:
             return False
         return True
 
-    def fork(self, key: Key | None, command: list[str], env: Mapping[str, str], cwd: str | None) -> ForkedProcess | None:
+    def fork(
+        self, key: Key | None, command: list[str], env: Mapping[str, str], cwd: str | None
+    ) -> ForkedProcess | None:
         """A worker forked from the zygote for `key` that runs `command` (`python SCRIPT ARGS` or `python -m MODULE
         ARGS`, shown as its command line) with this environment and cwd; None: spawn it instead."""
         zygote = self._serving(key, ready_only=True)
@@ -314,8 +327,15 @@ class ForkServer:
             return None
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        order = {"argv": command[1:], "cmdline": command, "env": dict(env), "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(),
-                 "agent_pid": os.getpid(), "umask": current_umask(), "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS}}
+        order = {
+            "argv": command[1:],
+            "cmdline": command,
+            "env": dict(env),
+            "cwd": cwd if cwd and os.path.isdir(cwd) else os.getcwd(),
+            "agent_pid": os.getpid(),
+            "umask": current_umask(),
+            "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in _RLIMITS},
+        }
         try:
             pid = zygote.fork(order, [self.stdin, out_write, err_write])
         except (OSError, ValueError) as exc:
@@ -341,7 +361,9 @@ class ForkServer:
         if reason is not None:
             self._refuse(zygote.key, reason)
             return
-        self.log.warning("fork_server_died", pid=zygote.process.pid, exit_code=zygote.process.returncode, was_ready=zygote.ready)
+        self.log.warning(
+            "fork_server_died", pid=zygote.process.pid, exit_code=zygote.process.returncode, was_ready=zygote.ready
+        )
         self._zygote_lost()
 
     def pids(self) -> Collection[int]:
@@ -366,18 +388,34 @@ class ForkServer:
         self.close()
         self.deaths += 1
         if self.deaths >= DEATHS_ALLOWED:
-            self.log.warning("fork_server_given_up", deaths=self.deaths, detail="workers are spawned for the rest of this job")
+            self.log.warning(
+                "fork_server_given_up", deaths=self.deaths, detail="workers are spawned for the rest of this job"
+            )
             return
         self.prepare(key)
 
     def _refuse(self, key: Key, reason: str) -> None:
         self.refused[key] = reason
         self.close()
-        self.log.warning("fork_server_unavailable", python=key.python, reason=reason, detail="workers are spawned instead")
+        self.log.warning(
+            "fork_server_unavailable", python=key.python, reason=reason, detail="workers are spawned instead"
+        )
 
 
-_RLIMITS = [name for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NPROC",
-                              "RLIMIT_MEMLOCK") if hasattr(resource, name)]
+_RLIMITS = [
+    name
+    for name in (
+        "RLIMIT_NOFILE",
+        "RLIMIT_CORE",
+        "RLIMIT_STACK",
+        "RLIMIT_AS",
+        "RLIMIT_DATA",
+        "RLIMIT_FSIZE",
+        "RLIMIT_NPROC",
+        "RLIMIT_MEMLOCK",
+    )
+    if hasattr(resource, name)
+]
 
 
 def current_umask() -> int:

@@ -54,9 +54,21 @@ DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork se
 
 
 class WorkerKeeper:
-    def __init__(self, service: Service, settings: HostSettings, timing: Timing, standby: int | None, book: SlotBook, link: DiscoveryLink,
-                 snapshots: SnapshotKeeper, fork_server: ForkServer, registry: AsyncClient, rendezvous: AsyncClient,
-                 on_exited: Callable[[Worker], None], log: Any) -> None:
+    def __init__(
+        self,
+        service: Service,
+        settings: HostSettings,
+        timing: Timing,
+        standby: int | None,
+        book: SlotBook,
+        link: DiscoveryLink,
+        snapshots: SnapshotKeeper,
+        fork_server: ForkServer,
+        registry: AsyncClient,
+        rendezvous: AsyncClient,
+        on_exited: Callable[[Worker], None],
+        log: Any,
+    ) -> None:
         self.service, self.settings, self.timing, self.standby = service, settings, timing, standby
         self.host = settings.host
         self.book, self.link, self.snapshots, self.fork_server = book, link, snapshots, fork_server
@@ -142,7 +154,9 @@ class WorkerKeeper:
     def kill_hung(self, body: dict[str, Any]) -> None:
         worker = self.workers.get(body.get("local_rank", -1))
         if body.get("host") == self.host and worker is not None and body.get("pid") in (None, worker.pid):
-            self.log.warning("killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason="registry declared it hung")
+            self.log.warning(
+                "killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason="registry declared it hung"
+            )
             worker.stop_requested = True
             worker.signal(signal.SIGKILL)
 
@@ -181,8 +195,14 @@ class WorkerKeeper:
         if local_rank == STANDBY:
             self.log.info("standby_started", pid=worker.pid, forked=worker.forked)
         else:
-            self.log.info("worker_started", local_rank=local_rank, rank=None if slot is None else slot.rank, pid=worker.pid,
-                          warming=slot is None, forked=worker.forked)
+            self.log.info(
+                "worker_started",
+                local_rank=local_rank,
+                rank=None if slot is None else slot.rank,
+                pid=worker.pid,
+                warming=slot is None,
+                forked=worker.forked,
+            )
 
     def start_held_back(self) -> None:
         """The fork server is ready (or given up on): start the processes held back for it."""
@@ -190,7 +210,12 @@ class WorkerKeeper:
             return
         held, self.held_back = self.held_back, {}
         for local_rank, slot in held.items():
-            if local_rank != STANDBY and local_rank not in self.workers and self.book.may_start_worker() and not self.admit_standby(local_rank):
+            if (
+                local_rank != STANDBY
+                and local_rank not in self.workers
+                and self.book.may_start_worker()
+                and not self.admit_standby(local_rank)
+            ):
                 self._spawn(local_rank, self.plan, slot)
         self._keep_standbys()
 
@@ -227,9 +252,18 @@ class WorkerKeeper:
         for worker, code in reap(self.workers):
             self.book.joined.discard(worker.local_rank)
             self.on_exited(worker)
-            self.log.info("worker_exited", local_rank=worker.local_rank, pid=worker.pid, exit_code=code, after_script_end=worker.script_ended, after_job_end=self.plan is None)
+            self.log.info(
+                "worker_exited",
+                local_rank=worker.local_rank,
+                pid=worker.pid,
+                exit_code=code,
+                after_script_end=worker.script_ended,
+                after_job_end=self.plan is None,
+            )
             if worker.died_after_its_script(code):
-                self.log.warning("worker_died_after_its_script_ended", local_rank=worker.local_rank, pid=worker.pid, signal=-code)
+                self.log.warning(
+                    "worker_died_after_its_script_ended", local_rank=worker.local_rank, pid=worker.pid, signal=-code
+                )
                 self.report_exit(worker.local_rank, worker.pid, code, after_script_end=True)
             elif self.book.is_crash(code, worker.stop_requested):
                 self._restart_in_place(worker, code)
@@ -246,15 +280,23 @@ class WorkerKeeper:
         if killed_on_request:
             self.ensure_workers()
 
-    def report_exit(self, local_rank: int, pid: int, code: int, then: Any = None, process_lives: bool = False, **verdict: Any) -> None:
+    def report_exit(
+        self, local_rank: int, pid: int, code: int, then: Any = None, process_lives: bool = False, **verdict: Any
+    ) -> None:
         """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached).
         `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, joins the next
         round (the rendezvous keeps its join)."""
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
-        self.registry.send("worker_exited", {**slot, "exit_code": code, **verdict}, on_reply=lambda _: then and then(), on_timeout=then,
-                           timeout=self.timing.request_timeout, deadline=300.0)
+        self.registry.send(
+            "worker_exited",
+            {**slot, "exit_code": code, **verdict},
+            on_reply=lambda _: then and then(),
+            on_timeout=then,
+            timeout=self.timing.request_timeout,
+            deadline=300.0,
+        )
         if not process_lives:
             self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
 
@@ -268,14 +310,22 @@ class WorkerKeeper:
             self.log.warning("slot_given_up", local_rank=local_rank, pid=pid, exit_code=code, reason=verdict.reason)
             # Up again only once the registry has the report (it blacklists the host at the round's decision): a
             # slot left down would keep the host out of every round for good.
-            self.report_exit(local_rank, pid, code, then=lambda: self.set_down(self.book.down - {local_rank}),
-                              restarting=False, gave_up=verdict.reason)
+            self.report_exit(
+                local_rank,
+                pid,
+                code,
+                then=lambda: self.set_down(self.book.down - {local_rank}),
+                restarting=False,
+                gave_up=verdict.reason,
+            )
         elif verdict.remedy is Remedy.TAKE_STANDBY:
             self.admit_standby(local_rank)
             self.report_exit(local_rank, pid, code, restarting=True)
         else:
             self.log.info("slot_restarting", local_rank=local_rank, pid=pid, exit_code=code, delay_s=verdict.delay)
-            self.set_down(self.book.down | {local_rank}, then=lambda: self.report_exit(local_rank, pid, code, restarting=True))
+            self.set_down(
+                self.book.down | {local_rank}, then=lambda: self.report_exit(local_rank, pid, code, restarting=True)
+            )
 
     def set_down(self, down: frozenset[int], then: Any = None) -> None:
         """Tell discovery which slots are down; `then` runs once discovery has it (or could not be reached)."""
@@ -294,7 +344,12 @@ class WorkerKeeper:
         for local_rank in self.book.due():
             if local_rank == STANDBY:
                 self._keep_standbys()
-            elif self.plan is not None and self.book.may_start_worker() and local_rank not in self.workers and not self.admit_standby(local_rank):
+            elif (
+                self.plan is not None
+                and self.book.may_start_worker()
+                and local_rank not in self.workers
+                and not self.admit_standby(local_rank)
+            ):
                 self._spawn(local_rank, self.plan, None)
 
     # -- standbys: spare processes waiting in init() -----------------------------------------------
@@ -302,7 +357,9 @@ class WorkerKeeper:
         """Start standbys until `--standby` of them exist (while a job runs and the host is not draining)."""
         if self.plan is None or not self.book.may_keep_standbys():
             return
-        wanted = self.standby if self.standby is not None else 0 if self.plan.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
+        wanted = (
+            self.standby if self.standby is not None else 0 if self.plan.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
+        )
         for _ in range(wanted - len(self.standbys)):
             self._spawn(STANDBY, self.plan, None)
 
@@ -311,7 +368,12 @@ class WorkerKeeper:
         start-up does not spin); one that keeps dying is given up for this job."""
         delay = self.book.standby_died()
         if delay is None:
-            self.log.warning("standbys_given_up", exit_code=code, crashes=self.book.crashes.count(STANDBY), window_s=self.book.policy.window)
+            self.log.warning(
+                "standbys_given_up",
+                exit_code=code,
+                crashes=self.book.crashes.count(STANDBY),
+                window_s=self.book.policy.window,
+            )
         else:
             self.log.info("standby_replaced", exit_code=code, delay_s=delay)
 

@@ -27,9 +27,26 @@ SLOT_REPORT_DEADLINE = 1.0
 
 
 class DiscoveryLink:
-    def __init__(self, discovery: AsyncClient, host: str, slots: int, incarnation: str, timing: Timing, control_endpoints: list[str],
-                 book: SlotBook, host_report: Callable[[], dict[str, Any]], on_lost: Callable[[], None], log: Any) -> None:
-        self.discovery, self.host, self.slots, self.incarnation, self.timing = discovery, host, slots, incarnation, timing
+    def __init__(
+        self,
+        discovery: AsyncClient,
+        host: str,
+        slots: int,
+        incarnation: str,
+        timing: Timing,
+        control_endpoints: list[str],
+        book: SlotBook,
+        host_report: Callable[[], dict[str, Any]],
+        on_lost: Callable[[], None],
+        log: Any,
+    ) -> None:
+        self.discovery, self.host, self.slots, self.incarnation, self.timing = (
+            discovery,
+            host,
+            slots,
+            incarnation,
+            timing,
+        )
         self.control_endpoints = control_endpoints
         self.book, self.host_report, self.on_lost, self.log = book, host_report, on_lost, log
         self.control_plane = Reachability(timing.lost_after, time.monotonic())
@@ -62,9 +79,20 @@ class DiscoveryLink:
 
     def report_down(self, then: Callable[[], None] | None = None) -> None:
         """Send the book's down slots; `then` runs once discovery has them (or could not be reached)."""
-        body = {"host": self.host, "incarnation": self.incarnation, "down": sorted(self.book.down), "down_version": self.book.down_version}
-        self.discovery.send("slots", body, on_reply=lambda _: then and then(), on_timeout=then, timeout=SLOT_REPORT_DEADLINE / 2,
-                            deadline=SLOT_REPORT_DEADLINE)
+        body = {
+            "host": self.host,
+            "incarnation": self.incarnation,
+            "down": sorted(self.book.down),
+            "down_version": self.book.down_version,
+        }
+        self.discovery.send(
+            "slots",
+            body,
+            on_reply=lambda _: then and then(),
+            on_timeout=then,
+            timeout=SLOT_REPORT_DEADLINE / 2,
+            deadline=SLOT_REPORT_DEADLINE,
+        )
 
     def drain(self, deadline: float) -> None:
         self.discovery.send("drain", {"host": self.host}, timeout=self.timing.request_timeout, deadline=deadline)
@@ -73,8 +101,14 @@ class DiscoveryLink:
         """Leave discovery, then `then` (at once when not registered and nothing is in flight)."""
         if self.registered:
             self.registered = False
-            self.discovery.send("unregister", {"host": self.host, "incarnation": self.incarnation}, on_reply=lambda _: then(), on_timeout=then,
-                                timeout=1.0, deadline=2.0)
+            self.discovery.send(
+                "unregister",
+                {"host": self.host, "incarnation": self.incarnation},
+                on_reply=lambda _: then(),
+                on_timeout=then,
+                timeout=1.0,
+                deadline=2.0,
+            )
         elif not self.discovery.in_flight:
             then()
 

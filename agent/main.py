@@ -13,25 +13,86 @@ from click.core import ParameterSource
 from agent.agent import AgentService
 from agent.fork_server import enabled as fork_server_enabled
 from bus import metrics
-from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus.config import Endpoints, Timing, default_run_dir
+from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", envvar="ELASTIC_HOST", required=True, help="This host's name, as the job knows it.")
-@click.option("--slots", envvar="ELASTIC_SLOTS", type=click.IntRange(min=1), default=None, help="Worker processes this host can run (default: one per GPU, 1 without GPUs).")
-@click.option("--share-gpus", envvar="ELASTIC_GPU_SHARED", is_flag=True, help="Allow more slots than GPUs: workers share GPUs (gloo, not NCCL, for CUDA tensors).")
-@click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1; ELASTIC_*_ENDPOINT override each service).")
-@click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
-@click.option("--advertise-addr", envvar="ELASTIC_ADVERTISE_ADDR", default=None, help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this host's name).")
-@click.option("--drain-timeout", type=float, default=60.0, show_default=True, help="On SIGTERM, seconds to wait for workers to leave at a commit.")
-@click.option("--standby", envvar="ELASTIC_STANDBY_WORKERS", type=int, default=None, help="Spare worker processes kept waiting in init(); one takes a crashed worker's slot at once (default: 1 where the fork server runs, else 0).")
-@click.option("--no-fork-server", is_flag=True, help="Spawn every worker (a fresh interpreter) instead of forking it from the host's fork server; also ELASTIC_FORK_SERVER=0.")
-@click.option("--metrics-port", metavar="PORT", default=None, help="Serve Prometheus metrics over HTTP on this port, on the advertised address (default: off).")
-def main(host: str, slots: int | None, share_gpus: bool, control: str | None, keys: Path | None, advertise_addr: str | None, drain_timeout: float, standby: int | None, no_fork_server: bool,
-         metrics_port: str | None) -> None:
+@click.option(
+    "--slots",
+    envvar="ELASTIC_SLOTS",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes this host can run (default: one per GPU, 1 without GPUs).",
+)
+@click.option(
+    "--share-gpus",
+    envvar="ELASTIC_GPU_SHARED",
+    is_flag=True,
+    help="Allow more slots than GPUs: workers share GPUs (gloo, not NCCL, for CUDA tensors).",
+)
+@click.option(
+    "--control",
+    envvar="ELASTIC_CONTROL",
+    default=None,
+    help="Host of the control plane (default 127.0.0.1; ELASTIC_*_ENDPOINT override each service).",
+)
+@click.option(
+    "--keys",
+    envvar="ELASTIC_KEYS",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="CURVE key directory.",
+)
+@click.option(
+    "--advertise-addr",
+    envvar="ELASTIC_ADVERTISE_ADDR",
+    default=None,
+    help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this "
+    "host's name).",
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="On SIGTERM, seconds to wait for workers to leave at a commit.",
+)
+@click.option(
+    "--standby",
+    envvar="ELASTIC_STANDBY_WORKERS",
+    type=int,
+    default=None,
+    help="Spare worker processes kept waiting in init(); one takes a crashed worker's slot at once (default: 1 where "
+    "the fork server runs, else 0).",
+)
+@click.option(
+    "--no-fork-server",
+    is_flag=True,
+    help="Spawn every worker (a fresh interpreter) instead of forking it from the host's fork server; also "
+    "ELASTIC_FORK_SERVER=0.",
+)
+@click.option(
+    "--metrics-port",
+    metavar="PORT",
+    default=None,
+    help="Serve Prometheus metrics over HTTP on this port, on the advertised address (default: off).",
+)
+def main(
+    host: str,
+    slots: int | None,
+    share_gpus: bool,
+    control: str | None,
+    keys: Path | None,
+    advertise_addr: str | None,
+    drain_timeout: float,
+    standby: int | None,
+    no_fork_server: bool,
+    metrics_port: str | None,
+) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
     if not host or "/" in host or host.startswith("."):
@@ -49,9 +110,18 @@ def main(host: str, slots: int | None, share_gpus: bool, control: str | None, ke
         if metrics_port is not None:
             metrics.serve("--metrics-port", advertise_addr, metrics.metrics_port("--metrics-port", metrics_port))
         agent = AgentService(
-            host, slots, Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control"), Timing.from_env(),
-            run_dir=default_run_dir(), share_gpus=share_gpus, security=Security(keys_dir=keys), drain_timeout=drain_timeout, advertise_address=advertise_addr, standby=standby,
-            fork_server=not no_fork_server and fork_server_enabled(os.environ), log=log,
+            host,
+            slots,
+            Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control"),
+            Timing.from_env(),
+            run_dir=default_run_dir(),
+            share_gpus=share_gpus,
+            security=Security(keys_dir=keys),
+            drain_timeout=drain_timeout,
+            advertise_address=advertise_addr,
+            standby=standby,
+            fork_server=not no_fork_server and fork_server_enabled(os.environ),
+            log=log,
         )
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)

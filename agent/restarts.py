@@ -52,7 +52,7 @@ class CrashHistory:
     def record(self, slot: int, now: float, policy: RestartPolicy) -> float | None:
         """Note a crash of `slot`; return the delay before restarting it, or None when the slot is given up."""
         recent = [t for t in self.crashes.get(slot, []) if now - t < policy.window] + [now]
-        self.crashes[slot] = recent[-(policy.max_restarts + 1):]
+        self.crashes[slot] = recent[-(policy.max_restarts + 1) :]
         if len(recent) > policy.max_restarts:
             return None
         return backoff(len(recent))
@@ -72,4 +72,7 @@ class CrashHistory:
 def give_up_reason(crashes: int, policy: RestartPolicy) -> str:
     if policy.max_restarts == 0:
         return "crashed; --max-restarts 0 blacklists its host at the first crash"
-    return f"crashed {crashes} times within {policy.window:g}s (--max-restarts {policy.max_restarts}); its host is blacklisted"
+    return (
+        f"crashed {crashes} times within {policy.window:g}s (--max-restarts {policy.max_restarts}); its host is "
+        "blacklisted"
+    )

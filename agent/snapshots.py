@@ -76,7 +76,12 @@ class SnapshotKeeper:
             self.created = True
         except OSError as exc:
             self.created = False
-            self.log.error("snapshot_unavailable", path=self.prefix, reason=exc.strerror, effect="this job's commits are not snapshotted on this host")
+            self.log.error(
+                "snapshot_unavailable",
+                path=self.prefix,
+                reason=exc.strerror,
+                effect="this job's commits are not snapshotted on this host",
+            )
 
     def worker_env(self) -> dict[str, str]:
         env = {WorkerEnv.SNAPSHOT: self.prefix, WorkerEnv.JOB_KEY: self.job_key} if self.created else {}
@@ -99,10 +104,19 @@ class SnapshotKeeper:
         header = self.newest()
         report: dict[str, Any] = {}
         if header is not None:
-            report["snapshot"] = {"commit": header.commit, "bytes": header.payload_length, "written_at": header.written_at}
+            report["snapshot"] = {
+                "commit": header.commit,
+                "bytes": header.payload_length,
+                "written_at": header.written_at,
+            }
         if self.last_checkpoint is not None:
             checkpoint = self.last_checkpoint
-            report["checkpoint"] = {"commit": checkpoint.commit, "bytes": checkpoint.nbytes, "path": str(checkpoint.path), "written_at": checkpoint.written_at}
+            report["checkpoint"] = {
+                "commit": checkpoint.commit,
+                "bytes": checkpoint.nbytes,
+                "path": str(checkpoint.path),
+                "written_at": checkpoint.written_at,
+            }
         return report
 
     def tick(self) -> None:
@@ -121,7 +135,9 @@ class SnapshotKeeper:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._next_flush_at = time.monotonic() + self.checkpoint_interval
-        self._flushing = self._executor.submit(durable.flush, layout.slot_paths(self.prefix), self.checkpoint_dir, self.host, done)
+        self._flushing = self._executor.submit(
+            durable.flush, layout.slot_paths(self.prefix), self.checkpoint_dir, self.host, done
+        )
 
     def _collect(self, flushing: Future[durable.Checkpoint | None]) -> None:
         try:
@@ -131,7 +147,13 @@ class SnapshotKeeper:
             return
         if checkpoint is not None:
             self.last_checkpoint = checkpoint
-            self.log.info("checkpoint_written", path=str(checkpoint.path), commit=checkpoint.commit, bytes=checkpoint.nbytes, seconds=round(checkpoint.seconds, 3))
+            self.log.info(
+                "checkpoint_written",
+                path=str(checkpoint.path),
+                commit=checkpoint.commit,
+                bytes=checkpoint.nbytes,
+                seconds=round(checkpoint.seconds, 3),
+            )
 
     def close(self) -> None:
         if self._executor is not None:

@@ -19,13 +19,13 @@ In each round:
   its own (so stopping it stops its children too, e.g. data-loader workers).
 
 How the command starts. Where the host's fork server serves the job (agent/fork_server.py), the agent forks this
-supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a
-`CommandSeed` (agent/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
+supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a `CommandSeed`
+(agent/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
 MODULE ARGS`) is forked from that seed (libworker/zygote.py's protocol: re-parented to this supervisor, a child
-subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh
-interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned
-supervisor (fork servers off, a command that is not a Python script) starts each command as a fresh interpreter;
-a seed that dies does too, from then on, with one line.
+subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh interpreter
+and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned supervisor (fork servers
+off, a command that is not a Python script) starts each command as a fresh interpreter; a seed that dies does too, from
+then on, with one line.
 
 What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
 peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
@@ -68,7 +68,9 @@ ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 UNLIMITED_RESTARTS = 2**31 - 1
 
 
-def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int | None, run_id: str, base: Mapping[str, str]) -> dict[str, str]:
+def torchrun_environment(
+    slot: Mapping[str, Any], master: str, max_restarts: int | None, run_id: str, base: Mapping[str, str]
+) -> dict[str, str]:
     """What torchrun (`torch.distributed.run`) sets for a worker, for `slot` (the rendezvous' answer to a join) with
     the round's store at `master` ("address:port"): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the
     host's place among the round's hosts), GROUP_WORLD_SIZE, ROLE_*, MASTER_*, TORCHELASTIC_* and, as torchrun does
@@ -78,13 +80,21 @@ def torchrun_environment(slot: Mapping[str, Any], master: str, max_restarts: int
     address, port = master.rsplit(":", 1)
     rank, size, local_size = int(slot["rank"]), int(slot["size"]), int(slot["local_size"])
     env = {
-        "RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": int(slot["local_rank"]), "LOCAL_WORLD_SIZE": local_size,
-        "GROUP_RANK": int(slot["cross_rank"]), "GROUP_WORLD_SIZE": int(slot["cross_size"]),
-        "ROLE_NAME": "default", "ROLE_RANK": rank, "ROLE_WORLD_SIZE": size,
-        "MASTER_ADDR": address, "MASTER_PORT": port,
+        "RANK": rank,
+        "WORLD_SIZE": size,
+        "LOCAL_RANK": int(slot["local_rank"]),
+        "LOCAL_WORLD_SIZE": local_size,
+        "GROUP_RANK": int(slot["cross_rank"]),
+        "GROUP_WORLD_SIZE": int(slot["cross_size"]),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": rank,
+        "ROLE_WORLD_SIZE": size,
+        "MASTER_ADDR": address,
+        "MASTER_PORT": port,
         "TORCHELASTIC_RESTART_COUNT": int(slot["round"]) - 1,
         "TORCHELASTIC_MAX_RESTARTS": UNLIMITED_RESTARTS if max_restarts is None else max_restarts,
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         WorkerEnv.SNAPSHOT_WRITER: "1" if slot.get("snapshot_writer") else "0",
     }
     chosen = {name: str(value) for name, value in env.items()}
@@ -118,11 +128,17 @@ class RoundStores:
                 os.close(requests_read)
                 os.close(ports_write)
             if forked is not None:
-                self.process, self.requests, self.ports = forked, os.fdopen(requests_write, "wb"), os.fdopen(ports_read, "rb")
+                self.process, self.requests, self.ports = (
+                    forked,
+                    os.fdopen(requests_write, "wb"),
+                    os.fdopen(ports_read, "rb"),
+                )
                 return
             os.close(requests_write)
             os.close(ports_read)
-        spawned = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent())
+        spawned = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent()
+        )
         self.process, self.requests, self.ports = spawned, spawned.stdin, spawned.stdout
 
     def next_store(self) -> str:
@@ -158,7 +174,9 @@ class SlotSupervisor:
         self.timing = Timing.from_env()
         self.local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1"))
         orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * self.timing.heartbeat)
-        self.link = AgentLink(os.environ[WorkerEnv.AGENT], os.environ.get(WorkerEnv.HOST, "?"), self.local_rank, orphan_after)
+        self.link = AgentLink(
+            os.environ[WorkerEnv.AGENT], os.environ.get(WorkerEnv.HOST, "?"), self.local_rank, orphan_after
+        )
         self.slot: dict[str, Any] = {}
         self.round = 0
         self.aborted_round = 0
@@ -189,7 +207,9 @@ class SlotSupervisor:
 
     def round_ending(self) -> bool:
         with self.lock:
-            return self.aborted_round >= self.round or self.newest_hosts_update > float(self.slot.get("hosts_timestamp", 0.0))
+            return self.aborted_round >= self.round or self.newest_hosts_update > float(
+                self.slot.get("hosts_timestamp", 0.0)
+            )
 
     # -- the slot's life --------------------------------------------------------------------------
     def run(self) -> int:
@@ -230,7 +250,10 @@ class SlotSupervisor:
     def _join(self) -> bool:
         """Join the round after this slot's last one; False when the slot is not in it (the supervisor leaves)."""
         reply = self.link.requests.request(
-            "rank_and_size", {"local_rank": self.local_rank, "after_round": self.round, "pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE
+            "rank_and_size",
+            {"local_rank": self.local_rank, "after_round": self.round, "pid": worker_pid()},
+            timeout=5.0,
+            deadline=JOIN_DEADLINE,
         )
         if reply.body.get("removed"):
             return False
@@ -245,13 +268,25 @@ class SlotSupervisor:
             master = self.stores.next_store()
             self.link.requests.request("kv_set", {"key": key}, raw=(master.encode(),))
             return master
-        return self.link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=self.timing.collective_timeout).raw[0].decode()
+        return (
+            self.link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=self.timing.collective_timeout)
+            .raw[0]
+            .decode()
+        )
 
     def _run_round(self, master: str) -> int | None:
         """Run the command in this round; its exit code when the supervisor ends with it, None to join the next."""
         max_restarts = os.environ.get(WorkerEnv.RESET_LIMIT)
-        env = {**os.environ, **torchrun_environment(self.slot, master, int(max_restarts) if max_restarts else None,
-                                                    os.environ.get(WorkerEnv.JOB_KEY, ""), os.environ)}
+        env = {
+            **os.environ,
+            **torchrun_environment(
+                self.slot,
+                master,
+                int(max_restarts) if max_restarts else None,
+                os.environ.get(WorkerEnv.JOB_KEY, ""),
+                os.environ,
+            ),
+        }
         child = self.child = self._start_command(env)
         self._tell_started(child)
         try:
@@ -272,7 +307,13 @@ class SlotSupervisor:
 
     def _tell_started(self, child: WorkerProcess) -> None:
         """The agent logs each round's command (`command_started`: its pid, and whether it was forked)."""
-        body = {"local_rank": self.local_rank, "pid": worker_pid(), "command_pid": child.pid, "forked": isinstance(child, ForkedProcess), "round": self.round}
+        body = {
+            "local_rank": self.local_rank,
+            "pid": worker_pid(),
+            "command_pid": child.pid,
+            "forked": isinstance(child, ForkedProcess),
+            "round": self.round,
+        }
         try:
             self.link.requests.request("command_started", body, timeout=5.0, deadline=30.0)
         except (Unreachable, ServiceError) as exc:
@@ -297,9 +338,17 @@ class SlotSupervisor:
         return None
 
     def _report_failure(self, child_pid: int, code: int) -> None:
-        say(f"round {self.round}: the command (pid {child_pid}) exited with code {code}; every worker starts again in the next round")
+        say(
+            f"round {self.round}: the command (pid {child_pid}) exited with code {code}; every worker starts "
+            "again in the next round"
+        )
         try:
-            self.link.requests.request("child_failed", {"local_rank": self.local_rank, "pid": worker_pid(), "exit_code": code}, timeout=5.0, deadline=30.0)
+            self.link.requests.request(
+                "child_failed",
+                {"local_rank": self.local_rank, "pid": worker_pid(), "exit_code": code},
+                timeout=5.0,
+                deadline=30.0,
+            )
         except (Unreachable, ServiceError) as exc:
             say(f"could not tell the agent: {exc}")
 

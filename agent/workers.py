@@ -24,7 +24,6 @@ from bus.assignments import SlotInfo, round_environment
 from bus.contract import JobPlan, WorkerEnv
 from bus.lifetime import die_with_parent
 
-
 STANDBY = -1
 
 
@@ -77,8 +76,14 @@ class HostSettings:
     timing_env: Mapping[str, str]
 
 
-def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local_rank: int, slot: SlotInfo | None,
-               snapshot_env: Mapping[str, str]) -> dict[str, str]:
+def worker_env(
+    base: Mapping[str, str],
+    plan: JobPlan,
+    host: HostSettings,
+    local_rank: int,
+    slot: SlotInfo | None,
+    snapshot_env: Mapping[str, str],
+) -> dict[str, str]:
     """The environment of the worker of `local_rank` (STANDBY: a spare, with no local rank until admitted): the
     agent's own, the job's, the host's, the snapshot's and, for a worker started into a known slot, its place in
     the round (in torchrun mode the slot's supervisor sets that for each round, and learns the reset limit)."""
@@ -111,7 +116,11 @@ def worker_env(base: Mapping[str, str], plan: JobPlan, host: HostSettings, local
 
 def worker_command(plan: JobPlan) -> list[str]:
     """What a worker process runs: the job's command, or in torchrun mode the slot's supervisor around it."""
-    return [sys.executable, "-m", "agent.torchrun_slot", "--", *plan.command] if plan.mode == "torchrun" else list(plan.command)
+    return (
+        [sys.executable, "-m", "agent.torchrun_slot", "--", *plan.command]
+        if plan.mode == "torchrun"
+        else list(plan.command)
+    )
 
 
 def spawn(command: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:

@@ -33,7 +33,9 @@ TRAIN = ["--epochs", "100000", "--step-delay", "0.02"]
 
 def first_step_at_size(log_dir: Path, size: int, after: float, host: str | None = None) -> float:
     def found() -> float | None:
-        times = [e["time"] for e in steps(log_dir) if e["size"] == size and e["time"] > after and host in (None, e["host"])]
+        times = [
+            e["time"] for e in steps(log_dir) if e["size"] == size and e["time"] > after and host in (None, e["host"])
+        ]
         return min(times) if times else None
 
     return wait_for(found, 180, f"a step at size {size}" + (f" on {host}" if host else ""))
@@ -76,7 +78,19 @@ def ready_join(wait: float) -> float:
         for host in ("host-1", "host-2"):
             c.start_agent(host, 1)
         log_dir = c.workdir / "log"
-        c.submit("--min-np", "2", "--max-np", "3", "--discovery-script", str(script), "--", *JOB, *TRAIN, "--log-dir", str(log_dir))
+        c.submit(
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--discovery-script",
+            str(script),
+            "--",
+            *JOB,
+            *TRAIN,
+            "--log-dir",
+            str(log_dir),
+        )
         first_step_at_size(log_dir, 2, 0.0)
         c.start_agent("host-3", 1)
         wait_for(lambda: all_ready(c, ["host-3"]), 120, "host-3's fork server ready")
@@ -89,17 +103,30 @@ def ready_join(wait: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--wait", type=float, default=30.0, help="Seconds a ready agent waits before its host is admitted.")
+    parser.add_argument(
+        "--wait", type=float, default=30.0, help="Seconds a ready agent waits before its host is admitted."
+    )
     args = parser.parse_args()
     found: dict[str, list[float]] = {"ready-job": [], "cold-job": [], "ready-join": []}
     for run in range(1, args.runs + 1):
-        for variant, measure in (("ready-job", lambda: ready_job(args.wait)), ("cold-job", cold_job), ("ready-join", lambda: ready_join(args.wait))):
+        for variant, measure in (
+            ("ready-job", lambda: ready_job(args.wait)),
+            ("cold-job", cold_job),
+            ("ready-join", lambda: ready_join(args.wait)),
+        ):
             seconds = measure()
             found[variant].append(seconds)
             print(f"READY variant={variant} run={run} seconds={seconds:.3f}", flush=True)
     for variant, values in found.items():
-        print(f"READY_SUMMARY variant={variant} median_s={statistics.median(values):.3f} max_s={max(values):.3f}", flush=True)
-    print(f"READY_RATIO cold-job/ready-job={statistics.median(found['cold-job']) / statistics.median(found['ready-job']):.1f}", flush=True)
+        print(
+            f"READY_SUMMARY variant={variant} median_s={statistics.median(values):.3f} max_s={max(values):.3f}",
+            flush=True,
+        )
+    print(
+        "READY_RATIO "
+        f"cold-job/ready-job={statistics.median(found['cold-job']) / statistics.median(found['ready-job']):.1f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

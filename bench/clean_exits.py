@@ -39,8 +39,25 @@ class JobEnd:
 
 
 def run_job(repo: Path, standby: int, epochs: int) -> JobEnd:
-    command = [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "2", "--standby", str(standby),
-               "--", sys.executable, "examples/horovod_elastic.py", "--epochs", str(epochs), "--samples", "512"]
+    command = [
+        sys.executable,
+        "-m",
+        "elasticctl.main",
+        "local",
+        "--hosts",
+        "2",
+        "--slots",
+        "2",
+        "--standby",
+        str(standby),
+        "--",
+        sys.executable,
+        "examples/horovod_elastic.py",
+        "--epochs",
+        str(epochs),
+        "--samples",
+        "512",
+    ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
@@ -67,11 +84,17 @@ def main() -> None:
     for number in range(1, args.jobs + 1):
         end = run_job(args.repo.resolve(), args.standby, args.epochs)
         ends.append(end)
-        print(f"job {number}: exit {end.exit_code}, workers exited {end.worker_exit_codes}, 'terminate called' lines {end.terminate_lines}", flush=True)
+        print(
+            f"job {number}: exit {end.exit_code}, workers exited {end.worker_exit_codes}, 'terminate called' "
+            f"lines {end.terminate_lines}",
+            flush=True,
+        )
     codes = [code for end in ends for code in end.worker_exit_codes]
-    print(f"CLEAN_EXITS jobs={len(ends)} failed_jobs={sum(end.exit_code != 0 for end in ends)} aborts={codes.count(-6)} "
-          f"nonzero_exits={sum(code != 0 for code in codes)} terminate_lines={sum(end.terminate_lines for end in ends)} "
-          f"seconds_per_job={(time.monotonic() - started) / max(1, len(ends)):.1f}")
+    print(
+        f"CLEAN_EXITS jobs={len(ends)} failed_jobs={sum(end.exit_code != 0 for end in ends)} aborts={codes.count(-6)} "
+        f"nonzero_exits={sum(code != 0 for code in codes)} terminate_lines={sum(end.terminate_lines for end in ends)} "
+        f"seconds_per_job={(time.monotonic() - started) / max(1, len(ends)):.1f}"
+    )
 
 
 if __name__ == "__main__":

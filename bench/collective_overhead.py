@@ -45,18 +45,47 @@ def main() -> None:
     with cluster() as c:
         c.start_agent("host-1", slots=RANKS)
         out = c.workdir / "collective.json"
-        job = c.submit("--min-np", str(RANKS), "--max-np", str(RANKS), "--", sys.executable, "-m", "bench.collective_worker", "--out", str(out), "--rounds", str(args.rounds), "--budget", str(args.budget))
+        job = c.submit(
+            "--min-np",
+            str(RANKS),
+            "--max-np",
+            str(RANKS),
+            "--",
+            sys.executable,
+            "-m",
+            "bench.collective_worker",
+            "--out",
+            str(out),
+            "--rounds",
+            str(args.rounds),
+            "--budget",
+            str(args.budget),
+        )
         if c.wait_job_end(job, 600) != 0:
             sys.exit(f"the benchmark job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
-        results = {name: {int(size): seconds for size, seconds in by_size.items()} for name, by_size in json.loads(out.read_text())["results"].items()}
+        results = {
+            name: {int(size): seconds for size, seconds in by_size.items()}
+            for name, by_size in json.loads(out.read_text())["results"].items()
+        }
     raw, raw_batch = results.pop("raw"), results.pop("raw_8_async")
     baselines = {"ours": raw, "ours_no_cache": raw, "ours_8_async": raw_batch}
-    print(f"allreduce (sum, float32), {RANKS} ranks on one host, gloo over loopback; median time per call; ratio = raw / ours")
-    print("(ours_8_async: the tensor as 8 async allreduces, then synchronized; its raw is the same 8 raw async allreduces)")
-    print(f"{'size':>7} {'raw us':>10} {'raw 8 us':>10} " + " ".join(f"{name + ' us':>16} {'ratio':>6}" for name in results))
+    print(
+        f"allreduce (sum, float32), {RANKS} ranks on one host, gloo over loopback; median time per call; ratio = "
+        "raw / ours"
+    )
+    print(
+        "(ours_8_async: the tensor as 8 async allreduces, then synchronized; its raw is the same 8 raw async "
+        "allreduces)"
+    )
+    print(
+        f"{'size':>7} {'raw us':>10} {'raw 8 us':>10} "
+        + " ".join(f"{name + ' us':>16} {'ratio':>6}" for name in results)
+    )
     ratios_from = []
     for size, raw_seconds in raw.items():
-        cells = [f"{results[name][size] * 1e6:16.1f} {baselines[name][size] / results[name][size]:6.3f}" for name in results]
+        cells = [
+            f"{results[name][size] * 1e6:16.1f} {baselines[name][size] / results[name][size]:6.3f}" for name in results
+        ]
         if size >= FROM:
             ratios_from.append(raw_seconds / results["ours"][size])
         print(f"{human(size):>7} {raw_seconds * 1e6:10.1f} {raw_batch[size] * 1e6:10.1f} " + " ".join(cells))
@@ -64,8 +93,11 @@ def main() -> None:
     cached = (results["ours"][smallest] - raw[smallest]) * 1e6
     uncached = (results["ours_no_cache"][smallest] - raw[smallest]) * 1e6
     batch = (results["ours_8_async"][smallest] - raw_batch[smallest]) * 1e6
-    print(f"COLLECTIVE_OVERHEAD min_ratio_from_64KB={min(ratios_from):.3f} negotiation_us={cached:.0f} no_cache_us={uncached:.0f} "
-          f"per_batch_of_8_us={batch:.0f}")
+    print(
+        f"COLLECTIVE_OVERHEAD min_ratio_from_64KB={min(ratios_from):.3f} negotiation_us={cached:.0f} "
+        f"no_cache_us={uncached:.0f} "
+        f"per_batch_of_8_us={batch:.0f}"
+    )
 
 
 if __name__ == "__main__":

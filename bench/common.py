@@ -63,7 +63,11 @@ def steady_step_seconds(log_dir: Path, rank: int = 0) -> float:
 
 def warm_up(log_dir: Path, count: int = 30) -> None:
     """Wait until round 1 has `count` steps, so the baseline has enough samples."""
-    wait_for(lambda: sum(e["round"] == 1 and e["rank"] == 0 for e in steps(log_dir)) >= count, 120, f"{count} steps of round 1")
+    wait_for(
+        lambda: sum(e["round"] == 1 and e["rank"] == 0 for e in steps(log_dir)) >= count,
+        120,
+        f"{count} steps of round 1",
+    )
 
 
 def log_time(cluster: Cluster, service: str, event: str, after: float) -> float | None:
@@ -85,4 +89,7 @@ def report(title: str, samples: dict[str, list[float]], baseline: float) -> None
     print(f"  baseline: steady step time {baseline * 1000:.1f} ms (median, same run)")
     for name, values in samples.items():
         median = statistics.median(values)
-        print(f"  {name:<38} median {median:7.3f} s   ({median / baseline:6.1f} x step)   samples {', '.join(f'{v:.3f}' for v in values)}")
+        print(
+            f"  {name:<38} median {median:7.3f} s   ({median / baseline:6.1f} x step)   samples "
+            f"{', '.join(f'{v:.3f}' for v in values)}"
+        )

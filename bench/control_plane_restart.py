@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cluster
-from testing.harness import SERVICES, Cluster, read_events, wait_for, worker_pid
+from testing.harness import SERVICES, read_events, wait_for, worker_pid
 
 JOB = [sys.executable, "tests/workers/counter.py", "--batches", "100000", "--step-delay", "0.02"]
 CASES = {**{name: (name,) for name in SERVICES}, "all-four": SERVICES}
@@ -51,19 +51,36 @@ def run_case(killed: tuple[str, ...], outage: float) -> dict[str, Any]:
         plane.start_services(services=killed)
         back_s = time.time() - restarted_at
         same = (before["job"], "running", before["round"])
-        wait_for(lambda: (j := plane.job()) and (j["job"], j["state"], j["round"]) == same, 60, "the registry to answer for the job")
+        wait_for(
+            lambda: (j := plane.job()) and (j["job"], j["state"], j["round"]) == same,
+            60,
+            "the registry to answer for the job",
+        )
         job_s = time.time() - restarted_at
-        wait_for(lambda: commits(log_dir)[-1]["time"] > time.time() - 0.5 and time.time() > restarted_at + 3, 60, "steady training")
+        wait_for(
+            lambda: commits(log_dir)[-1]["time"] > time.time() - 0.5 and time.time() > restarted_at + 3,
+            60,
+            "steady training",
+        )
         resets_for_outage = plane.job()["resets"] - before["resets"]
         victim = worker_pid(plane, "host-2", 0)
         victim_killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         first = wait_for(
-            lambda: next((e for e in commits(log_dir) if e["time"] > victim_killed_at and e["host"] == "host-1" and e["round"] > before["round"]), None),
+            lambda: next(
+                (
+                    e
+                    for e in commits(log_dir)
+                    if e["time"] > victim_killed_at and e["host"] == "host-1" and e["round"] > before["round"]
+                ),
+                None,
+            ),
             120,
             "a commit in the new round",
         )
-        times = sorted(e["time"] for e in commits(log_dir) if e["rank"] == 0 and killed_at - 1 <= e["time"] <= victim_killed_at)
+        times = sorted(
+            e["time"] for e in commits(log_dir) if e["rank"] == 0 and killed_at - 1 <= e["time"] <= victim_killed_at
+        )
         return {
             "back_s": back_s,
             "job_s": job_s,
@@ -82,11 +99,15 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     baseline = run_case((), 0.0)
-    print(f"baseline (nothing killed): recovery_s={baseline['recovery_s']:.2f} max_gap_s={baseline['max_gap_s']:.3f}", flush=True)
+    print(
+        f"baseline (nothing killed): recovery_s={baseline['recovery_s']:.2f} max_gap_s={baseline['max_gap_s']:.3f}",
+        flush=True,
+    )
     for case in args.cases.split(","):
         result = run_case(CASES[case], args.outage)
         print(
-            f"{case:>10}: back_s={result['back_s']:.2f} job_s={result['job_s']:.2f} max_gap_s={result['max_gap_s']:.3f} "
+            f"{case:>10}: back_s={result['back_s']:.2f} job_s={result['job_s']:.2f} "
+            f"max_gap_s={result['max_gap_s']:.3f} "
             f"resets_for_outage={result['resets_for_outage']} recovery_s={result['recovery_s']:.2f} "
             f"ratio={result['recovery_s'] / baseline['recovery_s']:.2f}",
             flush=True,

@@ -16,7 +16,7 @@ import argparse
 import signal
 import time
 
-from bench.common import JOB, cluster, first_step_after, warm_up, report, steady_step_seconds, steps
+from bench.common import JOB, cluster, first_step_after, report, steady_step_seconds, steps, warm_up
 from testing.harness import wait_for
 
 
@@ -29,7 +29,20 @@ def main() -> None:
         c.start_agent("host-1", 2)
         c.start_agent("host-2", 2)
         log_dir = c.workdir / "train"
-        job = c.submit("--min-np", "2", "--", *JOB, "--epochs", "1000", "--samples", "4096", "--commit-every", "4", "--log-dir", str(log_dir))
+        job = c.submit(
+            "--min-np",
+            "2",
+            "--",
+            *JOB,
+            "--epochs",
+            "1000",
+            "--samples",
+            "4096",
+            "--commit-every",
+            "4",
+            "--log-dir",
+            str(log_dir),
+        )
         warm_up(log_dir)
         for _ in range(args.repeats):
             started = time.time()
@@ -64,12 +77,16 @@ def main() -> None:
         c.call("registry", "cancel", {"reason": "benchmark done"})
         c.wait_job_end(job, 30)
         wait_for(lambda: steps(log_dir), 1, "steps")
-    report("elasticity latency (2 hosts x 2 slots, commit every 4 steps, heartbeat 1 s)", {
-        "drain -> first step at new size": drain,
-        "agent start -> its workers' first step": join,
-        "longest training pause while it joins": pause,
-        "drain meeting a forming round -> size 2": folded,
-    }, baseline)
+    report(
+        "elasticity latency (2 hosts x 2 slots, commit every 4 steps, heartbeat 1 s)",
+        {
+            "drain -> first step at new size": drain,
+            "agent start -> its workers' first step": join,
+            "longest training pause while it joins": pause,
+            "drain meeting a forming round -> size 2": folded,
+        },
+        baseline,
+    )
 
 
 if __name__ == "__main__":

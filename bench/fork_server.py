@@ -53,7 +53,9 @@ MODES = {"fork server": [], "spawn": ["--no-fork-server"]}
 
 
 @contextlib.contextmanager
-def _training(hosts: int, mode: list[str], agent_args: tuple[str, ...] = ("--standby", "0")) -> Iterator[tuple[Cluster, Path]]:
+def _training(
+    hosts: int, mode: list[str], agent_args: tuple[str, ...] = ("--standby", "0")
+) -> Iterator[tuple[Cluster, Path]]:
     """A cluster of `hosts` agents with one slot each, training the job until it is steady at full size."""
     with cluster() as c:
         for number in range(1, hosts + 1):
@@ -65,19 +67,32 @@ def _training(hosts: int, mode: list[str], agent_args: tuple[str, ...] = ("--sta
 
 
 def _first_step(log_dir: Path, after: float, what: str, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    return wait_for(lambda: next((e for e in steps(log_dir) if e["time"] > after and match(e)), None), 120, what, interval=0.02)
+    return wait_for(
+        lambda: next((e for e in steps(log_dir) if e["time"] > after and match(e)), None), 120, what, interval=0.02
+    )
 
 
 def _worker(c: Cluster, host: str) -> int:
     def find() -> int | None:
-        return next((int(w["pid"]) for w in c.call("registry", "status")["workers"] if w["host"] == host and w["state"] == "RUNNING"), None)
+        return next(
+            (
+                int(w["pid"])
+                for w in c.call("registry", "status")["workers"]
+                if w["host"] == host and w["state"] == "RUNNING"
+            ),
+            None,
+        )
 
     return wait_for(find, 60, f"{host}'s running worker")
 
 
 def _settle(log_dir: Path, size: int, after: float) -> None:
     """Wait for 20 steps of rank 0 at `size` after `after` (the job is steady again)."""
-    wait_for(lambda: sum(e["rank"] == 0 and e["size"] == size and e["time"] > after for e in steps(log_dir)) >= 20, 120, f"steady at size {size}")
+    wait_for(
+        lambda: sum(e["rank"] == 0 and e["size"] == size and e["time"] > after for e in steps(log_dir)) >= 20,
+        120,
+        f"steady at size {size}",
+    )
 
 
 def kill(mode: list[str], repeats: int) -> list[float]:
@@ -87,7 +102,12 @@ def kill(mode: list[str], repeats: int) -> list[float]:
             victim = _worker(c, "host-3")
             killed = time.time()
             os.kill(victim, signal.SIGKILL)
-            back = _first_step(log_dir, killed, "host-3's replacement training at size 3", lambda e: e["size"] == 3 and e["host"] == "host-3" and e["pid"] != victim)
+            back = _first_step(
+                log_dir,
+                killed,
+                "host-3's replacement training at size 3",
+                lambda e: e["size"] == 3 and e["host"] == "host-3" and e["pid"] != victim,
+            )
             samples.append(back["time"] - killed)
             _settle(log_dir, 3, back["time"])
     return samples
@@ -113,7 +133,9 @@ def join(mode: list[str], repeats: int) -> tuple[list[float], list[float]]:
         for _ in range(repeats):
             started = time.time()
             c.start_agent("host-3", 1, ["--standby", "0"])
-            joined = _first_step(log_dir, started, "host-3 training in the job", lambda e: e["host"] == "host-3" and e["size"] == 3)
+            joined = _first_step(
+                log_dir, started, "host-3 training in the job", lambda e: e["host"] == "host-3" and e["size"] == 3
+            )
             registered = log_time(c, "discovery", "host_registered", started) or float("nan")
             from_start.append(joined["time"] - started)
             from_registration.append(joined["time"] - registered)
@@ -129,10 +151,16 @@ def undrain(mode: list[str], repeats: int) -> list[float]:
             drained = time.time()
             c.elasticctl("drain", "host-3")
             _first_step(log_dir, drained, "the job at size 2", lambda e: e["size"] == 2)
-            wait_for(lambda: not any(w["host"] == "host-3" for w in c.call("registry", "status")["workers"]), 60, "host-3's worker gone")
+            wait_for(
+                lambda: not any(w["host"] == "host-3" for w in c.call("registry", "status")["workers"]),
+                60,
+                "host-3's worker gone",
+            )
             undrained = time.time()
             c.elasticctl("undrain", "host-3")
-            back = _first_step(log_dir, undrained, "host-3 training again", lambda e: e["host"] == "host-3" and e["size"] == 3)
+            back = _first_step(
+                log_dir, undrained, "host-3 training again", lambda e: e["host"] == "host-3" and e["size"] == 3
+            )
             samples.append(back["time"] - undrained)
             _settle(log_dir, 3, back["time"])
     return samples
@@ -162,7 +190,9 @@ def memory(mode: list[str]) -> dict[str, tuple[float, float, float]]:
     """RSS and PSS of host-1's processes: with the fork server, the agents' defaults (its one standby); spawning,
     `--standby 1`."""
     with _training(2, mode, agent_args=("--standby", "1") if mode else ()) as (c, _):
-        standby = wait_for(lambda: _agent_events(c, "host-1", "standby_waiting"), 60, "host-1's standby waiting")[-1]["pid"]
+        standby = wait_for(lambda: _agent_events(c, "host-1", "standby_waiting"), 60, "host-1's standby waiting")[-1][
+            "pid"
+        ]
         found = {"standby": _memory_of(standby), "worker": _memory_of(_worker(c, "host-1"))}
         if not mode:
             found["zygote"] = _memory_of(_agent_events(c, "host-1", "fork_server_starting")[-1]["pid"])
@@ -170,7 +200,10 @@ def memory(mode: list[str]) -> dict[str, tuple[float, float, float]]:
 
 
 def _line(name: str, values: list[float]) -> str:
-    return f"  {name:<44} median {statistics.median(values):6.3f} s  max {max(values):6.3f} s  samples {', '.join(f'{v:.3f}' for v in values)}"
+    return (
+        f"  {name:<44} median {statistics.median(values):6.3f} s  max {max(values):6.3f} s  samples "
+        f"{', '.join(f'{v:.3f}' for v in values)}"
+    )
 
 
 def main() -> None:
@@ -180,8 +213,12 @@ def main() -> None:
     args = parser.parse_args()
     chosen = args.only.split(",")
     medians: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
-    for scenario, title in (("kill", "worker SIGKILL -> full size (no standby)"), ("resume", "whole-job resume (no standby)"),
-                            ("join", "a host joins the running job"), ("undrain", "undrain -> full size")):
+    for scenario, title in (
+        ("kill", "worker SIGKILL -> full size (no standby)"),
+        ("resume", "whole-job resume (no standby)"),
+        ("join", "a host joins the running job"),
+        ("undrain", "undrain -> full size"),
+    ):
         if scenario not in chosen:
             continue
         print(f"\n{title}", flush=True)
@@ -203,8 +240,13 @@ def main() -> None:
     forked, spawned = medians["fork server"], medians["spawn"]
     if not forked:
         return
-    print("\nFORK_SERVER " + " ".join(f"{name}_s={value:.3f}" for name, value in forked.items()) + " vs_spawn="
-          + ",".join(f"{name}:{spawned[name]:.3f}" for name in forked), flush=True)
+    print(
+        "\nFORK_SERVER "
+        + " ".join(f"{name}_s={value:.3f}" for name, value in forked.items())
+        + " vs_spawn="
+        + ",".join(f"{name}:{spawned[name]:.3f}" for name in forked),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -159,7 +159,19 @@ def start_job(c: Cluster, setup: str, step_delay: float) -> tuple[subprocess.Pop
     for host in HOSTS:
         c.start_agent(host, 1, agent_args(setup))
     log_dir = c.workdir / "train"
-    job = c.submit("--min-np", "2", *RESTART_IN_PLACE, "--", *JOB, "--epochs", "1000000", "--step-delay", str(step_delay), "--log-dir", str(log_dir))
+    job = c.submit(
+        "--min-np",
+        "2",
+        *RESTART_IN_PLACE,
+        "--",
+        *JOB,
+        "--epochs",
+        "1000000",
+        "--step-delay",
+        str(step_delay),
+        "--log-dir",
+        str(log_dir),
+    )
     return job, EventTail(log_dir)
 
 
@@ -177,7 +189,12 @@ def has_standbys(setup: str) -> bool:
 
 
 def wait_for_standbys(c: Cluster) -> None:
-    wait_for(lambda: all("standby_waiting" in c.output(f"agent-{host}") for host in HOSTS), 120, "every agent's standby to wait in init()", interval=POLL_INTERVAL)
+    wait_for(
+        lambda: all("standby_waiting" in c.output(f"agent-{host}") for host in HOSTS),
+        120,
+        "every agent's standby to wait in init()",
+        interval=POLL_INTERVAL,
+    )
 
 
 def kill_worker(c: Cluster, host: str) -> None:
@@ -218,14 +235,18 @@ class Run:
     end: float
     events: list[Event] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    started: dict[str, int] = field(default_factory=dict)  # worker and standby processes the agents started: forked, spawned
+    started: dict[str, int] = field(
+        default_factory=dict
+    )  # worker and standby processes the agents started: forked, spawned
 
     def rank0(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["rank"] == 0 and e["event"] == kind]
 
     def committed_step(self, at: float) -> int:
         """Rank 0's committed step at time `at`: its latest commit or round entry (which resumes from a commit)."""
-        marks = [e["step"] for e in self.events if e["rank"] == 0 and e["event"] in ("commit", "enter") and e["time"] <= at]
+        marks = [
+            e["step"] for e in self.events if e["rank"] == 0 and e["event"] in ("commit", "enter") and e["time"] <= at
+        ]
         return max(marks, default=0)
 
     def committed_samples(self) -> int:
@@ -253,7 +274,11 @@ class Run:
         """Samples per second at full size at this run's own pace: 3 batches per median full-size step. Dividing
         by it factors out how busy the machine was during the run (others share its 2 cores)."""
         steps = [e for e in self.rank0("step") if self.start <= e["time"] <= self.end]
-        gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if a["size"] == b["size"] == FULL_SIZE and a["round"] == b["round"]]
+        gaps = [
+            b["time"] - a["time"]
+            for a, b in zip(steps, steps[1:])
+            if a["size"] == b["size"] == FULL_SIZE and a["round"] == b["round"]
+        ]
         if not gaps:
             return float("nan")
         return FULL_SIZE * statistics.median(len(e["indices"]) for e in steps) / statistics.median(gaps)
@@ -271,7 +296,15 @@ class Run:
         return None
 
 
-def measure(mode: str | None, setup: str, duration: float, fault_every: float, drain_seconds: float, step_delay: float, rng: random.Random) -> Run:
+def measure(
+    mode: str | None,
+    setup: str,
+    duration: float,
+    fault_every: float,
+    drain_seconds: float,
+    step_delay: float,
+    rng: random.Random,
+) -> Run:
     """One run in a cluster of its own: warm up, then `duration` seconds with a fault of `mode` every
     `fault_every` seconds (none when `mode` is None)."""
     with chaos_cluster(Timing().as_env()) as c:
@@ -279,7 +312,9 @@ def measure(mode: str | None, setup: str, duration: float, fault_every: float, d
         events: list[Event] = []
 
         def warmed_up(_: Event) -> bool:
-            return sum(e["event"] == "step" and e["rank"] == 0 and e["size"] == FULL_SIZE for e in events) >= WARM_UP_STEPS
+            return (
+                sum(e["event"] == "step" and e["rank"] == 0 and e["size"] == FULL_SIZE for e in events) >= WARM_UP_STEPS
+            )
 
         tail.wait(warmed_up, 180, f"{WARM_UP_STEPS} steps at world size {FULL_SIZE}", events.append)
         if has_standbys(setup):
@@ -328,26 +363,46 @@ def report(run: Run, baseline: Run) -> None:
     pauses = [(at, length) for at, length in gaps if length > PAUSE_FACTOR * median_step]
     sps, baseline_sps = run.samples_per_second(), baseline.samples_per_second()
     longest = max((length for _, length in gaps), default=0.0)
-    print(f"GOODPUT mode={run.mode} setup={run.setup} ratio={sps / baseline_sps:.3f} baseline_sps={baseline_sps:.1f} chaos_sps={sps:.1f} faults={len(run.faults)} longest_pause_s={longest:.2f}")
-    print(f"  median step {median_step * 1000:.1f} ms; pauses > {PAUSE_FACTOR:g}x it (s into the window: length s): " + (", ".join(f"{at:.1f}: {length:.2f}" for at, length in pauses) or "none"))
+    print(
+        f"GOODPUT mode={run.mode} setup={run.setup} ratio={sps / baseline_sps:.3f} "
+        f"baseline_sps={baseline_sps:.1f} chaos_sps={sps:.1f} faults={len(run.faults)} "
+        f"longest_pause_s={longest:.2f}"
+    )
+    print(
+        f"  median step {median_step * 1000:.1f} ms; pauses > {PAUSE_FACTOR:g}x it (s into the window: length s): "
+        + (", ".join(f"{at:.1f}: {length:.2f}" for at, length in pauses) or "none")
+    )
     pace, baseline_pace = sps / run.full_size_rate(), baseline_sps / baseline.full_size_rate()
-    print(f"  load-corrected ratio {pace / baseline_pace:.3f}: committed / full-size rate at the run's own median step {pace:.3f}, baseline's {baseline_pace:.3f}")
+    print(
+        f"  load-corrected ratio {pace / baseline_pace:.3f}: committed / full-size rate at the run's own median "
+        f"step {pace:.3f}, baseline's {baseline_pace:.3f}"
+    )
     origin = "undrain" if run.mode == "drain" else "kill"
     recoveries = [run.back_at_full_size(f) for f in run.faults]
-    print(f"  {origin} -> full size again (s): " + ", ".join(f"{f.host} {'not in the run' if r is None else f'{r:.2f}'}" for f, r in zip(run.faults, recoveries)))
+    print(
+        f"  {origin} -> full size again (s): "
+        + ", ".join(f"{f.host} {'not in the run' if r is None else f'{r:.2f}'}" for f, r in zip(run.faults, recoveries))
+    )
     measured = [r for r in recoveries if r is not None]
     if measured:
         print(f"  {origin} -> full size again: median {statistics.median(measured):.2f} s, max {max(measured):.2f} s")
     at_full_size, all_steps = run.full_size_share()
-    print(f"  steps at full size: {at_full_size / max(1, all_steps):.3f} ({at_full_size} of {all_steps}); processes started: {run.started.get('forked', 0)} forked, "
-          f"{run.started.get('spawned', 0)} spawned")
+    print(
+        f"  steps at full size: {at_full_size / max(1, all_steps):.3f} ({at_full_size} of {all_steps}); "
+        f"processes started: {run.started.get('forked', 0)} forked, "
+        f"{run.started.get('spawned', 0)} spawned"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("all", *MODES), default="all")
-    parser.add_argument("--setups", default="default,spawn-1", help="Agent setups of the chaos runs, comma-separated: default (the fork server "
-                        "and its one standby), N (the fork server and N standbys), spawn-N (--no-fork-server and N standbys).")
+    parser.add_argument(
+        "--setups",
+        default="default,spawn-1",
+        help="Agent setups of the chaos runs, comma-separated: default (the fork server "
+        "and its one standby), N (the fork server and N standbys), spawn-N (--no-fork-server and N standbys).",
+    )
     parser.add_argument("--duration", type=float, default=90.0, help="Seconds measured per chaos run.")
     parser.add_argument("--baseline-duration", type=float, default=45.0, help="Seconds measured in the fault-free run.")
     parser.add_argument("--fault-every", type=float, default=15.0, help="Seconds between faults.")
@@ -360,10 +415,16 @@ def main() -> None:
     setups = args.setups.split(",")
     rng = random.Random(args.seed)
     baseline = measure(None, "0", args.baseline_duration, args.fault_every, args.drain_seconds, args.step_delay, rng)
-    print(f"BASELINE sps={baseline.samples_per_second():.1f} median_step_ms={baseline.median_step() * 1000:.1f} duration_s={args.baseline_duration:g}")
+    print(
+        f"BASELINE sps={baseline.samples_per_second():.1f} median_step_ms={baseline.median_step() * 1000:.1f} "
+        f"duration_s={args.baseline_duration:g}"
+    )
     for mode in modes:
         for setup in setups:
-            report(measure(mode, setup, args.duration, args.fault_every, args.drain_seconds, args.step_delay, rng), baseline)
+            report(
+                measure(mode, setup, args.duration, args.fault_every, args.drain_seconds, args.step_delay, rng),
+                baseline,
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""GPU smoke run of the real system (issue 8, GPUs), for a host with CUDA; with `--cpu`, what resets cost a surviving worker on any host.
+"""GPU smoke run of the real system (issue 8, GPUs), for a host with CUDA; with `--cpu`, what resets cost a surviving
+worker on any host.
 
     python -m bench.gpu_smoke [--kills 3] [--cpu]
 
@@ -42,11 +43,15 @@ from typing import Any
 
 import torch
 
-from bus.gpus import gpu_devices
 from bench.common import cluster
+from bus.gpus import gpu_devices
 from testing.harness import Cluster, read_events, wait_for
 
-WORKER = [sys.executable, "-m", "bench.gpu_worker"]  # as a module: run as a file, bench/ comes first on the path and bench/snapshot.py hides the snapshot package
+WORKER = [
+    sys.executable,
+    "-m",
+    "bench.gpu_worker",
+]  # as a module: run as a file, bench/ comes first on the path and bench/snapshot.py hides the snapshot package
 COOLDOWN = "1"
 CPU_BACKEND, SHARED_BACKEND, NCCL_BACKEND = "gloo", "cpu:gloo,cuda:gloo", "cpu:gloo,cuda:nccl"
 RESOURCES = ("memory_allocated", "memory_reserved", "device_used", "rss", "threads", "fds")
@@ -66,19 +71,27 @@ def running_pid(c: Cluster, host: str) -> int:
     return wait_for(find, 120, f"a running worker on {host}")
 
 
-def steps_at_size_2(log_dir: Path, job: subprocess.Popen[bytes], after: float, round_after: int, count: int) -> list[dict[str, Any]]:
-    """Wait for `count` steps at world size 2 in a round after `round_after`, taken after `after`; the job must run on."""
+def steps_at_size_2(
+    log_dir: Path, job: subprocess.Popen[bytes], after: float, round_after: int, count: int
+) -> list[dict[str, Any]]:
+    """Wait for `count` steps at world size 2 in a round after `round_after`, after `after`; the job must run on."""
+
     def matching() -> list[dict[str, Any]]:
         return [e for e in events(log_dir, "step") if e["time"] > after and e["size"] == 2 and e["round"] > round_after]
 
-    wait_for(lambda: job.poll() is not None or len(matching()) >= count, 180, f"{count} steps at size 2 after round {round_after}")
+    wait_for(
+        lambda: job.poll() is not None or len(matching()) >= count,
+        180,
+        f"{count} steps at size 2 after round {round_after}",
+    )
     if job.poll() is not None:
         raise AssertionError(f"the job ended with exit code {job.returncode} while waiting for {count} steps at size 2")
     return matching()
 
 
 def resets(gpu: str | None, kills: int) -> dict[str, Any]:
-    """Scenario (a) on GPU `gpu`, or on the CPU when None; returns the recovery times and the entries of the rank that lived through every reset."""
+    """Scenario (a) on GPU `gpu`, or on the CPU when None; returns the recovery times and the entries of the rank that
+    lived through every reset."""
     if gpu is None:
         visible, agent_args, device, backend, where = "", [], "cpu", CPU_BACKEND, "CPU"
     else:
@@ -89,7 +102,23 @@ def resets(gpu: str | None, kills: int) -> dict[str, Any]:
             c.start_agent("host-2", 1, agent_args)
             log_dir, stop = c.workdir / "train", c.workdir / "stop"
             print(f"(a) {where}: 2 ranks, logs in {log_dir}")
-            job = c.submit("--min-np", "2", "--blacklist-cooldown", COOLDOWN, COOLDOWN, "--", *WORKER, "--device", device, "--steps", "1000000", "--log-dir", str(log_dir), "--stop-file", str(stop))
+            job = c.submit(
+                "--min-np",
+                "2",
+                "--blacklist-cooldown",
+                COOLDOWN,
+                COOLDOWN,
+                "--",
+                *WORKER,
+                "--device",
+                device,
+                "--steps",
+                "1000000",
+                "--log-dir",
+                str(log_dir),
+                "--stop-file",
+                str(stop),
+            )
             steps_at_size_2(log_dir, job, 0.0, 0, 20)
             recoveries = []
             for kill in range(1, kills + 1):
@@ -99,14 +128,22 @@ def resets(gpu: str | None, kills: int) -> dict[str, Any]:
                 os.kill(pid, signal.SIGKILL)
                 recovered = steps_at_size_2(log_dir, job, killed, round_before, 10)
                 recoveries.append(recovered[0]["time"] - killed)
-                print(f"  kill {kill}: host-2's worker (pid {pid}) in round {round_before}; back at size 2, stepping, after {recoveries[-1]:.2f} s (round {recovered[0]['round']})")
+                print(
+                    f"  kill {kill}: host-2's worker (pid {pid}) in round {round_before}; back at size 2, "
+                    f"stepping, after {recoveries[-1]:.2f} s (round {recovered[0]['round']})"
+                )
             stop.touch()
             code = c.wait_job_end(job, 120)
             print(f"  job exit code {code}")
             entries = events(log_dir, "enter")
             survivor_pid = next((e["pid"] for e in entries if e["host"] == "host-1"), None)
             survivor = [e for e in entries if e["pid"] == survivor_pid]
-            return {"ok": code == 0 and len(survivor) > kills and {e["backend"] for e in entries} == {backend}, "recoveries": recoveries, "survivor": survivor, "entries": entries}
+            return {
+                "ok": code == 0 and len(survivor) > kills and {e["backend"] for e in entries} == {backend},
+                "recoveries": recoveries,
+                "survivor": survivor,
+                "entries": entries,
+            }
         except (AssertionError, OSError) as exc:
             print(f"  failed: {exc}\n{c.dump_logs()}")
             return {"ok": False, "recoveries": [], "survivor": [], "entries": []}
@@ -123,7 +160,10 @@ def nccl(device: str, steps: int) -> bool:
             code = c.wait_job_end(job, 300)
             backends = {e["backend"] for e in events(log_dir, "enter")}
             done = events(log_dir, "done")
-            print(f"  job exit code {code}, backends {sorted(backends)}, finished at step {done[-1]['batch'] if done else None}")
+            print(
+                f"  job exit code {code}, backends {sorted(backends)}, finished at step "
+                f"{done[-1]['batch'] if done else None}"
+            )
             return code == 0 and backends == {NCCL_BACKEND} and bool(done) and done[-1]["batch"] == steps
         except (AssertionError, OSError) as exc:
             print(f"  failed: {exc}\n{c.dump_logs()}")
@@ -152,20 +192,35 @@ def main() -> None:
     shared = resets(gpu, args.kills)
     print("  round entries of host-1's rank (it lives through every reset):")
     for e in shared["survivor"]:
-        print(f"    round {e['round']:>3} size {e['size']} step {e['batch']:>5}  " + "  ".join(f"{key} {e[key]}" for key in RESOURCES))
+        print(
+            f"    round {e['round']:>3} size {e['size']} step {e['batch']:>5}  "
+            + "  ".join(f"{key} {e[key]}" for key in RESOURCES)
+        )
     for pid in sorted({e["pid"] for e in shared["entries"] if e["host"] == "host-2"}):
         first = next(e for e in shared["entries"] if e["pid"] == pid)
-        print(f"    host-2 pid {pid} first entry (round {first['round']}): " + "  ".join(f"{key} {first[key]}" for key in RESOURCES))
+        print(
+            f"    host-2 pid {pid} first entry (round {first['round']}): "
+            + "  ".join(f"{key} {first[key]}" for key in RESOURCES)
+        )
     changed = growth(shared["survivor"])
-    print("  growth over resets: " + ("  ".join(f"{key} {value:+d}" for key, value in changed.items()) or "not measured (fewer than 3 entries)"))
+    print(
+        "  growth over resets: "
+        + ("  ".join(f"{key} {value:+d}" for key, value in changed.items()) or "not measured (fewer than 3 entries)")
+    )
     recovery = statistics.median(shared["recoveries"]) if shared["recoveries"] else float("nan")
-    growths = f"fds_growth={changed.get('fds', 'nan')} threads_growth={changed.get('threads', 'nan')} rss_growth_bytes={changed.get('rss', 'nan')}"
+    growths = (
+        f"fds_growth={changed.get('fds', 'nan')} threads_growth={changed.get('threads', 'nan')} "
+        f"rss_growth_bytes={changed.get('rss', 'nan')}"
+    )
     if gpu is None:
         ok = shared["ok"] and bool(changed)
         print(f"RESET_RESOURCES device=cpu kills={args.kills} recovery_s={recovery:.2f} {growths} ok={ok}")
     else:
         ok = nccl(gpu, args.nccl_steps) and shared["ok"] and bool(changed)
-        print(f"GPU_SMOKE ok={ok} recovery_s={recovery:.2f} mem_growth_bytes={changed.get('memory_allocated', 'nan')} {growths}")
+        print(
+            f"GPU_SMOKE ok={ok} recovery_s={recovery:.2f} "
+            f"mem_growth_bytes={changed.get('memory_allocated', 'nan')} {growths}"
+        )
     sys.exit(0 if ok else 1)
 
 

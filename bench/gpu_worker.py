@@ -31,7 +31,8 @@ FEATURES = 64
 
 
 def resources(device: str) -> dict[str, int]:
-    """What a reset must give back: this process's CUDA memory and the GPU's used memory (0 on the CPU), its resident memory in bytes, threads and open fds."""
+    """What a reset must give back: this process's CUDA memory and the GPU's used memory (0 on the CPU), its resident
+    memory in bytes, threads and open fds."""
     on_gpu = device == "cuda"
     free, total = torch.cuda.mem_get_info() if on_gpu else (0, 0)
     return {
@@ -57,7 +58,9 @@ def main() -> None:
     args = parser.parse_args()
 
     hvd.init()
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(args.device)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(
+        args.device
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, batch=0)
@@ -71,13 +74,28 @@ def main() -> None:
     log = open(Path(args.log_dir) / f"worker-{os.environ.get('ELASTIC_HOST', 'x')}-{os.getpid()}.jsonl", "a")
 
     def write(event: str, **fields: Any) -> None:
-        record = {"event": event, "time": time.time(), "pid": os.getpid(), "host": os.environ.get("ELASTIC_HOST"), "rank": hvd.rank(), "size": hvd.size(), "round": hvd.round_number(), **fields}
+        record = {
+            "event": event,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "host": os.environ.get("ELASTIC_HOST"),
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "round": hvd.round_number(),
+            **fields,
+        }
         log.write(json.dumps(record) + "\n")
         log.flush()
 
     @hvd.elastic.run
     def train(state: Any) -> None:
-        write("enter", batch=state.batch, backend=str(dist.get_backend()), device=torch.cuda.current_device() if args.device == "cuda" else "cpu", **resources(args.device))
+        write(
+            "enter",
+            batch=state.batch,
+            backend=str(dist.get_backend()),
+            device=torch.cuda.current_device() if args.device == "cuda" else "cpu",
+            **resources(args.device),
+        )
         while state.batch < args.steps:
             generator = torch.Generator(device=args.device).manual_seed(state.batch * 1000 + hvd.rank())
             x = torch.randn(args.batch_size, FEATURES, device=args.device, generator=generator)

@@ -115,7 +115,7 @@ from unittest.mock import *  # noqa: F401,F403
 from unittest.mock import patch, MagicMock, Mock, call, ANY, DEFAULT, sentinel  # noqa: F401
 '''
 
-THREADS_SHIM = '''"""Shim for Horovod's test/utils/common.py: horovod.runner.util.threads.in_thread, nothing else of Horovod."""
+THREADS_SHIM = '''"""Shim for Horovod's test/utils/common.py: horovod.runner.util.threads.in_thread only."""
 import threading
 
 
@@ -134,7 +134,7 @@ def in_thread(target, args=(), name=None, daemon=True, silent=False):
     return thread
 '''
 
-PROGRESS_PLUGIN_SOURCE = '''"""pytest plugin of bench.horovod_suite: each test's start and outcome, as JSON lines, as they happen."""
+PROGRESS_PLUGIN_SOURCE = '''"""pytest plugin of bench.horovod_suite: each test's start and outcome as JSON lines."""
 import json
 import os
 import time
@@ -145,7 +145,8 @@ _out = None
 
 
 def _stem():
-    return os.path.join(os.environ["HVD_SUITE_OUT"], "%s-%s" % (os.environ.get("ELASTIC_HOST", "unknown"), os.environ.get("ELASTIC_LOCAL_RANK", "x")))
+    host, local_rank = os.environ.get("ELASTIC_HOST", "unknown"), os.environ.get("ELASTIC_LOCAL_RANK", "x")
+    return os.path.join(os.environ["HVD_SUITE_OUT"], "%s-%s" % (host, local_rank))
 
 
 def _write(record):
@@ -202,7 +203,11 @@ def pytest_collectreport(report):
 
 # Runs on every rank. `exec`: the worker's pid must stay the one libworker registers, or the registry takes the
 # worker's exit for a leftover's and the job never ends. The plugin records pytest's exit code and maps 1 and 5 to 0.
-WRAPPER = 'exec "$0" -m pytest -p no:cacheprovider -p ' + PROGRESS_PLUGIN + ' -q -rA --junitxml="$HVD_SUITE_OUT/${ELASTIC_HOST}-${ELASTIC_LOCAL_RANK}.xml" "$@"'
+WRAPPER = (
+    'exec "$0" -m pytest -p no:cacheprovider -p '
+    + PROGRESS_PLUGIN
+    + ' -q -rA --junitxml="$HVD_SUITE_OUT/${ELASTIC_HOST}-${ELASTIC_LOCAL_RANK}.xml" "$@"'
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,7 +226,7 @@ def rewrite_imports(text: str, name: str, prepared: Prepared) -> str:
     lines = text.splitlines(keepends=True)
     for number, line in enumerate(lines, start=1):
         body = line.rstrip("\r\n")
-        ending = line[len(body):]
+        ending = line[len(body) :]
         for pattern, replacement in IMPORT_REWRITES:
             if pattern.match(body):
                 new = pattern.sub(replacement, body)
@@ -240,7 +245,9 @@ def rewrite_imports(text: str, name: str, prepared: Prepared) -> str:
 def prepare(tests_dir: Path, root: Path) -> Prepared:
     sources = sorted(tests_dir.glob("test_*.py"))
     if not sources:
-        raise SystemExit(f"horovod_suite: no test_*.py in {tests_dir} (see the docstring for how to get Horovod's files)")
+        raise SystemExit(
+            f"horovod_suite: no test_*.py in {tests_dir} (see the docstring for how to get Horovod's files)"
+        )
     common = tests_dir / "common.py"
     if not common.is_file():
         raise SystemExit(f"horovod_suite: {common} is missing (Horovod's test/utils/common.py)")
@@ -282,7 +289,9 @@ def interesting(line: str) -> bool:
     if line.startswith("[elasticctl]") or line.startswith("elasticctl:"):
         return True
     body = line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
-    return bool(re.search(r"\[\s*\d+%\]\s*$", body) or re.match(r"=+ .*(passed|failed|error|skipped|no tests ran).* =+$", body))
+    return bool(
+        re.search(r"\[\s*\d+%\]\s*$", body) or re.match(r"=+ .*(passed|failed|error|skipped|no tests ran).* =+$", body)
+    )
 
 
 def kill_marked(marker: str, grace: float = 5.0) -> int:
@@ -341,14 +350,26 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
         (work / name).mkdir()
     env = {
         **os.environ,
-        **{f"ELASTIC_{name}_ENDPOINT": f"tcp://127.0.0.1:{port}" for name, port in zip(("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS"), ports)},
+        **{
+            f"ELASTIC_{name}_ENDPOINT": f"tcp://127.0.0.1:{port}"
+            for name, port in zip(("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS"), ports)
+        },
         "ELASTIC_RUN_DIR": str(work / "run"),
         "ELASTIC_SHM_DIR": str(work / "shm"),
         "TMPDIR": str(work / "tmp"),
         "PYTHONUNBUFFERED": "1",
         MARKER_VAR: marker,
     }
-    options = ["--hosts", str(args.hosts), "--max-restarts", "0", "--hung-timeout", str(args.timeout), "--env", f"HVD_SUITE_OUT={results}"]
+    options = [
+        "--hosts",
+        str(args.hosts),
+        "--max-restarts",
+        "0",
+        "--hung-timeout",
+        str(args.timeout),
+        "--env",
+        f"HVD_SUITE_OUT={results}",
+    ]
     if args.slots is not None:
         options += ["--slots", str(args.slots)]
     if args.share_gpus:
@@ -361,8 +382,15 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
     started = time.monotonic()
     timed_out = interrupted = False
     previous = signal.signal(signal.SIGTERM, _raise_stop)
-    process = subprocess.Popen(command, cwd=prepared.root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        cwd=prepared.root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     assert process.stdout is not None
 
     def pump() -> None:
@@ -381,7 +409,11 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
             process.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            print(f"horovod_suite: wall-clock timeout after {args.timeout:g}s; stopping the job", file=sys.stderr, flush=True)
+            print(
+                f"horovod_suite: wall-clock timeout after {args.timeout:g}s; stopping the job",
+                file=sys.stderr,
+                flush=True,
+            )
     except (KeyboardInterrupt, Stop):
         interrupted = True
         print("horovod_suite: interrupted; stopping the job", file=sys.stderr, flush=True)
@@ -482,7 +514,9 @@ def parse_progress(path: Path) -> tuple[dict[str, Outcome], str | None]:
             if when == "teardown":
                 running = None
         elif record["event"] == "collect_error":
-            outcomes.setdefault(key or record["nodeid"], []).append(Outcome("error", "collection: " + record.get("message", "")))
+            outcomes.setdefault(key or record["nodeid"], []).append(
+                Outcome("error", "collection: " + record.get("message", ""))
+            )
     merged = {}
     for key, outs in outcomes.items():
         if outs:
@@ -549,28 +583,39 @@ def tabulate(ranks: list[Rank], width: int = 140) -> tuple[dict[str, Any], dict[
         values = list(per_rank.values())
         overall = "passed" if all(o.outcome == "passed" for o in values) else worst(values).outcome
         counts[overall] += 1
-        tests[name] = {"overall": overall, "ranks": {k: {"outcome": o.outcome, "message": o.message} for k, o in per_rank.items()}}
+        tests[name] = {
+            "overall": overall,
+            "ranks": {k: {"outcome": o.outcome, "message": o.message} for k, o in per_rank.items()},
+        }
         messages = {k: o.message for k, o in per_rank.items() if o.message}
         if len(set(messages.values())) == 1 and len(messages) == len(per_rank):
             shown = clip(next(iter(messages.values())), width)
         else:
             each = max(50, width // max(1, len(messages)))
             shown = " | ".join(f"{k}: {clip(m, each)}" for k, m in messages.items())
-        print(f"{name:<{column}}  " + "  ".join(f"{o.outcome:<{cell}}" for o in values) + (f"  {shown}" if shown else ""))
+        print(
+            f"{name:<{column}}  " + "  ".join(f"{o.outcome:<{cell}}" for o in values) + (f"  {shown}" if shown else "")
+        )
     return tests, counts
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Arguments after `--` go to pytest as they are.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog="Arguments after `--` go to pytest as they are."
+    )
     parser.add_argument("--tests", type=Path, required=True, help="Directory with Horovod's test_*.py and common.py.")
     parser.add_argument("--hosts", type=int, default=2, help="Agents (hosts) of the local cluster (default 2).")
     parser.add_argument("--slots", type=int, default=1, help="Slots (ranks) per host (default 1).")
     parser.add_argument("-k", dest="k", default=None, help="pytest -k expression.")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="Wall-clock limit of the job in seconds (default 1800).")
+    parser.add_argument(
+        "--timeout", type=float, default=1800.0, help="Wall-clock limit of the job in seconds (default 1800)."
+    )
     parser.add_argument("--json", type=Path, default=None, help="Write the outcomes here.")
     parser.add_argument("--share-gpus", action="store_true", help="Passed to elasticctl local (more ranks than GPUs).")
     parser.add_argument("--verbose", "-v", action="store_true", help="Show every worker line live, not only progress.")
-    parser.add_argument("--keep", action="store_true", help="Keep the temporary directory (tests, junit XML, output.log, service logs).")
+    parser.add_argument(
+        "--keep", action="store_true", help="Keep the temporary directory (tests, junit XML, output.log, service logs)."
+    )
     parser.add_argument("pytest_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.tests.is_dir():
@@ -579,7 +624,10 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="horovod-suite-"))
     try:
         prepared = prepare(args.tests.resolve(), work / "tests")
-        print(f"horovod_suite: Horovod tests from {args.tests} (written against horovod@{HOROVOD_COMMIT[:12]}), copied to {prepared.root}")
+        print(
+            f"horovod_suite: Horovod tests from {args.tests} (written against horovod@{HOROVOD_COMMIT[:12]}), "
+            f"copied to {prepared.root}"
+        )
         for change in prepared.changes:
             print(f"horovod_suite: import {change}")
         for warning in prepared.warnings:
@@ -591,19 +639,50 @@ def main() -> int:
         tests, counts = tabulate(ranks)
         print()
         for rank in ranks:
-            print(f"horovod_suite: rank {rank.name}: pytest exit code {rank.pytest_rc}, outcomes from {rank.source}, {len(rank.outcomes)} test(s)")
-        broken = run.timed_out or run.interrupted or run.exit_code != 0 or any(r.source != "junit" for r in ranks) or not ranks
-        how = "timed out" if run.timed_out else "interrupted" if run.interrupted else f"elasticctl exit code {run.exit_code}"
+            print(
+                f"horovod_suite: rank {rank.name}: pytest exit code {rank.pytest_rc}, outcomes from "
+                f"{rank.source}, {len(rank.outcomes)} test(s)"
+            )
+        broken = (
+            run.timed_out
+            or run.interrupted
+            or run.exit_code != 0
+            or any(r.source != "junit" for r in ranks)
+            or not ranks
+        )
+        how = (
+            "timed out"
+            if run.timed_out
+            else "interrupted"
+            if run.interrupted
+            else f"elasticctl exit code {run.exit_code}"
+        )
         print(f"horovod_suite: job {how}; wall time {run.wall_s:.1f}s")
-        print(f"HOROVOD_SUITE hosts={args.hosts} slots={args.slots} " + " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+        print(
+            f"HOROVOD_SUITE hosts={args.hosts} slots={args.slots} " + " ".join(f"{k}={v}" for k, v in counts.items()),
+            flush=True,
+        )
         if args.json:
-            args.json.write_text(json.dumps({
-                "horovod_commit": HOROVOD_COMMIT, "hosts": args.hosts, "slots": args.slots, "k": args.k,
-                "elasticctl_exit_code": run.exit_code, "timed_out": run.timed_out, "interrupted": run.interrupted,
-                "wall_s": round(run.wall_s, 1), "import_changes": prepared.changes,
-                "ranks": {r.name: {"pytest_exit_code": r.pytest_rc, "source": r.source} for r in ranks},
-                "summary": counts, "tests": tests,
-            }, indent=2) + "\n")
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "horovod_commit": HOROVOD_COMMIT,
+                        "hosts": args.hosts,
+                        "slots": args.slots,
+                        "k": args.k,
+                        "elasticctl_exit_code": run.exit_code,
+                        "timed_out": run.timed_out,
+                        "interrupted": run.interrupted,
+                        "wall_s": round(run.wall_s, 1),
+                        "import_changes": prepared.changes,
+                        "ranks": {r.name: {"pytest_exit_code": r.pytest_rc, "source": r.source} for r in ranks},
+                        "summary": counts,
+                        "tests": tests,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
         if broken:
             return 2
         return 0 if counts["passed"] == len(tests) and tests else 1

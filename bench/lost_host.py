@@ -28,7 +28,21 @@ def main() -> None:
         c.start_agent("host-1", 2)
         c.start_agent("host-2", 2)
         log_dir = c.workdir / "train"
-        job = c.submit("--min-np", "2", "--blacklist-cooldown", "1", "1", "--", *JOB, "--epochs", "1000", "--samples", "4096", "--log-dir", str(log_dir))
+        job = c.submit(
+            "--min-np",
+            "2",
+            "--blacklist-cooldown",
+            "1",
+            "1",
+            "--",
+            *JOB,
+            "--epochs",
+            "1000",
+            "--samples",
+            "4096",
+            "--log-dir",
+            str(log_dir),
+        )
         warm_up(log_dir)
         agent = c.processes["agent-host-2"]
         for _ in range(args.repeats):
@@ -36,7 +50,9 @@ def main() -> None:
             agent.send_signal(signal.SIGSTOP)
             step = first_step_after(log_dir, stopped, size=2, timeout=60)
             agent.send_signal(signal.SIGCONT)
-            parts["lost (stop -> host declared lost)"].append((log_time(c, "discovery", "host_lost", stopped) or float("nan")) - stopped)
+            parts["lost (stop -> host declared lost)"].append(
+                (log_time(c, "discovery", "host_lost", stopped) or float("nan")) - stopped
+            )
             parts["first step without the host"].append(step["time"] - stopped)
             first_step_after(log_dir, time.time(), size=4, timeout=120)
         baseline = steady_step_seconds(log_dir)

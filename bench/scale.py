@@ -112,7 +112,18 @@ class Simulators:
     def start(self) -> None:
         for proc in range(self.procs):
             first, count = self.first[proc], self.first[proc + 1] - self.first[proc]
-            args = ["--proc", str(proc), "--first", str(first), "--count", str(count), "--slots", str(self.slots), "--control", self.endpoint]
+            args = [
+                "--proc",
+                str(proc),
+                "--first",
+                str(first),
+                "--count",
+                str(count),
+                "--slots",
+                str(self.slots),
+                "--control",
+                self.endpoint,
+            ]
             self.cluster.spawn(f"{SIMULATOR}-{proc}", [sys.executable, "-m", "bench.scale_agents", *args])
 
     @property
@@ -186,8 +197,10 @@ class SizeResult:
     def scale_line(self) -> str:
         n = self.numbers
         return (
-            f"SCALE hosts={self.hosts} slots={self.slots} round_s={n['round_s']:.3f} fanout_p50_ms={n['fanout_p50_ms']:.1f} "
-            f"fanout_max_ms={n['fanout_max_ms']:.1f} reset_s={n['reset_s']:.3f} cpu_s={self.services_cpu('first round'):.2f}"
+            f"SCALE hosts={self.hosts} slots={self.slots} round_s={n['round_s']:.3f} "
+            f"fanout_p50_ms={n['fanout_p50_ms']:.1f} "
+            f"fanout_max_ms={n['fanout_max_ms']:.1f} reset_s={n['reset_s']:.3f} "
+            f"cpu_s={self.services_cpu('first round'):.2f}"
         )
 
 
@@ -201,7 +214,12 @@ class ScaleRun:
     """One size: fresh services, simulators, the phases, and the numbers."""
 
     def __init__(self, workdir: Path, hosts: int, slots: int, procs: int, heartbeat: float) -> None:
-        timing = {"ELASTIC_HEARTBEAT": str(heartbeat), "ELASTIC_MISSED_HEARTBEATS": "3", "ELASTIC_DISCOVERY_POLL": "1.0", "ELASTIC_DRIVER_TICK": "0.1"}
+        timing = {
+            "ELASTIC_HEARTBEAT": str(heartbeat),
+            "ELASTIC_MISSED_HEARTBEATS": "3",
+            "ELASTIC_DISCOVERY_POLL": "1.0",
+            "ELASTIC_DRIVER_TICK": "0.1",
+        }
         self.cluster = Cluster(workdir, timing)
         self.simulators = Simulators(self.cluster, hosts, slots, procs)
         self.hosts, self.slots, self.heartbeat = hosts, slots, heartbeat
@@ -242,7 +260,10 @@ class ScaleRun:
 
     def run(self) -> SizeResult:
         say = self.result.say
-        say(f"== {self.hosts} hosts x {self.slots} slots = {self.workers} workers ({self.simulators.procs} simulator processes, heartbeat {self.heartbeat:g} s) ==")
+        say(
+            f"== {self.hosts} hosts x {self.slots} slots = {self.workers} workers ({self.simulators.procs} "
+            f"simulator processes, heartbeat {self.heartbeat:g} s) =="
+        )
         try:
             self._measure()
         except PhaseFailed:
@@ -255,7 +276,12 @@ class ScaleRun:
         self._start()
         self._phase_started = self._measure_started = cpu_snapshot(self._all_pids())
         self._phase_wall = self._measure_wall = time.monotonic()
-        for name, phase in (("first round", self._first_round), ("drain", self._drain), ("lost host", self._lose_host), ("steady", self._steady)):
+        for name, phase in (
+            ("first round", self._first_round),
+            ("drain", self._drain),
+            ("lost host", self._lose_host),
+            ("steady", self._steady),
+        ):
             self._phase_name = name
             phase()
             self._end_phase(name)
@@ -303,10 +329,14 @@ class ScaleRun:
         self.wait(lambda: self._state_total("registered") == self.hosts, f"{self.hosts} agents to register")
         registered = time.monotonic()
         settling = self.cluster.call("discovery", "hosts", timeout=10)["settling"]
-        self.wait(lambda: self._state_total("subscribed") == self.hosts, f"{self.hosts} agents to receive a notifier heartbeat")
+        self.wait(
+            lambda: self._state_total("subscribed") == self.hosts,
+            f"{self.hosts} agents to receive a notifier heartbeat",
+        )
         early = sum(s["events_seen"].get("hosts_updated", 0) for s in self.simulators.ask("state"))
         self.result.say(
-            f"start: services up in {connected - started:.2f} s, then {self.hosts} agents registered in {registered - connected:.2f} s "
+            f"start: services up in {connected - started:.2f} s, then {self.hosts} agents registered in "
+            f"{registered - connected:.2f} s "
             f"(discovery still settling then: {'yes' if settling else 'NO, so registrations published hosts_updated'}; "
             f"hosts_updated received before the submit: {early})"
         )
@@ -335,6 +365,7 @@ class ScaleRun:
 
     def _arrivals(self, event: str, after: float, expected: int, what: str) -> list[list[float]]:
         """[arrived, published] of the first `event` after `after` at each of `expected` agents."""
+
         def probe() -> list[list[float]] | None:
             times = [t for answer in self.simulators.ask("arrivals", event=event, after=after) for t in answer["times"]]
             return times if len(times) == expected else None
@@ -348,11 +379,18 @@ class ScaleRun:
         parts = []
         for event in events:
             only_after = above if event == "round" else -1
-            pairs = [pair for answer in self.simulators.ask("arrivals", event=event, after=start, above=only_after) for pair in answer["times"]]
+            pairs = [
+                pair
+                for answer in self.simulators.ask("arrivals", event=event, after=start, above=only_after)
+                for pair in answer["times"]
+            ]
             if pairs:
                 arrived = sorted(a - start for a, _ in pairs)
                 published = min(p for _, p in pairs) - start
-                parts.append(f"{event} published +{published:.3f}, at agents +{arrived[0]:.3f}/+{statistics.median(arrived):.3f}/+{arrived[-1]:.3f}")
+                parts.append(
+                    f"{event} published +{published:.3f}, at agents "
+                    f"+{arrived[0]:.3f}/+{statistics.median(arrived):.3f}/+{arrived[-1]:.3f}"
+                )
         parts.append(f"last join sent +{ranks['last_join_sent_at'] - start:.3f}")
         parts.append(f"ranks +{ranks['first_rank_at'] - start:.3f}..+{ranks['last_rank_at'] - start:.3f}")
         self.result.say("  timeline (s; arrivals first/median/last): " + "; ".join(parts))
@@ -376,7 +414,9 @@ class ScaleRun:
         host = host_name(self.drained)
         sent = time.time()
         self.cluster.call("discovery", "drain", {"host": host}, timeout=10)
-        arrivals = self._arrivals("hosts_updated", sent, self.hosts, f"every agent to receive hosts_updated after the drain of {host}")
+        arrivals = self._arrivals(
+            "hosts_updated", sent, self.hosts, f"every agent to receive hosts_updated after the drain of {host}"
+        )
         latencies_ms = sorted((arrived - sent) * 1000 for arrived, _ in arrivals)
         published_ms = (arrivals[0][1] - sent) * 1000
         remaining = (self.hosts - 1) * self.slots
@@ -387,9 +427,11 @@ class ScaleRun:
         n["fanout_p50_ms"], n["fanout_max_ms"] = statistics.median(latencies_ms), latencies_ms[-1]
         n["drain_round_s"] = ranks["last_rank_at"] - sent
         self.result.say(
-            f"drain {host}: hosts_updated fanout p50 {n['fanout_p50_ms']:.1f} ms, max {n['fanout_max_ms']:.1f} ms over {len(arrivals)} agents "
+            f"drain {host}: hosts_updated fanout p50 {n['fanout_p50_ms']:.1f} ms, max {n['fanout_max_ms']:.1f} "
+            f"ms over {len(arrivals)} agents "
             f"(the notifier published it {published_ms:.1f} ms after the drain was sent); "
-            f"drain_round_s={n['drain_round_s']:.3f} (drain sent -> {remaining} workers hold a rank in round {self.round})"
+            f"drain_round_s={n['drain_round_s']:.3f} (drain sent -> {remaining} workers hold a rank in round "
+            f"{self.round})"
         )
         self._timeline(sent, ("hosts_updated", "round"), ranks, before)
 
@@ -397,7 +439,9 @@ class ScaleRun:
         host = host_name(self.lost)
         silent = time.time()
         self.simulators.ask("lose", procs=[self.simulators.owner(self.lost)], host=host)
-        arrivals = self._arrivals("hosts_updated", silent, self.hosts - 1, f"the agents to receive hosts_updated after {host} went silent")
+        arrivals = self._arrivals(
+            "hosts_updated", silent, self.hosts - 1, f"the agents to receive hosts_updated after {host} went silent"
+        )
         first = min(arrived for arrived, _ in arrivals)
         survivors = (self.hosts - 2) * self.slots
         before = self.round
@@ -406,7 +450,8 @@ class ScaleRun:
         n = self.result.numbers
         n["detect_s"], n["reset_s"] = first - silent, ranks["last_rank_at"] - first
         self.result.say(
-            f"lost {host}: hosts_updated first arrived {n['detect_s']:.2f} s after it went silent (lost after {3 * self.heartbeat:g} s); "
+            f"lost {host}: hosts_updated first arrived {n['detect_s']:.2f} s after it went silent (lost after "
+            f"{3 * self.heartbeat:g} s); "
             f"reset_s={n['reset_s']:.3f} (that arrival -> {survivors} workers hold a rank in round {self.round})"
         )
         self._timeline(silent, ("hosts_updated", "abort", "round"), ranks, before)
@@ -419,7 +464,10 @@ class ScaleRun:
         rate = (self._state_total("heartbeats_ok") - answered) / (time.monotonic() - started)
         self.result.numbers["heartbeats_per_s"] = rate
         live = self.hosts - 1
-        self.result.say(f"steady: {rate:.1f} heartbeats/s answered over {window:g} s ({live} live agents, {live / self.heartbeat:.1f}/s expected)")
+        self.result.say(
+            f"steady: {rate:.1f} heartbeats/s answered over {window:g} s ({live} live agents, "
+            f"{live / self.heartbeat:.1f}/s expected)"
+        )
 
     # -- reports -------------------------------------------------------------------------------------
     def _report_costs(self) -> None:
@@ -438,21 +486,38 @@ class ScaleRun:
         errors: Counter[str] = Counter()
         refused: Counter[str] = Counter()
         for state in states:
-            total.update({k: state[k] for k in ("joins_sent", "joins_resent", "workers_removed", "events_missed", "ranks_checked", "rank_mismatches", "sends_dropped")})
+            total.update(
+                {
+                    k: state[k]
+                    for k in (
+                        "joins_sent",
+                        "joins_resent",
+                        "workers_removed",
+                        "events_missed",
+                        "ranks_checked",
+                        "rank_mismatches",
+                        "sends_dropped",
+                    )
+                }
+            )
             errors.update(state["errors"])
             refused.update(state["heartbeats_refused"])
         self.result.say(
-            "simulators: " + ", ".join(f"{k}={v}" for k, v in total.items())
+            "simulators: "
+            + ", ".join(f"{k}={v}" for k, v in total.items())
             + f"; heartbeats not ok: {dict(refused) or 'none'}; error replies: {dict(errors) or 'none'}"
         )
 
     def _report_decisions(self) -> None:
         """The registry's decisions, one per reset: why each new round was started."""
         status = self.cluster.call("registry", "status", timeout=10)
-        decisions = "; ".join(f"round {d['round']}: {d['action']} ({d['reason'][:80] or 'hosts changed'})" for d in status["history"])
+        decisions = "; ".join(
+            f"round {d['round']}: {d['action']} ({d['reason'][:80] or 'hosts changed'})" for d in status["history"]
+        )
         skipped = status["round"] - 1 - status["resets"]
         self.result.say(
-            f"registry: round {status['round']}, {status['resets']} resets ({skipped} round numbers used by rounds the registry did not start: "
+            f"registry: round {status['round']}, {status['resets']} resets ({skipped} round numbers used by "
+            "rounds the registry did not start: "
             f"a new_round it gave up on); decisions: {decisions or 'none'}"
         )
 
@@ -520,15 +585,30 @@ def results(args: argparse.Namespace) -> Iterator[SizeResult]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hosts", type=sizes, default=sizes("64"), help="Simulated hosts; a comma list runs each size with fresh services.")
+    parser.add_argument(
+        "--hosts",
+        type=sizes,
+        default=sizes("64"),
+        help="Simulated hosts; a comma list runs each size with fresh services.",
+    )
     parser.add_argument("--slots", type=int, default=8, help="Slots (workers) per host.")
     parser.add_argument("--procs", type=int, default=2, help="Simulator processes the agents are spread over.")
-    parser.add_argument("--heartbeat", type=float, default=1.0, help="Heartbeat interval in seconds (services and agents).")
-    parser.add_argument("--keep-logs", type=Path, default=None, metavar="DIR", help="Copy the services' and simulators' logs here (DIR/HOSTSxSLOTS/).")
+    parser.add_argument(
+        "--heartbeat", type=float, default=1.0, help="Heartbeat interval in seconds (services and agents)."
+    )
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Copy the services' and simulators' logs here (DIR/HOSTSxSLOTS/).",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _stop)
     limit = raise_fd_limit()
-    needed = 6 * math.ceil(max(args.hosts) / args.procs) + 100  # per simulator: 3 sockets an agent, each a socket fd and a mailbox fd
+    needed = (
+        6 * math.ceil(max(args.hosts) / args.procs) + 100
+    )  # per simulator: 3 sockets an agent, each a socket fd and a mailbox fd
     if needed > limit:
         print(f"warning: a simulator process needs about {needed} file descriptors; the limit is {limit}", flush=True)
     done: list[SizeResult] = []

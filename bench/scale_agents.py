@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import select
 import itertools
 import os
 import random
 import resource
+import select
 import time
 import uuid
 from collections import Counter, OrderedDict
@@ -164,7 +164,9 @@ class SimAgent:
         self.discovery_frames: list[bytes] = []
         self.last_seq: int | None = None
         self.workers: dict[int, Worker] = {}
-        self.arrivals: dict[str, list[tuple[float, float, int]]] = {}  # event type -> (arrived, published, round) of each
+        self.arrivals: dict[
+            str, list[tuple[float, float, int]]
+        ] = {}  # event type -> (arrived, published, round) of each
 
     @property
     def sockets(self) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
@@ -190,13 +192,22 @@ class SimAgent:
             self.register(now)
 
     def register(self, now: float) -> None:
-        body = {"host": self.host, "slots": self.slots, "incarnation": self.incarnation, "warm": True, "down": [], "down_version": 0}
+        body = {
+            "host": self.host,
+            "slots": self.slots,
+            "incarnation": self.incarnation,
+            "warm": True,
+            "down": [],
+            "down_version": 0,
+        }
         self._ask_discovery("register", body, now)
 
     def _ask_discovery(self, msg_type: str, body: dict[str, Any], now: float) -> None:
         self.discovery_request = self.sim.next_id()
         self.discovery_sent_at = now
-        self.discovery_frames = encode(Message(type=msg_type, body=body, id=self.discovery_request, sender=self.incarnation))
+        self.discovery_frames = encode(
+            Message(type=msg_type, body=body, id=self.discovery_request, sender=self.incarnation)
+        )
         self.sim.send(self.discovery, self.discovery_frames)
 
     def on_discovery(self) -> None:
@@ -256,7 +267,9 @@ class SimAgent:
     def _join(self, worker: Worker, after_round: int) -> None:
         worker.join_id = self.sim.next_id()
         body = {"host": self.host, "local_rank": worker.local_rank, "after_round": after_round, "pid": worker.pid}
-        worker.join_frames = encode(Message(type="rank_and_size", body=body, id=worker.join_id, sender=self.incarnation))
+        worker.join_frames = encode(
+            Message(type="rank_and_size", body=body, id=worker.join_id, sender=self.incarnation)
+        )
         worker.join_sent_at = time.time()
         worker.join_resend_at = time.monotonic() + JOIN_RESEND
         self.sim.send(self.rendezvous, worker.join_frames)
@@ -444,7 +457,10 @@ class Simulator:
         for agent in shuffled:
             agent.register(now)
         for bucket in range(HEARTBEAT_BUCKETS):
-            self.at(now + self.heartbeat * (1 + bucket / HEARTBEAT_BUCKETS), self._heartbeat_bucket(shuffled[bucket::HEARTBEAT_BUCKETS]))
+            self.at(
+                now + self.heartbeat * (1 + bucket / HEARTBEAT_BUCKETS),
+                self._heartbeat_bucket(shuffled[bucket::HEARTBEAT_BUCKETS]),
+            )
         self.at(now + RESEND_SCAN, self._resend_joins)
 
     def _handle(self, readable: list[zmq.Socket]) -> None:
@@ -488,10 +504,19 @@ class Simulator:
     def _op_state(self, request: dict[str, Any]) -> dict[str, Any]:
         live = [a for a in self.agents if a.alive]
         return {
-            "registered": sum(a.registered for a in live), "subscribed": sum(a.subscribed for a in live), "alive": len(live),
-            "heartbeats_ok": self.heartbeats_ok, "heartbeats_refused": dict(self.heartbeats_refused),
-            "joins_sent": self.joins_sent, "joins_resent": self.joins_resent, "workers_removed": self.workers_removed,
-            "events_seen": dict(self.events_seen), "events_missed": self.events_missed, "ranks_checked": self.ranks_checked, "rank_mismatches": self.rank_mismatches, "sends_dropped": self.sends_dropped,
+            "registered": sum(a.registered for a in live),
+            "subscribed": sum(a.subscribed for a in live),
+            "alive": len(live),
+            "heartbeats_ok": self.heartbeats_ok,
+            "heartbeats_refused": dict(self.heartbeats_refused),
+            "joins_sent": self.joins_sent,
+            "joins_resent": self.joins_resent,
+            "workers_removed": self.workers_removed,
+            "events_seen": dict(self.events_seen),
+            "events_missed": self.events_missed,
+            "ranks_checked": self.ranks_checked,
+            "rank_mismatches": self.rank_mismatches,
+            "sends_dropped": self.sends_dropped,
             "errors": dict(self.errors),
         }
 
@@ -516,7 +541,10 @@ class Simulator:
         times = []
         for agent in self.agents:
             if agent.alive:
-                first = next((stamp[:2] for stamp in agent.arrivals.get(event, []) if stamp[0] > after and stamp[2] > above), None)
+                first = next(
+                    (stamp[:2] for stamp in agent.arrivals.get(event, []) if stamp[0] > after and stamp[2] > above),
+                    None,
+                )
                 if first is not None:
                     times.append(first)
         return {"times": times, "alive": sum(a.alive for a in self.agents)}
@@ -540,7 +568,9 @@ class Simulator:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Simulated agents of bench/scale.py (endpoints and heartbeat from ELASTIC_*).")
+    parser = argparse.ArgumentParser(
+        description="Simulated agents of bench/scale.py (endpoints and heartbeat from ELASTIC_*)."
+    )
     parser.add_argument("--proc", type=int, required=True, help="This simulator's number.")
     parser.add_argument("--first", type=int, required=True, help="Number of the first host (host-NNNNN).")
     parser.add_argument("--count", type=int, required=True, help="How many agents.")

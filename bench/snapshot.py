@@ -80,8 +80,18 @@ def _model(mib: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 @contextlib.contextmanager
 def _one_rank_world(prefix: str) -> Iterator[None]:
     """A one-rank gloo world whose only rank writes the host's snapshot, slots at `prefix` (removed on the way out)."""
-    world.slot = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "cross_rank": 0, "cross_size": 1, "round": 1,
-                  "hosts_timestamp": 100.0, "hostname": "bench", "snapshot_writer": True}
+    world.slot = {
+        "rank": 0,
+        "size": 1,
+        "local_rank": 0,
+        "local_size": 1,
+        "cross_rank": 0,
+        "cross_size": 1,
+        "round": 1,
+        "hosts_timestamp": 100.0,
+        "hostname": "bench",
+        "snapshot_writer": True,
+    }
     world.round = 1
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
     os.environ.update(ELASTIC_SNAPSHOT=prefix, ELASTIC_JOB_KEY="bench-snapshot")
@@ -113,14 +123,19 @@ def commit_cost(mib: int, repeats: int) -> dict[str, list[float]]:
     model, optimizer = _model(mib)
     tensors = split({"model": model.state_dict(), "optimizer": optimizer.state_dict()})[1]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    print(f"commit cost: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB (model + Adam), native copy: {copying.native_available()}, "
-          f"{copying.THREADS} copy threads, best and median of {repeats} after one warm-up")
+    print(
+        f"commit cost: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB (model + Adam), native copy: "
+        f"{copying.native_available()}, "
+        f"{copying.THREADS} copy threads, best and median of {repeats} after one warm-up"
+    )
     with _one_rank_world(str(SHM / f"elastic-snapshot-{os.getpid()}-bench")):
         state = TorchState(model=model, optimizer=optimizer, batch=0)
         kept = [t.clone() for t in tensors]
-        times = {"clone": _timed(lambda: [t.clone() for t in tensors], repeats),
-                 "copy_ into kept": _timed(lambda: [k.copy_(t) for k, t in zip(kept, tensors)], repeats),
-                 "commit, writer": _timed(state.commit, repeats)}
+        times = {
+            "clone": _timed(lambda: [t.clone() for t in tensors], repeats),
+            "copy_ into kept": _timed(lambda: [k.copy_(t) for k, t in zip(kept, tensors)], repeats),
+            "commit, writer": _timed(state.commit, repeats),
+        }
         world.slot["snapshot_writer"] = False
         times["commit, copy"] = _timed(state.commit, repeats)
         times["host update check"] = _timed(state.check_host_updates, repeats)
@@ -136,19 +151,26 @@ def commit_cost(mib: int, repeats: int) -> dict[str, list[float]]:
 
 
 def _running(c: Cluster) -> dict[tuple[str, int], int]:
-    return {(w["host"], w["local_rank"]): int(w["pid"]) for w in c.call("registry", "status")["workers"] if w["state"] == "RUNNING"}
+    return {
+        (w["host"], w["local_rank"]): int(w["pid"])
+        for w in c.call("registry", "status")["workers"]
+        if w["state"] == "RUNNING"
+    }
 
 
 def _events(log_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if e["event"] == kind]
 
 
-def _first(log_dir: Path, kind: str, what: str, match: Callable[[dict[str, Any]], bool], timeout: float = 90.0) -> dict[str, Any]:
+def _first(
+    log_dir: Path, kind: str, what: str, match: Callable[[dict[str, Any]], bool], timeout: float = 90.0
+) -> dict[str, Any]:
     return wait_for(lambda: next((e for e in _events(log_dir, kind) if match(e)), None), timeout, what, interval=0.2)
 
 
 def _steady(c: Cluster, log_dir: Path, size: int, after: float) -> dict[tuple[str, int], int]:
     """Wait until every rank of a round of `size` has committed after `after`, then 1 s more; the running workers."""
+
     def ready() -> bool:
         commits = [e for e in _events(log_dir, "commit") if e["time"] > after and e["size"] == size]
         return bool(commits) and len({e["rank"] for e in commits if e["round"] == commits[-1]["round"]}) == size
@@ -182,7 +204,9 @@ def _logged(c: Cluster, name: str, event: str, after: float, **match: Any) -> fl
     for line in c.output(name).splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
-            stamp = datetime.fromisoformat(record.get("timestamp", "1970-01-01T00:00:00+00:00").replace("Z", "+00:00")).timestamp()
+            stamp = datetime.fromisoformat(
+                record.get("timestamp", "1970-01-01T00:00:00+00:00").replace("Z", "+00:00")
+            ).timestamp()
             if record.get("event") == event and stamp > after and all(record.get(k) == v for k, v in match.items()):
                 return stamp - after
     return float("nan")
@@ -190,23 +214,41 @@ def _logged(c: Cluster, name: str, event: str, after: float, **match: Any) -> fl
 
 def _started(c: Cluster, host: str, after: float) -> float:
     """Seconds from `after` until the host's agent started a replacement or gave the slot to a standby."""
-    times = [t for event in ("worker_started", "standby_admitted") if not math.isnan(t := _logged(c, f"agent-{host}", event, after))]
+    times = [
+        t
+        for event in ("worker_started", "standby_admitted")
+        if not math.isnan(t := _logged(c, f"agent-{host}", event, after))
+    ]
     return min(times, default=float("nan"))
 
 
 def _standbys_waiting(c: Cluster, hosts: list[str], after: float) -> None:
     """Wait until each host's agent has a standby waiting again (started after `after`, imports done)."""
-    wait_for(lambda: all(not math.isnan(_logged(c, f"agent-{h}", "standby_waiting", after)) for h in hosts), 90, "standbys waiting", interval=0.2)
+    wait_for(
+        lambda: all(not math.isnan(_logged(c, f"agent-{h}", "standby_waiting", after)) for h in hosts),
+        90,
+        "standbys waiting",
+        interval=0.2,
+    )
 
 
 def _snapshot_bytes(c: Cluster, host: str) -> int:
-    header = layout.newest_header(layout.slot_paths(str(SHM / f"elastic-snapshot-{c.processes[f'agent-{host}'].pid}-{host}")))
+    header = layout.newest_header(
+        layout.slot_paths(str(SHM / f"elastic-snapshot-{c.processes[f'agent-{host}'].pid}-{host}"))
+    )
     return header.payload_length if header is not None else 0
 
 
 def worker_kill(kills: int, job_mib: int, standby: int) -> tuple[dict[str, list[float]], int]:
-    parts: dict[str, list[float]] = {"failure recorded": [], "first commit after recovery": [], "replacement started": [],
-                                     "replacement ready (imported)": [], "round of size 3 started": [], "replacement entered": [], "replacement first commit": []}
+    parts: dict[str, list[float]] = {
+        "failure recorded": [],
+        "first commit after recovery": [],
+        "replacement started": [],
+        "replacement ready (imported)": [],
+        "round of size 3 started": [],
+        "replacement entered": [],
+        "replacement first commit": [],
+    }
     with _shm_cluster() as c:
         c.start_agent("host-1", 2, ["--standby", str(standby)])
         c.start_agent("host-2", 1, ["--standby", str(standby)])
@@ -221,8 +263,15 @@ def worker_kill(kills: int, job_mib: int, standby: int) -> tuple[dict[str, list[
             round_before = max(e["round"] for e in _events(log_dir, "commit"))
             killed = time.time()
             os.kill(victim, signal.SIGKILL)
-            after = _first(log_dir, "commit", "a commit after recovery", lambda e: e["time"] > killed and e["round"] > round_before)
-            entered = _first(log_dir, "enter", "the replacement to enter", lambda e: e["time"] > killed and e["pid"] not in running.values())
+            after = _first(
+                log_dir, "commit", "a commit after recovery", lambda e: e["time"] > killed and e["round"] > round_before
+            )
+            entered = _first(
+                log_dir,
+                "enter",
+                "the replacement to enter",
+                lambda e: e["time"] > killed and e["pid"] not in running.values(),
+            )
             first = _first(log_dir, "commit", "the replacement's commit", lambda e: e["pid"] == entered["pid"])
             parts["failure recorded"].append(_logged(c, "registry", "worker_failed", killed))
             parts["first commit after recovery"].append(after["time"] - killed)
@@ -231,8 +280,11 @@ def worker_kill(kills: int, job_mib: int, standby: int) -> tuple[dict[str, list[
             parts["round of size 3 started"].append(_logged(c, "registry", "round_started", killed, size=3))
             parts["replacement entered"].append(entered["time"] - killed)
             parts["replacement first commit"].append(first["time"] - killed)
-            print(f"  kill {len(parts['failure recorded'])}: recovered at batch {after['batch']} (size {after['size']}), "
-                  f"replacement entered at batch {entered['batch']}", flush=True)
+            print(
+                f"  kill {len(parts['failure recorded'])}: recovered at batch {after['batch']} (size {after['size']}), "
+                f"replacement entered at batch {entered['batch']}",
+                flush=True,
+            )
             running = _steady(c, log_dir, 3, first["time"])
             if standby:
                 _standbys_waiting(c, ["host-1"], killed)
@@ -242,9 +294,14 @@ def worker_kill(kills: int, job_mib: int, standby: int) -> tuple[dict[str, list[
 
 
 def job_resume(kills: int, standby: int) -> tuple[dict[str, list[float]], int]:
-    parts: dict[str, list[float]] = {"failure recorded": [], "replacements started": [], "replacements ready (imported)": [],
-                                     "round started": [], "resumed ranks entered": [],
-                                     "first commit after resume": []}
+    parts: dict[str, list[float]] = {
+        "failure recorded": [],
+        "replacements started": [],
+        "replacements ready (imported)": [],
+        "round started": [],
+        "resumed ranks entered": [],
+        "first commit after resume": [],
+    }
     with _shm_cluster() as c:
         for host in ("host-1", "host-2"):
             c.start_agent(host, 1, ["--standby", str(standby)])
@@ -260,16 +317,23 @@ def job_resume(kills: int, standby: int) -> tuple[dict[str, list[float]], int]:
                 os.kill(pid, signal.SIGKILL)
             last = max(e["batch"] for e in _events(log_dir, "commit") if e["time"] <= killed)
             old = set(running.values())
-            first = _first(log_dir, "commit", "a commit after the resume", lambda e: e["time"] > killed and e["pid"] not in old)
+            first = _first(
+                log_dir, "commit", "a commit after the resume", lambda e: e["time"] > killed and e["pid"] not in old
+            )
             entered = [e for e in _events(log_dir, "enter") if e["time"] > killed and e["pid"] not in old]
             parts["failure recorded"].append(_logged(c, "registry", "worker_failed", killed))
             parts["replacements started"].append(max(_started(c, host, killed) for host in ("host-1", "host-2")))
-            parts["replacements ready (imported)"].append(max(_logged(c, f"agent-{host}", "slot_ready", killed) for host in ("host-1", "host-2")))
+            parts["replacements ready (imported)"].append(
+                max(_logged(c, f"agent-{host}", "slot_ready", killed) for host in ("host-1", "host-2"))
+            )
             parts["round started"].append(_logged(c, "registry", "round_started", killed))
             parts["resumed ranks entered"].append(max(e["time"] for e in entered) - killed)
             parts["first commit after resume"].append(first["time"] - killed)
-            print(f"  kill {len(parts['failure recorded'])}: last commit logged before the kill {last}, resumed at batch "
-                  f"{sorted({e['batch'] for e in entered})}", flush=True)
+            print(
+                f"  kill {len(parts['failure recorded'])}: last commit logged before the kill {last}, resumed at batch "
+                f"{sorted({e['batch'] for e in entered})}",
+                flush=True,
+            )
             running = _steady(c, log_dir, 2, first["time"])
             if standby:
                 _standbys_waiting(c, ["host-1", "host-2"], killed)
@@ -281,7 +345,10 @@ def _report(title: str, parts: dict[str, list[float]]) -> None:
     for name, values in parts.items():
         if all(math.isnan(v) for v in values):
             continue  # e.g. no `slot_ready` when a standby takes the slot
-        print(f"  {name:<30} median {statistics.median(values):6.3f} s  max {max(values):6.3f} s  samples {', '.join(f'{v:.3f}' for v in values)}")
+        print(
+            f"  {name:<30} median {statistics.median(values):6.3f} s  max {max(values):6.3f} s  samples "
+            f"{', '.join(f'{v:.3f}' for v in values)}"
+        )
 
 
 def main() -> None:
@@ -289,22 +356,35 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=192, help="Model + Adam state of the in-process commit timing, MiB.")
     parser.add_argument("--repeats", type=int, default=5, help="Timed commits and clones (after one warm-up).")
     parser.add_argument("--kills", type=int, default=3, help="Kills in each of the worker and the whole-job scenario.")
-    parser.add_argument("--job-mib", type=int, default=64, help="Extra state of the worker-kill job (counter.py --mib), MiB.")
+    parser.add_argument(
+        "--job-mib", type=int, default=64, help="Extra state of the worker-kill job (counter.py --mib), MiB."
+    )
     parser.add_argument("--standby", type=int, default=0, help="Standby processes per agent (elastic-agent --standby).")
     args = parser.parse_args()
     times = commit_cost(args.mib, args.repeats)
-    print(f"\nworker kill (host-1 x 2 slots + host-2 x 1, --standby {args.standby}, counter job with --mib {args.job_mib}), "
-          f"host-1's local rank 1 killed {args.kills} times", flush=True)
+    print(
+        f"\nworker kill (host-1 x 2 slots + host-2 x 1, --standby {args.standby}, counter job with --mib "
+        f"{args.job_mib}), "
+        f"host-1's local rank 1 killed {args.kills} times",
+        flush=True,
+    )
     worker, worker_bytes = worker_kill(args.kills, args.job_mib, args.standby)
     _report(f"  snapshot {worker_bytes / 2**20:.1f} MiB; from the kill:", worker)
-    print(f"\nwhole-job resume (host-1 + host-2 x 1 slot, --standby {args.standby}, plain counter job), both workers killed {args.kills} times", flush=True)
+    print(
+        f"\nwhole-job resume (host-1 + host-2 x 1 slot, --standby {args.standby}, plain counter job), both "
+        f"workers killed {args.kills} times",
+        flush=True,
+    )
     resume, resume_bytes = job_resume(args.kills, args.standby)
     _report(f"  snapshot {resume_bytes} bytes; from the kill:", resume)
     commit, clone = min(times["commit, writer"]), min(times["clone"])
-    print(f"\nSNAPSHOT mib={args.mib} standby={args.standby} commit_s={commit:.4f} clone_s={clone:.4f} commit_vs_clone={commit / clone:.2f} "
-          f"worker_recovery_s={statistics.median(worker['first commit after recovery']):.3f} "
-          f"replacement_s={statistics.median(worker['replacement first commit']):.3f} "
-          f"job_resume_s={statistics.median(resume['first commit after resume']):.3f}")
+    print(
+        f"\nSNAPSHOT mib={args.mib} standby={args.standby} commit_s={commit:.4f} clone_s={clone:.4f} "
+        f"commit_vs_clone={commit / clone:.2f} "
+        f"worker_recovery_s={statistics.median(worker['first commit after recovery']):.3f} "
+        f"replacement_s={statistics.median(worker['replacement first commit']):.3f} "
+        f"job_resume_s={statistics.median(resume['first commit after resume']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Snapshot copy throughput (issue 9): committed tensors into a shared-memory file, with and without the native extension.
+"""Snapshot copy throughput (issue 9): committed tensors into a shared-memory file, with and without the native
+extension.
 
     python -m bench.snapshot_copy [--mib 192]
 
@@ -62,7 +63,9 @@ def _best(run: Callable[[], Any], repeats: int = 5) -> float:
     return min(times)
 
 
-def _time_ways(mm: mmap.mmap, tensors: list[torch.Tensor], sources: list[tuple[int, memoryview]], length: int) -> dict[str, float]:
+def _time_ways(
+    mm: mmap.mmap, tensors: list[torch.Tensor], sources: list[tuple[int, memoryview]], length: int
+) -> dict[str, float]:
     dst = torch.frombuffer(mm, dtype=torch.uint8)
     views = [(dst[o : o + t.nbytes], t.reshape(-1).view(torch.uint8)) for (o, _), t in zip(sources, tensors)]
     dst_np = np.frombuffer(mm, dtype=np.uint8)
@@ -112,9 +115,15 @@ def main() -> None:
     gbps = {name: total / s / 1e9 for name, s in seconds.items()}
     print(f"{len(tensors)} float32 tensors, {total / 2**20:.0f} MiB, {copying.THREADS} threads, best of 5")
     for name, s in seconds.items():
-        print(f"{name:16s} {s * 1e3:8.1f} ms {gbps[name]:6.2f} GB/s  x{seconds['clone'] / s:5.2f} vs clone  x{seconds['python path'] / s:5.2f} vs python path")
+        print(
+            f"{name:16s} {s * 1e3:8.1f} ms {gbps[name]:6.2f} GB/s  x{seconds['clone'] / s:5.2f} vs clone  "
+            f"x{seconds['python path'] / s:5.2f} vs python path"
+        )
     native = gbps.get("native", 0.0)
-    print(f"SNAPCOPY mib={args.mib} native_gbps={native:.2f} python_gbps={gbps['python path']:.2f} clone_gbps={gbps['clone']:.2f} native_vs_clone={native / gbps['clone']:.2f}")
+    print(
+        f"SNAPCOPY mib={args.mib} native_gbps={native:.2f} python_gbps={gbps['python path']:.2f} "
+        f"clone_gbps={gbps['clone']:.2f} native_vs_clone={native / gbps['clone']:.2f}"
+    )
 
 
 if __name__ == "__main__":

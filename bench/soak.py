@@ -57,7 +57,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.goodput import FULL_SIZE, Event, EventTail, chaos_cluster, has_standbys, kill_worker, restart_agent, set_drained, start_job, wait_for_standbys
+from bench.goodput import (
+    FULL_SIZE,
+    Event,
+    EventTail,
+    chaos_cluster,
+    has_standbys,
+    kill_worker,
+    restart_agent,
+    set_drained,
+    start_job,
+    wait_for_standbys,
+)
 from bench.gpu_smoke import running_pid
 from testing.harness import SERVICES, Cluster
 
@@ -70,7 +81,11 @@ USAGE = ("fds", "threads", "rss_kb")
 
 def usage(pid: int) -> dict[str, int]:
     status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": int(status["Threads"]), "rss_kb": int(status["VmRSS"].split()[0])}
+    return {
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": int(status["Threads"]),
+        "rss_kb": int(status["VmRSS"].split()[0]),
+    }
 
 
 @dataclass
@@ -126,7 +141,11 @@ def zygote_of(agent: int) -> int:
     """The pid of the agent's fork server: its child running libworker.zygote."""
     for pid in os.listdir("/proc"):
         try:
-            if pid.isdigit() and b"libworker.zygote" in open(f"/proc/{pid}/cmdline", "rb").read() and parent_of(int(pid)) == agent:
+            if (
+                pid.isdigit()
+                and b"libworker.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
+                and parent_of(int(pid)) == agent
+            ):
                 return int(pid)
         except OSError:
             continue
@@ -160,7 +179,12 @@ class Soak:
 
     def wait_for(self, kind: str, size: int, after_round: int, what: str) -> Event:
         """The first `kind` event (step, commit) at world size `size` in a round after `after_round`."""
-        return self.tail.wait(lambda e: e["event"] == kind and e["size"] == size and e["round"] > after_round, RESET_TIMEOUT, what, self.keep)
+        return self.tail.wait(
+            lambda e: e["event"] == kind and e["size"] == size and e["round"] > after_round,
+            RESET_TIMEOUT,
+            what,
+            self.keep,
+        )
 
     def back_at_full_size(self, after_round: int) -> None:
         self.wait_for("commit", FULL_SIZE, after_round, f"a commit at world size {FULL_SIZE} after round {after_round}")
@@ -186,7 +210,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--resets", type=int, default=1000)
     parser.add_argument("--sample-every", type=int, default=10, help="Resets between samples.")
-    parser.add_argument("--setup", default="default", help="The agents' setup: default, N or spawn-N (as bench.goodput's --setups).")
+    parser.add_argument(
+        "--setup", default="default", help="The agents' setup: default, N or spawn-N (as bench.goodput's --setups)."
+    )
     parser.add_argument("--step-delay", type=float, default=0.02, help="The job's --step-delay.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the choice of hosts to fault.")
     args = parser.parse_args()
@@ -223,7 +249,14 @@ def main() -> None:
     print("per process: first -> last sample (growth per reset: least-squares slope, (last - first) / resets)")
     for series in watched:
         print(series.report())
-    print("reset time, fault -> back at full size (median, max s): " + ", ".join(f"{fault} {statistics.median(times):.1f}, {max(times):.1f}" for fault, times in soak.durations.items() if times))
+    print(
+        "reset time, fault -> back at full size (median, max s): "
+        + ", ".join(
+            f"{fault} {statistics.median(times):.1f}, {max(times):.1f}"
+            for fault, times in soak.durations.items()
+            if times
+        )
+    )
     lost = committed_step_lost(soak.marks)
     survivor = watched[0]
     growth = {key: survivor.per_reset(key)[0] for key in USAGE}
@@ -231,8 +264,10 @@ def main() -> None:
     if lost:
         print(f"committed step lost: {lost}")
     print(
-        f"SOAK resets={args.resets} setup={args.setup} rounds={rounds} committed_step_lost={'yes' if lost else 'no'} final_committed_step={final_commit} "
-        f"survivor_fds_per_reset={growth['fds']:.3f} survivor_threads_per_reset={growth['threads']:.3f} survivor_rss_kb_per_reset={growth['rss_kb']:.1f} "
+        f"SOAK resets={args.resets} setup={args.setup} rounds={rounds} "
+        f"committed_step_lost={'yes' if lost else 'no'} final_committed_step={final_commit} "
+        f"survivor_fds_per_reset={growth['fds']:.3f} survivor_threads_per_reset={growth['threads']:.3f} "
+        f"survivor_rss_kb_per_reset={growth['rss_kb']:.1f} "
         f"elapsed_s={time.monotonic() - started:.0f}"
     )
 

@@ -32,7 +32,19 @@ from testing.harness import Cluster
 
 def run_job(c: Cluster, ranks: int, worker_args: list[str]) -> dict[str, Any]:
     out = c.workdir / f"step_time-{ranks}.json"
-    job = c.submit("--min-np", str(ranks), "--max-np", str(ranks), "--", sys.executable, "-m", "bench.step_time_worker", "--out", str(out), *worker_args)
+    job = c.submit(
+        "--min-np",
+        str(ranks),
+        "--max-np",
+        str(ranks),
+        "--",
+        sys.executable,
+        "-m",
+        "bench.step_time_worker",
+        "--out",
+        str(out),
+        *worker_args,
+    )
     if c.wait_job_end(job, 1800) != 0:
         sys.exit(f"the benchmark job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
     return json.loads(out.read_text())
@@ -41,9 +53,16 @@ def run_job(c: Cluster, ranks: int, worker_args: list[str]) -> dict[str, Any]:
 def print_table(report: dict[str, Any]) -> float:
     """Print one rank count's table; returns its smallest DDP / ours ratio."""
     ranks, cores = report["size"], os.cpu_count()
-    load = f"oversubscribed: {ranks} ranks on {cores} cores" if ranks > (cores or 1) else f"{ranks} ranks on {cores} cores"
-    print(f"\n{ranks} ranks, one host ({load}, {report['threads']} torch thread(s) per rank); median ms per step, rank 0")
-    print(f"{'model':<8} {'params':>7} {'tensors':>7} {'DDP':>8} {'ours':>8} {'DDP/ours':>8} {'old idiom':>9}   max |param - DDP's|: ours, old")
+    load = (
+        f"oversubscribed: {ranks} ranks on {cores} cores" if ranks > (cores or 1) else f"{ranks} ranks on {cores} cores"
+    )
+    print(
+        f"\n{ranks} ranks, one host ({load}, {report['threads']} torch thread(s) per rank); median ms per step, rank 0"
+    )
+    print(
+        f"{'model':<8} {'params':>7} {'tensors':>7} {'DDP':>8} {'ours':>8} {'DDP/ours':>8} {'old idiom':>9}   "
+        "max |param - DDP's|: ours, old"
+    )
     ratios = []
     for row in report["results"]:
         ms = row["ms"]
@@ -58,12 +77,16 @@ def print_table(report: dict[str, Any]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="2,4", help="Comma-separated rank counts, one job each.")
-    parser.add_argument("--steps", type=int, default=100, help="Timed steps per trainer and model (after 5 warm-up steps).")
+    parser.add_argument(
+        "--steps", type=int, default=100, help="Timed steps per trainer and model (after 5 warm-up steps)."
+    )
     parser.add_argument("--models", help="Comma-separated models (default: all of bench.step_time_worker's).")
     parser.add_argument("--quick", action="store_true", help="CI smoke run: 2 ranks, the 1M MLP, 6 steps.")
     args = parser.parse_args()
     ranks = [2] if args.quick else [int(n) for n in args.ranks.split(",")]
-    worker_args = ["--models", "mlp-1M", "--steps", "6", "--warmup", "2"] if args.quick else ["--steps", str(args.steps)]
+    worker_args = (
+        ["--models", "mlp-1M", "--steps", "6", "--warmup", "2"] if args.quick else ["--steps", str(args.steps)]
+    )
     if args.models and not args.quick:
         worker_args += ["--models", args.models]
     minima = {}

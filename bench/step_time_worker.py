@@ -57,11 +57,17 @@ def convnet() -> nn.Module:
 
 
 def mlp_batches(generator: torch.Generator) -> list[Batch]:
-    return [(torch.randn(BATCH, WIDTH, generator=generator), torch.randn(BATCH, WIDTH, generator=generator)) for _ in range(4)]
+    return [
+        (torch.randn(BATCH, WIDTH, generator=generator), torch.randn(BATCH, WIDTH, generator=generator))
+        for _ in range(4)
+    ]
 
 
 def image_batches(generator: torch.Generator) -> list[Batch]:
-    return [(torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator)) for _ in range(4)]
+    return [
+        (torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 10, (BATCH,), generator=generator))
+        for _ in range(4)
+    ]
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], list[Batch]], nn.Module]] = {
@@ -79,7 +85,9 @@ class Trainer:
         self.model = copy.deepcopy(initial)
         self.forward = DistributedDataParallel(self.model) if kind == "ddp" else self.model
         sgd = torch.optim.SGD(self.model.parameters(), lr=LR)
-        self.optimizer = hvd.DistributedOptimizer(sgd, named_parameters=self.model.named_parameters()) if kind == "ours" else sgd
+        self.optimizer = (
+            hvd.DistributedOptimizer(sgd, named_parameters=self.model.named_parameters()) if kind == "ours" else sgd
+        )
         self.reduce_each = kind == "old"
         self.batches, self.loss, self.steps = batches, loss, 0
 

@@ -34,7 +34,9 @@ def sample() -> dict[int, tuple[str, int, int, int]]:
             name = next((w.decode() for w in WATCHED if w in cmdline), None)
             if name is None:
                 continue
-            rss = next(int(line.split()[1]) for line in (entry / "status").read_text().splitlines() if line.startswith("VmRSS"))
+            rss = next(
+                int(line.split()[1]) for line in (entry / "status").read_text().splitlines() if line.startswith("VmRSS")
+            )
             found[int(entry.name)] = (name, len(os.listdir(entry / "fd")), len(os.listdir(entry / "task")), rss)
         except (OSError, StopIteration):
             continue
@@ -48,8 +50,22 @@ def main() -> None:
     with cluster() as c:
         c.start_agent("host-1", 2)
         log_dir = c.workdir / "log"
-        c.submit("--mode", "torchrun", "--", sys.executable, "examples/ddp_train.py", "--steps", "1000000", "--step-delay", "0.02", "--save-every", "5",
-                 "--host-memory", "--log-dir", str(log_dir))
+        c.submit(
+            "--mode",
+            "torchrun",
+            "--",
+            sys.executable,
+            "examples/ddp_train.py",
+            "--steps",
+            "1000000",
+            "--step-delay",
+            "0.02",
+            "--save-every",
+            "5",
+            "--host-memory",
+            "--log-dir",
+            str(log_dir),
+        )
 
         def starts(after_restart: int = -1) -> list[dict[str, Any]]:
             return [e for e in read_events(log_dir) if e["event"] == "start" and e["restart_count"] > after_restart]
@@ -66,8 +82,15 @@ def main() -> None:
         last = sample()
     for pid in sorted(set(first) & set(last)):
         (name, fds, threads, rss), (_, fds2, threads2, rss2) = first[pid], last[pid]
-        print(f"TORCHRUN_SOAK pid={pid} cmd={name} fds={fds}->{fds2} threads={threads}->{threads2} rss_kb={rss}->{rss2}", flush=True)
-    print(f"TORCHRUN_SOAK gone={sorted(set(first) - set(last))} new={sorted(set(last) - set(first))} resets={args.resets}", flush=True)
+        print(
+            f"TORCHRUN_SOAK pid={pid} cmd={name} fds={fds}->{fds2} threads={threads}->{threads2} rss_kb={rss}->{rss2}",
+            flush=True,
+        )
+    print(
+        f"TORCHRUN_SOAK gone={sorted(set(first) - set(last))} new={sorted(set(last) - set(first))} "
+        f"resets={args.resets}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

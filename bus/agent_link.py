@@ -1,5 +1,6 @@
-"""A worker's channels to its agent over ipc (libworker's, and a torchrun-mode slot's supervisor, agent/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread),
-and one-way notices (`notify`, from the training thread; nothing waits for their replies).
+"""A worker's channels to its agent over ipc (libworker's, and a torchrun-mode slot's supervisor,
+agent/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices (`notify`,
+from the training thread; nothing waits for their replies).
 
 The event thread subscribes once, then hands each event to the listener
 callbacks. It also watches the agent's heartbeat: a worker dies with its agent
@@ -35,7 +36,7 @@ ANCESTORS_SEARCHED = 16
 
 
 def _parent_of(pid: int) -> int:
-    """The parent pid of `pid` (0 when it cannot be read); /proc/PID/stat's 4th field, after the command in parentheses."""
+    """The parent pid of `pid` (0 if it cannot be read): 4th field of /proc/PID/stat (after the command)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return int(stat.read().rsplit(b")", 1)[1].split()[1])
@@ -92,13 +93,22 @@ class AgentLink:
         except zmq.Again:
             pass
         try:
-            self._notices.send_multipart(encode(Message(type=msg_type, body=body, sender=self.sender + ":notices")), zmq.NOBLOCK)
+            self._notices.send_multipart(
+                encode(Message(type=msg_type, body=body, sender=self.sender + ":notices")), zmq.NOBLOCK
+            )
         except zmq.Again:
             pass
 
     def _events_loop(self) -> None:
         sock = client_socket(self.ctx, zmq.DEALER, self.endpoint)
-        subscribe = encode(Message(type="subscribe", body={"pid": worker_pid(), "local_rank": self.local_rank}, id="subscribe", sender=self.sender + ":events"))
+        subscribe = encode(
+            Message(
+                type="subscribe",
+                body={"pid": worker_pid(), "local_rank": self.local_rank},
+                id="subscribe",
+                sender=self.sender + ":events",
+            )
+        )
         sock.send_multipart(subscribe)
         resend_at = time.monotonic() + 1.0
         while True:
@@ -126,7 +136,10 @@ class AgentLink:
             say(f"agent at {self.endpoint} silent for {silent:.0f}s; this worker exits")
             os._exit(ORPHAN_EXIT_CODE)
         if self.agent.missed(now):
-            say(f"no word from the agent at {self.endpoint} for {silent:.0f}s; still trying (this worker exits after {self.orphan_after:.0f}s of silence)")
+            say(
+                f"no word from the agent at {self.endpoint} for {silent:.0f}s; still trying (this worker exits "
+                f"after {self.orphan_after:.0f}s of silence)"
+            )
 
     def _agent_heard(self) -> None:
         silent = self.agent.reached(time.monotonic())

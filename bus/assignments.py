@@ -35,18 +35,35 @@ class SlotInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "hostname": self.hostname, "rank": self.rank, "local_rank": self.local_rank, "cross_rank": self.cross_rank,
-            "size": self.size, "local_size": self.local_size, "cross_size": self.cross_size,
+            "hostname": self.hostname,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "cross_rank": self.cross_rank,
+            "size": self.size,
+            "local_size": self.local_size,
+            "cross_size": self.cross_size,
         }
 
 
 def round_environment(slot: SlotInfo) -> dict[str, str]:
     """A worker's place in its round as torch.distributed's and horovodrun's (Gloo) variables: the agent sets them
     when it starts a worker for a known slot, libworker again at every join."""
-    values = {"RANK": slot.rank, "WORLD_SIZE": slot.size, "LOCAL_RANK": slot.local_rank, "LOCAL_WORLD_SIZE": slot.local_size,
-              "GROUP_RANK": slot.cross_rank, "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size, "HOROVOD_LOCAL_RANK": slot.local_rank,
-              "HOROVOD_LOCAL_SIZE": slot.local_size, "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
-              "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    values = {
+        "RANK": slot.rank,
+        "WORLD_SIZE": slot.size,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_WORLD_SIZE": slot.local_size,
+        "GROUP_RANK": slot.cross_rank,
+        "HOROVOD_RANK": slot.rank,
+        "HOROVOD_SIZE": slot.size,
+        "HOROVOD_LOCAL_RANK": slot.local_rank,
+        "HOROVOD_LOCAL_SIZE": slot.local_size,
+        "HOROVOD_CROSS_RANK": slot.cross_rank,
+        "HOROVOD_CROSS_SIZE": slot.cross_size,
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
     return {name: str(value) for name, value in values.items()}
 
 
@@ -54,7 +71,9 @@ class NotEnoughSlots(ValueError):
     """Fewer slots than min_np."""
 
 
-def get_host_assignments(hosts: Sequence[tuple[str, int | Sequence[int]]], min_np: int, max_np: int | None = None) -> list[SlotInfo]:
+def get_host_assignments(
+    hosts: Sequence[tuple[str, int | Sequence[int]]], min_np: int, max_np: int | None = None
+) -> list[SlotInfo]:
     """Assign ranks to the slots of `hosts` ([(hostname, slots or slot ids)], in assignment order)."""
     host_ranks: list[tuple[str, list[tuple[int, int]]]] = []
     cross_ranks: dict[int, dict[str, int]] = defaultdict(dict)

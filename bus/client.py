@@ -102,7 +102,9 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         deadline = self.deadline if deadline is None else deadline
         with self._lock:
-            msg = Message(type=msg_type, body=body or {}, id=str(next(_request_ids)), round=round, sender=self.sender, raw=raw)
+            msg = Message(
+                type=msg_type, body=body or {}, id=str(next(_request_ids)), round=round, sender=self.sender, raw=raw
+            )
             frames = encode(msg)
             started = time.monotonic()
             while True:
@@ -173,7 +175,9 @@ class AsyncClient:
         msg = Message(type=msg_type, body=body or {}, id=msg_id, round=round, sender=self.sender, raw=raw)
         frames = encode(msg)
         now = time.monotonic()
-        self._pending[msg_id] = _Pending(frames, on_reply, on_timeout, timeout, now + timeout, None if deadline is None else now + deadline)
+        self._pending[msg_id] = _Pending(
+            frames, on_reply, on_timeout, timeout, now + timeout, None if deadline is None else now + deadline
+        )
         self._in_flight_gauge.set(len(self._pending))
         self._sock.send_multipart(frames, zmq.NOBLOCK)
         return msg_id

@@ -1,4 +1,5 @@
-"""The contract between processes that is not a service's request/reply: the job plan, the worker environment, the events.
+"""The contract between processes that is not a service's request/reply: the job plan, the worker environment, the
+events.
 
 - `JobPlan`: what a host needs to run a job's workers (command, environment,
   restart policy, snapshot settings). The registry builds it once from the
@@ -32,8 +33,12 @@ class WorkerEnv:
     SNAPSHOT = "ELASTIC_SNAPSHOT"  # the path prefix of the host's snapshot slots
     JOB_KEY = "ELASTIC_JOB_KEY"  # the key the host's snapshot belongs to (a snapshot of another job is refused)
     CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where durable copies of the snapshot go (the job's --checkpoint-dir)
-    RESET_LIMIT = "ELASTIC_RESET_LIMIT"  # torchrun mode: the job's reset limit (TORCHELASTIC_MAX_RESTARTS); absent: none
-    SNAPSHOT_WRITER = "ELASTIC_SNAPSHOT_WRITER"  # torchrun mode: "1" when this round's command writes the host's snapshot
+    RESET_LIMIT = (
+        "ELASTIC_RESET_LIMIT"  # torchrun mode: the job's reset limit (TORCHELASTIC_MAX_RESTARTS); absent: none
+    )
+    SNAPSHOT_WRITER = (
+        "ELASTIC_SNAPSHOT_WRITER"  # torchrun mode: "1" when this round's command writes the host's snapshot
+    )
 
 
 class Event:
@@ -86,7 +91,9 @@ class JobPlan:
             checkpoint_interval=_number(body.get("checkpoint_interval")),
             mode="torchrun" if body.get("mode") == "torchrun" else "horovod",
             reset_limit=body.get("reset_limit") if isinstance(body.get("reset_limit"), int) else None,
-            preload=tuple(str(name) for name in body.get("preload") or () if isinstance(name, str)) if isinstance(body.get("preload"), list) else (),
+            preload=tuple(str(name) for name in body.get("preload") or () if isinstance(name, str))
+            if isinstance(body.get("preload"), list)
+            else (),
             fork_server=body.get("fork_server") is not False,
         )
 

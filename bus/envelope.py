@@ -111,9 +111,7 @@ def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
 
 
 def reply_to(request: Message, body: dict[str, Any], sender: str, raw: tuple[bytes, ...] = ()) -> Message:
-    return Message(
-        type=request.type, body=body, id=request.id, round=request.round, sender=sender, reply=True, raw=raw
-    )
+    return Message(type=request.type, body=body, id=request.id, round=request.round, sender=sender, reply=True, raw=raw)
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:

@@ -70,7 +70,10 @@ def default_slots(gpus: int) -> int:
 def check_slots(slots: int, gpus: int, share_gpus: bool) -> None:
     """Raise ValueError when a GPU host is given more slots than GPUs without sharing them."""
     if gpus and slots > gpus and not share_gpus:
-        raise ValueError(f"--slots {slots} is more than this host's {gpus} GPU(s); lower --slots or pass --share-gpus to run several workers per GPU")
+        raise ValueError(
+            f"--slots {slots} is more than this host's {gpus} GPU(s); lower --slots or pass --share-gpus to run "
+            "several workers per GPU"
+        )
 
 
 def check_standby(standby: int, slots: int) -> None:
@@ -79,4 +82,6 @@ def check_standby(standby: int, slots: int) -> None:
     if standby < 0:
         raise ValueError(f"--standby {standby} must be 0 or more")
     if standby > slots:
-        raise ValueError(f"--standby {standby} is more than this host's {slots} slot(s): a host keeps at most one standby per slot")
+        raise ValueError(
+            f"--standby {standby} is more than this host's {slots} slot(s): a host keeps at most one standby per slot"
+        )

@@ -32,7 +32,12 @@ MAX_PARKED_BYTES = 12 * 1024 * 1024
 class ReplyCache:
     """The latest replies by (sender, id); past `entries` replies or `max_bytes` bytes the oldest are dropped."""
 
-    def __init__(self, entries: int = REPLY_CACHE_SIZE, max_bytes: int = REPLY_CACHE_BYTES, entry_bytes: int = REPLY_CACHE_ENTRY_BYTES) -> None:
+    def __init__(
+        self,
+        entries: int = REPLY_CACHE_SIZE,
+        max_bytes: int = REPLY_CACHE_BYTES,
+        entry_bytes: int = REPLY_CACHE_ENTRY_BYTES,
+    ) -> None:
         self.entries = entries
         self.max_bytes = max_bytes
         self.entry_bytes = entry_bytes
@@ -74,7 +79,9 @@ class ParkingLot(Generic[ParkedRequest]):
     """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, and
     `max_bytes` of their messages."""
 
-    def __init__(self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES) -> None:
+    def __init__(
+        self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES
+    ) -> None:
         self.per_sender = per_sender
         self.total = total
         self.max_bytes = max_bytes
@@ -93,7 +100,10 @@ class ParkingLot(Generic[ParkedRequest]):
         if len(self._requests) >= self.total:
             return f"{self.total} requests are parked already, the most this service keeps"
         if self.nbytes + size > self.max_bytes:
-            return f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this service keeps"
+            return (
+                f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this "
+                "service keeps"
+            )
         if self._by_sender[sender] >= self.per_sender:
             return f"sender {sender!r} has {self.per_sender} requests parked already, the most one sender may"
         return None

@@ -1,4 +1,5 @@
-"""structlog setup: JSON lines on stderr when not on a terminal (a traceback as the `exception` field), readable lines on a terminal."""
+"""structlog setup: JSON lines on stderr when not on a terminal (a traceback as the `exception` field), readable lines
+on a terminal."""
 
 from __future__ import annotations
 

@@ -37,10 +37,16 @@ MESSAGES = Counter(
     "error reply), malformed (not a valid message; type is unknown).",
     ["service", "type", "outcome"],
 )
-PARKED_REQUESTS = Gauge("elastic_parked_requests", "Requests parked by a service, waiting for their answer.", ["service"])
-REPLY_CACHE_ENTRIES = Gauge("elastic_reply_cache_entries", "Answers a service keeps to answer a retried request again.", ["service"])
+PARKED_REQUESTS = Gauge(
+    "elastic_parked_requests", "Requests parked by a service, waiting for their answer.", ["service"]
+)
+REPLY_CACHE_ENTRIES = Gauge(
+    "elastic_reply_cache_entries", "Answers a service keeps to answer a retried request again.", ["service"]
+)
 CLIENT_REQUESTS_IN_FLIGHT = Gauge(
-    "elastic_client_requests_in_flight", "Requests a service's non-blocking client sent and has no reply for yet.", ["service", "endpoint"]
+    "elastic_client_requests_in_flight",
+    "Requests a service's non-blocking client sent and has no reply for yet.",
+    ["service", "endpoint"],
 )
 
 

@@ -26,7 +26,9 @@ Event = tuple[str, dict[str, Any]]
 
 
 class Outbox:
-    def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security(), queued: Iterable[Event] = ()) -> None:
+    def __init__(
+        self, service: Any, endpoint: str, sender: str, security: Security = Security(), queued: Iterable[Event] = ()
+    ) -> None:
         self._service = service
         self._client = AsyncClient(service, endpoint, sender, security)
         self.queued: deque[Event] = deque(queued)
@@ -36,19 +38,29 @@ class Outbox:
         self.queued.append((event, data))
         if len(self.queued) > MAX_QUEUED:
             dropped, _ = self.queued.popleft()
-            self._service.log.warning("event_dropped", event_type=dropped, reason=f"more than {MAX_QUEUED} events wait for the notifier")
+            self._service.log.warning(
+                "event_dropped", event_type=dropped, reason=f"more than {MAX_QUEUED} events wait for the notifier"
+            )
 
     def flush(self) -> None:
         """Send the head of the queue unless it is already on its way."""
         if self._sending is not None or not self.queued:
             return
         head = self._sending = self.queued[0]
-        self._client.send("publish", {"event": head[0], "data": head[1]}, on_reply=lambda reply: self._on_reply(head, reply), timeout=RESEND_EVERY, deadline=None)
+        self._client.send(
+            "publish",
+            {"event": head[0], "data": head[1]},
+            on_reply=lambda reply: self._on_reply(head, reply),
+            timeout=RESEND_EVERY,
+            deadline=None,
+        )
 
     def _on_reply(self, sent: Event, reply: Message) -> None:
         self._sending = None
         if self.queued and self.queued[0] is sent:
             self.queued.popleft()
         if reply.error is not None:
-            self._service.log.warning("event_refused", event_type=sent[0], reason=reply.body.get("message", reply.error))
+            self._service.log.warning(
+                "event_refused", event_type=sent[0], reason=reply.body.get("message", reply.error)
+            )
         self.flush()

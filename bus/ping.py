@@ -15,7 +15,13 @@ def main(argv: list[str]) -> int:
         print("usage: python -m bus.ping ENDPOINT", file=sys.stderr)
         return 2
     keys = os.environ.get("ELASTIC_KEYS")
-    client = Client(argv[0], incarnation_id("ping"), security=Security(keys_dir=Path(keys) if keys else None), timeout=1.0, deadline=1.0)
+    client = Client(
+        argv[0],
+        incarnation_id("ping"),
+        security=Security(keys_dir=Path(keys) if keys else None),
+        timeout=1.0,
+        deadline=1.0,
+    )
     try:
         print(client.request("ping").body["service"])
         return 0

@@ -30,7 +30,12 @@ class Subscription:
     """Ordered, gap-free delivery of the notifier's events to one subscriber."""
 
     def __init__(
-        self, ctx: zmq.Context, events_endpoint: str, notifier_endpoint: str, sender: str, security: Security = Security()
+        self,
+        ctx: zmq.Context,
+        events_endpoint: str,
+        notifier_endpoint: str,
+        sender: str,
+        security: Security = Security(),
     ) -> None:
         self.sock = client_socket(ctx, zmq.SUB, events_endpoint, security)
         self._catchup = Client(notifier_endpoint, sender, security=security, timeout=1.0, deadline=1.0, ctx=ctx)

@@ -90,7 +90,7 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
 def keep_large_buffers_out_of_the_heap() -> None:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES, so that large buffers are mapped and unmapped on their own."""
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES, so large buffers are mapped and unmapped on their own."""
     if _GLIBC is not None:
         _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
@@ -251,7 +251,12 @@ class Service:
         except WireError as exc:
             metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.MALFORMED)
             self.log.warning("bad_message", code=exc.code, reason=exc.message, frames=len(payload))
-            self._send(route, encode(Message(type="error", body=error_body(exc.code, exc.message), reply=True, sender=self.sender_id)))
+            self._send(
+                route,
+                encode(
+                    Message(type="error", body=error_body(exc.code, exc.message), reply=True, sender=self.sender_id)
+                ),
+            )
             return
         if msg.reply:
             self.log.warning("unexpected_reply", type=msg.type, sender=msg.sender)
@@ -307,7 +312,9 @@ class Service:
         try:
             self._check_room_to_park(request)
         except LimitExceeded as exc:
-            self.log.warning("request_refused", type=request.msg.type, code=exc.code, reason=exc.message, sender=request.msg.sender)
+            self.log.warning(
+                "request_refused", type=request.msg.type, code=exc.code, reason=exc.message, sender=request.msg.sender
+            )
             request.fail(exc.code, exc.message)
             return
         self._parked.park(request.parking_key, request)

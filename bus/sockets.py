@@ -55,7 +55,8 @@ class Security:
         host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
         if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
             raise SecurityError(
-                f"refusing to bind {endpoint} without CURVE keys: pass --keys DIR (elasticctl keys generate DIR) or --insecure"
+                f"refusing to bind {endpoint} without CURVE keys: pass --keys DIR (elasticctl keys generate DIR) "
+                "or --insecure"
             )
 
     def keypair(self, name: str) -> tuple[bytes, bytes]:
@@ -130,7 +131,11 @@ def _limits(sock: zmq.Socket) -> None:
 
 
 def server_socket(
-    ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security(), options: Mapping[int, int] | None = None
+    ctx: zmq.Context,
+    kind: int,
+    endpoint: str,
+    security: Security = Security(),
+    options: Mapping[int, int] | None = None,
 ) -> zmq.Socket:
     """A bound socket (ROUTER, XPUB) with server limits and `options` set before binding; CURVE server if keys are
     configured and the endpoint is TCP."""

@@ -43,7 +43,9 @@ class ControlPlane:
         self._sender = incarnation_id("elasticctl")
         self._security = Security(keys_dir=keys)
         self._clients = {
-            name: Client(getattr(endpoints, name), self._sender, security=self._security, timeout=timeout / 2, deadline=timeout)
+            name: Client(
+                getattr(endpoints, name), self._sender, security=self._security, timeout=timeout / 2, deadline=timeout
+            )
             for name in ("discovery", "rendezvous", "registry", "notifier")
         }
 
@@ -58,7 +60,9 @@ class ControlPlane:
 
     def subscription(self) -> Subscription:
         """A subscription to the notifier's events, with this plane's keys; the caller closes it."""
-        return Subscription(zmq.Context.instance(), self.endpoints.events, self.endpoints.notifier, self._sender, self._security)
+        return Subscription(
+            zmq.Context.instance(), self.endpoints.events, self.endpoints.notifier, self._sender, self._security
+        )
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -58,10 +58,18 @@ def _fields(event_type: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
         return [("round", body.get("round")), ("size", body.get("size")), ("hosts", hosts), ("job", body.get("job"))]
     if event_type == "hosts_updated":
         if "hosts" in body:
-            hosts = [f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []]
+            hosts = [
+                f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []
+            ]
             return [("added", body.get("added")), ("removed", body.get("removed")), ("hosts", hosts)]
-        changed = [f"+{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("set") or []]
-        return [("added", body.get("added")), ("removed", body.get("removed")), ("changed", changed + [f"-{name}" for name in body.get("remove") or []])]
+        changed = [
+            f"+{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("set") or []
+        ]
+        return [
+            ("added", body.get("added")),
+            ("removed", body.get("removed")),
+            ("changed", changed + [f"-{name}" for name in body.get("remove") or []]),
+        ]
     names = FIELDS.get(event_type) or sorted(name for name in body if name not in HIDDEN)
     return [(name, body.get(name)) for name in names]
 
@@ -83,7 +91,7 @@ def format_value(value: Any) -> str:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"))
         return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 3] + "..."
     text = str(value)
-    return json.dumps(text) if not text or any(c.isspace() or c in "\"=" for c in text) else text
+    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
 
 
 def print_history(plane: ControlPlane, since: int, out: TextIO = sys.stdout) -> dict[str, Any]:

@@ -24,7 +24,10 @@ CANCEL_REASON = "cancelled by elasticctl (interrupted)"
 
 
 def progress_line(job: dict[str, Any]) -> str:
-    return f"[elasticctl] job {job['job']} {job['state']}: round {job['round']}, world size {job['size']}, resets {job['resets']}"
+    return (
+        f"[elasticctl] job {job['job']} {job['state']}: round {job['round']}, world size {job['size']}, resets "
+        f"{job['resets']}"
+    )
 
 
 def _say(line: str) -> None:
@@ -74,7 +77,10 @@ def follow(plane: ControlPlane, job_id: int, interrupts: Interrupts) -> int:
         except ControlPlaneUnreachable as exc:
             wait = outage.failed(exc)
             if interrupts.count and not interrupts.announced:
-                _say(f"[elasticctl] job {job_id} will be cancelled when the registry answers (waiting at most {CANCEL_WAIT:g}s; Ctrl-C again to stop waiting)")
+                _say(
+                    f"[elasticctl] job {job_id} will be cancelled when the registry answers (waiting at most "
+                    f"{CANCEL_WAIT:g}s; Ctrl-C again to stop waiting)"
+                )
                 interrupts.announced = True
             _pause(wait, interrupts, job_id)
             continue
@@ -82,7 +88,10 @@ def follow(plane: ControlPlane, job_id: int, interrupts: Interrupts) -> int:
         if job["job"] != job_id:
             raise CommandError(_lost_job(job_id, job))
         if job["state"] in ("succeeded", "failed"):
-            _say(f"[elasticctl] job {job_id} {job['state']} after {job['resets']} reset(s): {job['reason']} (exit code {job['exit_code']})")
+            _say(
+                f"[elasticctl] job {job_id} {job['state']} after {job['resets']} reset(s): {job['reason']} (exit "
+                f"code {job['exit_code']})"
+            )
             return int(job["exit_code"] or 0)
         line = progress_line(job)
         if line != last:
@@ -96,9 +105,13 @@ def _pause(seconds: float, interrupts: Interrupts, job_id: int) -> None:
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         if interrupts.count >= 2:
-            raise CommandError(f"interrupted again before the registry answered; job {job_id} may still be running", 130)
+            raise CommandError(
+                f"interrupted again before the registry answered; job {job_id} may still be running", 130
+            )
         if interrupts.count and time.monotonic() - interrupts.first_at > CANCEL_WAIT:
-            raise CommandError(f"the registry did not answer within {CANCEL_WAIT:g}s of Ctrl-C; job {job_id} may still be running", 130)
+            raise CommandError(
+                f"the registry did not answer within {CANCEL_WAIT:g}s of Ctrl-C; job {job_id} may still be running", 130
+            )
         time.sleep(0.05)
 
 

@@ -29,8 +29,8 @@ from typing import IO, Any
 
 import click
 
-from bus.gpus import check_standby, gpu_devices
 from bus.config import Endpoints
+from bus.gpus import check_standby, gpu_devices
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
@@ -51,8 +51,12 @@ def agent_devices(devices: list[str], hosts: int, slots: int, share_gpus: bool) 
     if not devices or share_gpus:
         return [None] * hosts
     if hosts * slots > len(devices):
-        raise CommandError(f"--hosts {hosts} x --slots {slots} needs {hosts * slots} GPUs, this machine has {len(devices)}; lower --hosts or --slots, or pass --share-gpus", 2)
-    return [",".join(devices[i * slots:(i + 1) * slots]) for i in range(hosts)]
+        raise CommandError(
+            f"--hosts {hosts} x --slots {slots} needs {hosts * slots} GPUs, this machine has {len(devices)}; "
+            "lower --hosts or --slots, or pass --share-gpus",
+            2,
+        )
+    return [",".join(devices[i * slots : (i + 1) * slots]) for i in range(hosts)]
 
 
 @dataclass
@@ -75,7 +79,14 @@ class LocalCluster:
             handle = open(self.log_dir / f"{name}.log", "ab")
             self._logs.append(handle)
             out = handle
-        process = subprocess.Popen([sys.executable, *args], env=env, stderr=out, stdout=out, start_new_session=True, preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            stderr=out,
+            stdout=out,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
         self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]
 
     def start(self) -> None:
@@ -91,21 +102,34 @@ class LocalCluster:
             share += ["--standby", str(self.standby)] if self.standby is not None else []
             for i, devices in enumerate(self.devices, start=1):
                 own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
-                self._start(f"agent host-{i}", ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share], {**agent_env, **own_gpus}, log_to_file=False)
-                self._wait(lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None, f"agent host-{i} to register")
+                self._start(
+                    f"agent host-{i}",
+                    ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share],
+                    {**agent_env, **own_gpus},
+                    log_to_file=False,
+                )
+                self._wait(
+                    lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None,
+                    f"agent host-{i} to register",
+                )
         finally:
             plane.close()
         threading.Thread(target=self._supervise, args=(env,), name="supervise-services", daemon=True).start()
 
     def _supervise(self, env: dict[str, str]) -> None:
-        """Start again, once a second at most each, the services that died (not the agents: a dead agent is a lost host)."""
+        """Start again, once a second at most each, the services that died (not the agents: a dead agent is a lost
+        host)."""
         while not self._stopping.wait(1.0):
             with self._lock:  # stop() takes it after setting _stopping: nothing starts once it has the list
                 if self._stopping.is_set():
                     return
                 for name, process in list(self.processes):
                     if name in SERVICES and process.poll() is not None:
-                        click.echo(f"[elasticctl] local: the {name} service exited with code {process.returncode}; starting it again", err=True)
+                        click.echo(
+                            f"[elasticctl] local: the {name} service exited with code {process.returncode}; "
+                            "starting it again",
+                            err=True,
+                        )
                         self._start(name, ["-m", f"services.{name}"], env, log_to_file=True)
 
     def _wait(self, probe: Any, what: str) -> None:
@@ -113,7 +137,9 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for name, process in self.processes:
                 if process.poll() is not None:
-                    raise CommandError(f"{name} exited with code {process.returncode} while starting (logs: {self.log_dir})")
+                    raise CommandError(
+                        f"{name} exited with code {process.returncode} while starting (logs: {self.log_dir})"
+                    )
             try:
                 if probe():
                     return
@@ -158,7 +184,9 @@ def _interrupted(*_: Any) -> None:
     raise KeyboardInterrupt
 
 
-def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int | None = None) -> int:
+def run_local(
+    hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int | None = None
+) -> int:
     gpus = gpu_devices()
     slots = default_local_slots(len(gpus), hosts) if slots is None else slots
     try:
@@ -169,7 +197,10 @@ def run_local(hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: b
     devices = agent_devices(gpus, hosts, slots, share_gpus)
     endpoints = Endpoints.from_env()
     if already_running(endpoints):
-        raise CommandError(f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker compose?); stop it first")
+        raise CommandError(
+            f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker "
+            "compose?); stop it first"
+        )
     log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
     cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus, standby)
     shown = f", {len(gpus)} GPU(s){' shared' if share_gpus else ''}" if gpus else ""

@@ -21,28 +21,112 @@ from elasticctl.status import as_json, gather, render
 from elasticctl.torchrun import LaunchError, parse_launch
 from elasticctl.watch import watch_status
 
-keys_option = click.option("--keys", envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory.")
-control_option = click.option("--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1).")
+keys_option = click.option(
+    "--keys",
+    envvar="ELASTIC_KEYS",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="CURVE key directory.",
+)
+control_option = click.option(
+    "--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1)."
+)
 
 
 def job_options(fn: Any) -> Any:
     for option in reversed(
         [
-            click.option("--min-np", type=int, default=1, show_default=True, help="Fewest workers to train with; below it the job waits."),
+            click.option(
+                "--min-np",
+                type=int,
+                default=1,
+                show_default=True,
+                help="Fewest workers to train with; below it the job waits.",
+            ),
             click.option("--max-np", type=int, default=None, help="Most workers to use (default: every slot)."),
             click.option("--reset-limit", type=int, default=None, help="Stop after this many resets."),
-            click.option("--elastic-timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for --min-np slots."),
-            click.option("--discovery-script", type=click.Path(exists=True, dir_okay=False, resolve_path=True), default=None, help="Prints 'host' or 'host:slots' lines."),
-            click.option("--blacklist-cooldown", type=(float, float), default=(60.0, 600.0), show_default=True, metavar="MIN MAX", help="Blacklisted hosts return after a cooldown in this range (exponential backoff)."),
-            click.option("--hung-timeout", type=float, default=120.0, show_default=True, help="Seconds after a round's first report before silent workers count as hung."),
-            click.option("--max-restarts", type=int, default=3, show_default=True, help="Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists its host (0: Horovod's rule, the first crash does)."),
-            click.option("--restart-window", type=float, default=60.0, show_default=True, help="Seconds over which a slot's crashes count toward --max-restarts."),
-            click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same path on every host."),
-            click.option("--checkpoint-interval", type=float, default=30.0, show_default=True, help="Seconds between flushes to --checkpoint-dir."),
-            click.option("--mode", type=click.Choice(["horovod", "torchrun"]), default="horovod", show_default=True, help="horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged torchrun/DDP script, started with torchrun's environment and restarted on every worker at each new round."),
-            click.option("--preload", metavar="MODULE,...", default="", help="Modules the host's fork server imports before it forks workers (the script's heavy imports)."),
-            click.option("--no-fork-server", is_flag=True, help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server (for scripts that are not fork-safe)."),
-            click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."),
+            click.option(
+                "--elastic-timeout",
+                type=float,
+                default=600.0,
+                show_default=True,
+                help="Seconds to wait for --min-np slots.",
+            ),
+            click.option(
+                "--discovery-script",
+                type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+                default=None,
+                help="Prints 'host' or 'host:slots' lines.",
+            ),
+            click.option(
+                "--blacklist-cooldown",
+                type=(float, float),
+                default=(60.0, 600.0),
+                show_default=True,
+                metavar="MIN MAX",
+                help="Blacklisted hosts return after a cooldown in this range (exponential backoff).",
+            ),
+            click.option(
+                "--hung-timeout",
+                type=float,
+                default=120.0,
+                show_default=True,
+                help="Seconds after a round's first report before silent workers count as hung.",
+            ),
+            click.option(
+                "--max-restarts",
+                type=int,
+                default=3,
+                show_default=True,
+                help="Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists "
+                "its host (0: Horovod's rule, the first crash does).",
+            ),
+            click.option(
+                "--restart-window",
+                type=float,
+                default=60.0,
+                show_default=True,
+                help="Seconds over which a slot's crashes count toward --max-restarts.",
+            ),
+            click.option(
+                "--checkpoint-dir",
+                type=click.Path(file_okay=False, path_type=Path),
+                default=None,
+                help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two "
+                "kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same "
+                "path on every host.",
+            ),
+            click.option(
+                "--checkpoint-interval",
+                type=float,
+                default=30.0,
+                show_default=True,
+                help="Seconds between flushes to --checkpoint-dir.",
+            ),
+            click.option(
+                "--mode",
+                type=click.Choice(["horovod", "torchrun"]),
+                default="horovod",
+                show_default=True,
+                help="horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged "
+                "torchrun/DDP script, started with torchrun's environment and restarted on every worker at each "
+                "new round.",
+            ),
+            click.option(
+                "--preload",
+                metavar="MODULE,...",
+                default="",
+                help="Modules the host's fork server imports before it forks workers (the script's heavy imports).",
+            ),
+            click.option(
+                "--no-fork-server",
+                is_flag=True,
+                help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server "
+                "(for scripts that are not fork-safe).",
+            ),
+            click.option(
+                "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."
+            ),
             click.argument("command", nargs=-1, required=True),
         ]
     ):
@@ -65,9 +149,13 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
     if options["max_restarts"] < 0:
         raise CommandError(f"--max-restarts must be at least 0 (got {options['max_restarts']})", 2)
     if options["restart_window"] <= 0:
-        raise CommandError(f"--restart-window must be a positive number of seconds (got {options['restart_window']:g})", 2)
+        raise CommandError(
+            f"--restart-window must be a positive number of seconds (got {options['restart_window']:g})", 2
+        )
     if options["checkpoint_interval"] <= 0:
-        raise CommandError(f"--checkpoint-interval must be a positive number of seconds (got {options['checkpoint_interval']:g})", 2)
+        raise CommandError(
+            f"--checkpoint-interval must be a positive number of seconds (got {options['checkpoint_interval']:g})", 2
+        )
     checkpoint_dir = options["checkpoint_dir"]
     if checkpoint_dir is not None and checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
         raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
@@ -125,7 +213,8 @@ def cli() -> None:
         "Submit a job and follow it; exit with the job's exit code.\n\n"
         "While following, an outage of the control plane is ridden through: one line when it stops answering, "
         "retries (0.25 s doubling to 2 s), one line when it answers again. Ctrl-C cancels the job as soon as the "
-        f"registry answers; if it does not answer within {CANCEL_WAIT:g}s (or on a second Ctrl-C), elasticctl exits 130 "
+        f"registry answers; if it does not answer within {CANCEL_WAIT:g}s (or on a second Ctrl-C), elasticctl "
+        "exits 130 "
         "and the job may still be running. No control plane at submit time: one error line, exit 1."
     )
 )
@@ -144,9 +233,21 @@ def run(control: str | None, keys: Path | None, **options: Any) -> None:
 @cli.command()
 @control_option
 @keys_option
-@click.option("--json", "as_json_flag", is_flag=True, help="Stable JSON for scripts (with --watch: one document per line per interval).")
-@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C (exit 0); once it has started, an outage shows 'control plane unreachable, retrying' instead of ending it.")
-@click.option("--interval", type=float, default=None, metavar="S", help="Seconds between redraws with --watch (default 1).")
+@click.option(
+    "--json",
+    "as_json_flag",
+    is_flag=True,
+    help="Stable JSON for scripts (with --watch: one document per line per interval).",
+)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Redraw every --interval seconds until Ctrl-C (exit 0); once it has started, an outage shows 'control plane "
+    "unreachable, retrying' instead of ending it.",
+)
+@click.option(
+    "--interval", type=float, default=None, metavar="S", help="Seconds between redraws with --watch (default 1)."
+)
 def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bool, interval: float | None) -> None:
     """Show the job, its hosts and its workers."""
     if interval is not None and not watch:
@@ -167,8 +268,21 @@ def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bo
 @cli.command()
 @control_option
 @keys_option
-@click.option("--follow", "-f", is_flag=True, help="After the history, print new events until Ctrl-C (exit 0); once it has started, a notifier outage is one line, not the end.")
-@click.option("--since", type=int, default=0, show_default=True, metavar="SEQ", help="Only events after sequence number SEQ (0: all the notifier still holds).")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="After the history, print new events until Ctrl-C (exit 0); once it has started, a notifier outage is one "
+    "line, not the end.",
+)
+@click.option(
+    "--since",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="SEQ",
+    help="Only events after sequence number SEQ (0: all the notifier still holds).",
+)
 def events(control: str | None, keys: Path | None, follow: bool, since: int) -> None:
     """Print the notifier's events, one line each: time, seq, type, what happened (heartbeats left out)."""
     if since < 0:
@@ -201,10 +315,28 @@ _host_command("undrain", "Put HOST back into the job from the next round.", "und
 
 
 @cli.command()
-@click.option("--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N.")
-@click.option("--slots", type=click.IntRange(min=1), default=None, help="Slots per agent (default: the GPUs split among the agents, 2 without GPUs).")
-@click.option("--share-gpus", envvar="ELASTIC_GPU_SHARED", is_flag=True, help="Let workers share GPUs (more slots than GPUs; gloo, not NCCL, for CUDA tensors).")
-@click.option("--standby", type=int, default=None, help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once (default: 1 where the fork server runs, else 0).")
+@click.option(
+    "--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N."
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Slots per agent (default: the GPUs split among the agents, 2 without GPUs).",
+)
+@click.option(
+    "--share-gpus",
+    envvar="ELASTIC_GPU_SHARED",
+    is_flag=True,
+    help="Let workers share GPUs (more slots than GPUs; gloo, not NCCL, for CUDA tensors).",
+)
+@click.option(
+    "--standby",
+    type=int,
+    default=None,
+    help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once (default: 1 where the "
+    "fork server runs, else 0).",
+)
 @job_options
 def local(hosts: int, slots: int | None, share_gpus: bool, standby: int | None, **options: Any) -> None:
     """Run the whole system on this machine (services + agents on loopback) for one job."""
@@ -229,8 +361,16 @@ def torchrun(keys: Path | None, launch: tuple[str, ...]) -> None:
     except LaunchError as exc:
         raise CommandError(str(exc), 2) from None
     defaults = run.make_context("run", ["--", *parsed.command]).params
-    spec = build_spec({**defaults, "command": parsed.command, "min_np": parsed.min_np, "max_np": parsed.max_np,
-                       "reset_limit": parsed.max_restarts, "mode": "torchrun"})
+    spec = build_spec(
+        {
+            **defaults,
+            "command": parsed.command,
+            "min_np": parsed.min_np,
+            "max_np": parsed.max_np,
+            "reset_limit": parsed.max_restarts,
+            "mode": "torchrun",
+        }
+    )
     if parsed.control_host is None:
         sys.exit(run_local(parsed.max_nodes, parsed.nproc_per_node, spec))
     plane = _plane(parsed.control_host, keys)

@@ -43,7 +43,10 @@ def render(view: dict[str, Any]) -> str:
         lines.append(f"  crashed workers: {crash_policy(spec['max_restarts'], spec['restart_window'])}")
     checkpoint = newest_checkpoint(view["hosts"])
     if checkpoint is not None:
-        lines.append(f"  last durable checkpoint: commit {checkpoint['commit']}, {_size(checkpoint['bytes'])}, {_age(checkpoint['written_at'])} ago, {checkpoint.get('path', '')}")
+        lines.append(
+            f"  last durable checkpoint: commit {checkpoint['commit']}, {_size(checkpoint['bytes'])}, "
+            f"{_age(checkpoint['written_at'])} ago, {checkpoint.get('path', '')}"
+        )
     if job.get("resumed_from"):
         lines.append(f"  resumed from the snapshot of commit {job['resumed_from']} after every worker failed")
     lines.append("")
@@ -54,7 +57,9 @@ def render(view: dict[str, Any]) -> str:
             left = "forever" if h["cooldown_left"] is None else f"{h['cooldown_left']:.0f}s left"
             note = f"{h['blacklist_reason']} (cooldown {left})"
         elif h["state"] == "lost":
-            note = f"no heartbeat for {h['lost_for']:.1f}s" + (f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else "")
+            note = f"no heartbeat for {h['lost_for']:.1f}s" + (
+                f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else ""
+            )
         if h.get("down"):
             restarting = f"slot {', '.join(map(str, h['down']))} restarting after a crash"
             note = f"{note}; {restarting}" if note else restarting
@@ -63,20 +68,39 @@ def render(view: dict[str, Any]) -> str:
             spawning = f"workers spawn: {fork_server['reason']}"
             note = f"{note}; {spawning}" if note else spawning
         snapshot = h.get("snapshot")
-        held = f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'])} ago" if snapshot else None
+        held = (
+            f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'])} ago"
+            if snapshot
+            else None
+        )
         host_rows.append([h["host"], h["slots"], h["state"], fork_server.get("state"), held, note])
-    lines += _table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
+    lines += (
+        _table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
+    )
     lines.append("")
-    worker_rows = [[w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]] for w in view["workers"]]
-    lines += _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]
+    worker_rows = [
+        [w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]]
+        for w in view["workers"]
+    ]
+    lines += (
+        _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows)
+        if worker_rows
+        else ["no workers"]
+    )
     if view["history"]:
-        lines += ["", "recent rounds:"] + [f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]]
+        lines += ["", "recent rounds:"] + [
+            f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]
+        ]
     return "\n".join(lines)
 
 
 def newest_checkpoint(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The job's last durable checkpoint: the newest any host's agent wrote."""
-    return max((h["checkpoint"] for h in hosts if h.get("checkpoint")), key=lambda c: (c["commit"], c["written_at"]), default=None)
+    return max(
+        (h["checkpoint"] for h in hosts if h.get("checkpoint")),
+        key=lambda c: (c["commit"], c["written_at"]),
+        default=None,
+    )
 
 
 def _size(nbytes: int) -> str:

@@ -25,11 +25,23 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-WITH_VALUE = {"nnodes", "nproc_per_node", "max_restarts", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf", "monitor_interval"}
+WITH_VALUE = {
+    "nnodes",
+    "nproc_per_node",
+    "max_restarts",
+    "rdzv_endpoint",
+    "rdzv_backend",
+    "rdzv_id",
+    "rdzv_conf",
+    "monitor_interval",
+}
 FLAGS = {"standalone", "module", "no_python"}
 ACCEPTED = ("rdzv_backend", "rdzv_id", "rdzv_conf", "monitor_interval")
 SHORT = {"-m": "module"}
-SUPPORTED = "--nnodes, --nproc-per-node, --max-restarts, --rdzv-endpoint, --rdzv-backend, --rdzv-id, --rdzv-conf, --standalone, --monitor-interval, -m/--module, --no-python"
+SUPPORTED = (
+    "--nnodes, --nproc-per-node, --max-restarts, --rdzv-endpoint, --rdzv-backend, --rdzv-id, --rdzv-conf, "
+    "--standalone, --monitor-interval, -m/--module, --no-python"
+)
 
 
 class LaunchError(ValueError):
@@ -70,7 +82,9 @@ def parse_launch(argv: list[str], python: str = sys.executable) -> TorchrunLaunc
                 value = rest.pop(0)
             options[name] = value
         else:
-            raise LaunchError(f"{word.partition('=')[0]} is not supported by elasticctl torchrun (supported: {SUPPORTED})")
+            raise LaunchError(
+                f"{word.partition('=')[0]} is not supported by elasticctl torchrun (supported: {SUPPORTED})"
+            )
     if rest[:1] == ["--"]:
         rest.pop(0)
     if not rest:
@@ -80,7 +94,9 @@ def parse_launch(argv: list[str], python: str = sys.executable) -> TorchrunLaunc
     max_restarts = _count("--max-restarts", str(options.get("max_restarts", "0")))
     backend = str(options.get("rdzv_backend", "c10d"))
     if backend not in ("c10d", "static"):
-        raise LaunchError(f"--rdzv-backend {backend} is not supported (c10d or static: the control plane is the rendezvous)")
+        raise LaunchError(
+            f"--rdzv-backend {backend} is not supported (c10d or static: the control plane is the rendezvous)"
+        )
     endpoint = options.get("rdzv_endpoint")
     control_host = None if options.get("standalone") or not endpoint else _host_of(str(endpoint))
     if options.get("no_python"):

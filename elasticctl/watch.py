@@ -33,7 +33,9 @@ def redraw_in_place(text: str) -> str:
     return HOME + "".join(line + ERASE_LINE_END + "\n" for line in text.split("\n")) + ERASE_BELOW
 
 
-def watch_status(plane: ControlPlane, interval: float, as_json_lines: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def watch_status(
+    plane: ControlPlane, interval: float, as_json_lines: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> int:
     """Show the view every `interval` seconds until Ctrl-C; return 0."""
     on_terminal = out.isatty() and not as_json_lines
 
@@ -55,7 +57,11 @@ def watch_status(plane: ControlPlane, interval: float, as_json_lines: bool, out:
         next_frame = time.monotonic()
         while True:
             if view is not None:
-                show(json.dumps(view, sort_keys=True) if as_json_lines else f"{frame_header(interval, time.time())}\n\n{render(view)}")
+                show(
+                    json.dumps(view, sort_keys=True)
+                    if as_json_lines
+                    else f"{frame_header(interval, time.time())}\n\n{render(view)}"
+                )
             elif on_terminal:
                 show(f"{frame_header(interval, time.time())}\n\n{UNREACHABLE} (for {outage.lasted():.0f}s)")
             next_frame = max(next_frame + interval, time.monotonic())

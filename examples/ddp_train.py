@@ -29,7 +29,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
-
 from train import make_data, make_model, tensors_checksum
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -43,7 +42,9 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The model's and optimizer's full state dicts (with FSDP a collective: every rank calls it)."""
     return get_state_dict(model, optimizer, options=FULL) if fsdp else (model.state_dict(), optimizer.state_dict())
 
@@ -82,8 +83,15 @@ class StepLog:
 
     def write(self, event: str, **fields: Any) -> None:
         if self.file is not None:
-            record = {"event": event, "time": time.time(), "pid": os.getpid(), "rank": dist.get_rank(), "size": dist.get_world_size(),
-                      "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), **fields}
+            record = {
+                "event": event,
+                "time": time.time(),
+                "pid": os.getpid(),
+                "rank": dist.get_rank(),
+                "size": dist.get_world_size(),
+                "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                **fields,
+            }
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
 
@@ -95,10 +103,18 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--save-every", type=int, default=5)
-    parser.add_argument("--step-delay", type=float, default=0.0, help="Seconds to sleep per step (a slower job for tests).")
-    parser.add_argument("--checkpoint", default=None, help="Checkpoint file (rank 0 writes it; every rank reads it at start).")
-    parser.add_argument("--host-memory", action="store_true", help="Keep the checkpoint in host memory (libworker.checkpoint).")
-    parser.add_argument("--fsdp", action="store_true", help="Shard the model with FSDP instead of replicating it with DDP.")
+    parser.add_argument(
+        "--step-delay", type=float, default=0.0, help="Seconds to sleep per step (a slower job for tests)."
+    )
+    parser.add_argument(
+        "--checkpoint", default=None, help="Checkpoint file (rank 0 writes it; every rank reads it at start)."
+    )
+    parser.add_argument(
+        "--host-memory", action="store_true", help="Keep the checkpoint in host memory (libworker.checkpoint)."
+    )
+    parser.add_argument(
+        "--fsdp", action="store_true", help="Shard the model with FSDP instead of replicating it with DDP."
+    )
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args()
 
@@ -118,7 +134,9 @@ def main() -> int:
     start_step = 0
     snapshot = load_snapshot(args)
     if snapshot is not None and args.fsdp:
-        set_state_dict(model, optimizer, model_state_dict=snapshot["model"], optim_state_dict=snapshot["optimizer"], options=FULL)
+        set_state_dict(
+            model, optimizer, model_state_dict=snapshot["model"], optim_state_dict=snapshot["optimizer"], options=FULL
+        )
     elif snapshot is not None:
         model.load_state_dict(snapshot["model"])
         optimizer.load_state_dict(snapshot["optimizer"])
@@ -127,7 +145,11 @@ def main() -> int:
     trained = model if args.fsdp else DDP(model, device_ids=[local_rank] if use_cuda else None)
     log.write("start", step=start_step, checksum=checksum(model, optimizer, args.fsdp).tolist())
     if rank == 0:
-        print(f"training on {world_size} workers from step {start_step} (restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})", flush=True)
+        print(
+            f"training on {world_size} workers from step {start_step} (restart "
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')})",
+            flush=True,
+        )
 
     x, y = make_data(args.samples)
     loss_fn = torch.nn.MSELoss()

@@ -100,20 +100,34 @@ if args.log_dir:
 
 def log(event: str, **fields: object) -> None:
     if log_file is not None:
-        log_file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), "rank": hvd.rank(), "size": hvd.size(), **fields}) + "\n")
+        log_file.write(
+            json.dumps(
+                {
+                    "event": event,
+                    "time": time.time(),
+                    "pid": os.getpid(),
+                    "rank": hvd.rank(),
+                    "size": hvd.size(),
+                    **fields,
+                }
+            )
+            + "\n"
+        )
         log_file.flush()
 
 
 def epoch_loss_average(loss_sum: torch.Tensor, batches: int) -> float | None:
     """The mean loss over the batches every rank ran in this epoch since the last reset; None if none ran (a reset
     landed after the epoch's last batch was committed)."""
-    totals = hvd.allreduce(torch.cat([loss_sum.detach(), torch.tensor([float(batches)])]), op=hvd.Sum, name="epoch_loss")
+    totals = hvd.allreduce(
+        torch.cat([loss_sum.detach(), torch.tensor([float(batches)])]), op=hvd.Sum, name="epoch_loss"
+    )
     return (totals[0] / totals[1]).item() if totals[1] > 0 else None
 
 
 @hvd.elastic.run
 def train(state: hvd.elastic.TorchState) -> None:
-    for state.epoch in range(state.epoch, args.epochs + 1):
+    for state.epoch in range(state.epoch, args.epochs + 1):  # noqa: B020 (Horovod's idiom; range is built once)
         state.model.train()
         train_sampler.set_epoch(state.epoch)
         epoch_loss, batches = torch.zeros(1), 0

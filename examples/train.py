@@ -1,9 +1,8 @@
 """A small real job: an MLP on a synthetic regression set, data-parallel with libworker's DistributedOptimizer.
 
-Every rank generates the same data from a fixed seed, trains on its shard,
-averages gradients with DistributedOptimizer (bucketed allreduce overlapped with backward), prints the loss per epoch from rank 0, and
-at the end checks that every rank holds identical parameters (allgather of a
-checksum); it exits non-zero if they differ.
+Every rank generates the same data from a fixed seed, trains on its shard, averages gradients with DistributedOptimizer
+(bucketed allreduce overlapped with backward), prints the loss per epoch from rank 0, and at the end checks that every
+rank holds identical parameters (allgather of a checksum); it exits non-zero if they differ.
 
     elasticctl local --hosts 2 --slots 2 -- python examples/train.py
 """
@@ -54,7 +53,9 @@ def main() -> int:
     rank, size = elastic.rank(), elastic.size()
     x, y = make_data(args.samples)
     model = make_model()
-    optimizer = elastic.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr), named_parameters=model.named_parameters())
+    optimizer = elastic.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr), named_parameters=model.named_parameters()
+    )
     loss_fn = torch.nn.MSELoss()
     shard = torch.arange(rank, args.samples, size)
     if rank == 0:

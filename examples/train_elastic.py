@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from train import make_data, make_model, parameter_checksum
 
 import libworker as elastic
-from train import make_data, make_model, parameter_checksum
 
 
 class EventLog:
@@ -41,7 +41,16 @@ class EventLog:
     def write(self, event: str, **fields: Any) -> None:
         if self.file is None:
             return
-        record = {"event": event, "time": time.time(), "pid": os.getpid(), "host": elastic.host(), "rank": elastic.rank(), "size": elastic.size(), "round": elastic.round_number(), **fields}
+        record = {
+            "event": event,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "host": elastic.host(),
+            "rank": elastic.rank(),
+            "size": elastic.size(),
+            "round": elastic.round_number(),
+            **fields,
+        }
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
@@ -53,9 +62,15 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.02, help="Learning rate per worker (scaled by the world size).")
     parser.add_argument("--commit-every", type=int, default=4, help="Steps between commits.")
-    parser.add_argument("--step-delay", type=float, default=0.0, help="Extra seconds per step (to watch changes happen).")
+    parser.add_argument(
+        "--step-delay", type=float, default=0.0, help="Extra seconds per step (to watch changes happen)."
+    )
     parser.add_argument("--log-dir", default=os.environ.get("TRAIN_LOG_DIR"))
-    parser.add_argument("--per-parameter-allreduce", action="store_true", help="Average gradients with one allreduce_ per parameter (the older idiom) instead of DistributedOptimizer.")
+    parser.add_argument(
+        "--per-parameter-allreduce",
+        action="store_true",
+        help="Average gradients with one allreduce_ per parameter (the older idiom) instead of DistributedOptimizer.",
+    )
     args = parser.parse_args()
 
     x, y = make_data(args.samples)
@@ -65,7 +80,9 @@ def main() -> int:
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     loss_fn = torch.nn.MSELoss()
-    model(x[:1]).sum().backward()  # warm up autograd and kernels before joining: a joining worker is ready when admitted
+    model(
+        x[:1]
+    ).sum().backward()  # warm up autograd and kernels before joining: a joining worker is ready when admitted
     optimizer.zero_grad()
 
     elastic.init()

@@ -21,9 +21,9 @@ from libworker import wire
 from libworker.collectives import Started, launch, run_collective, waits_on_stream
 from libworker.errors import CollectiveMismatchError
 from libworker.handles import map_result, submit, synchronize
-from libworker.signatures import Signature, spec_of
 from libworker.process_sets import ProcessSet, global_process_set
 from libworker.reduction import Adasum, Average, check_reducible, grouped_reduce_started, reduce_op, reduce_started
+from libworker.signatures import Signature, spec_of
 from libworker.world import require_joined
 
 
@@ -35,17 +35,33 @@ def _check_root(root_rank: int, process_set: ProcessSet) -> None:
         raise ValueError(f"root_rank {root_rank} is not a member of {process_set}")
 
 
-def _reduce_signature(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float) -> Signature:
-    return Signature("allreduce", tuple(spec_of(t) for t in tensors), op, -1, float(prescale_factor), float(postscale_factor),
-                     _device_label(tensors))
+def _reduce_signature(
+    tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float
+) -> Signature:
+    return Signature(
+        "allreduce",
+        tuple(spec_of(t) for t in tensors),
+        op,
+        -1,
+        float(prescale_factor),
+        float(postscale_factor),
+        _device_label(tensors),
+    )
 
 
 def _device_label(tensors: list[torch.Tensor]) -> str:
     return "cuda" if tensors and tensors[0].is_cuda else "cpu"
 
 
-def allreduce_async_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
     """Start reducing `tensor` in place; `synchronize(handle)` returns it reduced."""
     resolved = reduce_op(op, average)
     check_reducible([tensor], resolved)
@@ -58,38 +74,89 @@ def allreduce_async_(tensor: torch.Tensor, average: Any = None, name: str | None
     return submit(process_set, name, signature, start)
 
 
-def allreduce_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allreduce_(
+    tensor: torch.Tensor,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """Reduce `tensor` in place across all ranks (default op: Average, as Horovod) and return it."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def allreduce_async(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
     return allreduce_async_(tensor.clone(), average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _grouped_async_(tensors: list[torch.Tensor], average: Any, name: str | None, op: Any, prescale_factor: float,
-                    postscale_factor: float, process_set: ProcessSet) -> int:
+def _grouped_async_(
+    tensors: list[torch.Tensor],
+    average: Any,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> int:
     resolved = reduce_op(op, average)
     check_reducible(tensors, resolved)
     signature = _reduce_signature(tensors, resolved, prescale_factor, postscale_factor)
-    return submit(process_set, name, signature, lambda group: grouped_reduce_started(tensors, resolved, prescale_factor, postscale_factor, group))
+    return submit(
+        process_set,
+        name,
+        signature,
+        lambda group: grouped_reduce_started(tensors, resolved, prescale_factor, postscale_factor, group),
+    )
 
 
-def grouped_allreduce_async_(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
+def grouped_allreduce_async_(
+    tensors: list[torch.Tensor],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
     return _grouped_async_(list(tensors), average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def grouped_allreduce_(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
+def grouped_allreduce_(
+    tensors: list[torch.Tensor],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    return synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
 
-def grouped_allreduce_async(tensors: list[torch.Tensor], average: Any = None, name: str | None = None, op: Any = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
-    return _grouped_async_([t.clone() for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set)
+def grouped_allreduce_async(
+    tensors: list[torch.Tensor],
+    average: Any = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    return _grouped_async_(
+        [t.clone() for t in tensors], average, name, op, prescale_factor, postscale_factor, process_set
+    )
 
 
 class _SparseHandle(int):
@@ -99,13 +166,17 @@ class _SparseHandle(int):
         return synchronize(self)
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None, process_set: ProcessSet = global_process_set) -> _SparseHandle:
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None = None, op: Any = None, process_set: ProcessSet = global_process_set
+) -> _SparseHandle:
     """A sparse tensor, reduced densely; call the result (or synchronize it) for the reduced sparse tensor."""
     handle = allreduce_async_(tensor.to_dense(), name=name, op=op, process_set=process_set)
     return _SparseHandle(map_result(handle, torch.Tensor.to_sparse))
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+def broadcast_async_(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> int:
     _check_root(root_rank, process_set)
     signature = Signature("broadcast", (spec_of(tensor),), root=int(root_rank), device=_device_label([tensor]))
 
@@ -124,12 +195,16 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None 
     return submit(process_set, name, signature, start)
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """Overwrite `tensor` with root_rank's value, in place."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+def broadcast_async(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> int:
     return broadcast_async_(tensor.clone(), root_rank, name, process_set)
 
 
@@ -165,13 +240,21 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     return submit(process_set, name, signature, lambda group: _gather_started(tensor, group))
 
 
-def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+def grouped_allgather_async(
+    tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> int:
     tensors = [gatherable(t) for t in tensors]
-    signature = Signature("allgather", tuple(spec_of(t, skip_first=True) for t in tensors), device=_device_label(tensors))
+    signature = Signature(
+        "allgather", tuple(spec_of(t, skip_first=True) for t in tensors), device=_device_label(tensors)
+    )
 
     def start(group: Any) -> Started:
         started = [_gather_started(t, group) for t in tensors]
-        return Started([w for s in started for w in s.works], lambda: [s.result() for s in started], any(s.on_stream for s in started))
+        return Started(
+            [w for s in started for w in s.works],
+            lambda: [s.result() for s in started],
+            any(s.on_stream for s in started),
+        )
 
     return submit(process_set, name, signature, start)
 
@@ -179,17 +262,25 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
 def _splits(tensor: torch.Tensor, splits: Any, size: int) -> list[int]:
     if splits is None:
         if tensor.shape[0] % size:
-            raise ValueError(f"alltoall without splits needs a first dimension divisible by the size ({tensor.shape[0]} rows, {size} ranks)")
+            raise ValueError(
+                f"alltoall without splits needs a first dimension divisible by the size ({tensor.shape[0]} rows, "
+                f"{size} ranks)"
+            )
         return [tensor.shape[0] // size] * size
     if isinstance(splits, torch.Tensor) and splits.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"alltoall splits must be a tensor of int32 or int64, not {splits.dtype}")
     send = [int(n) for n in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     if len(send) != size or sum(send) != tensor.shape[0] or min(send) < 0:
-        raise ValueError(f"alltoall splits {send} must give one non-negative count per rank ({size}) summing to {tensor.shape[0]} rows")
+        raise ValueError(
+            f"alltoall splits {send} must give one non-negative count per rank ({size}) summing to "
+            f"{tensor.shape[0]} rows"
+        )
     return send
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
+def alltoall_async(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> int:
     """Send slice j of `tensor` (along dim 0) to rank j; the result is what every rank sent here, in rank order,
     and how many rows came from each rank."""
     require_joined()
@@ -228,27 +319,47 @@ def _check_scatterable(tensors: list[torch.Tensor], op: int) -> None:
     check_reducible(tensors, op)
 
 
-def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average,
-                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> int:
+def grouped_reducescatter_async(
+    tensors: list[torch.Tensor],
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
     """Reduce each tensor across ranks and keep this rank's part of dim 0 (the first ranks get one more row when
     the rows do not divide evenly, as Horovod); one negotiation and one fused reduction for the group."""
     resolved = reduce_op(op)
     _check_scatterable(tensors, resolved)
     reduced = [t.clone() for t in tensors]
-    signature = Signature("reducescatter", tuple(spec_of(t) for t in tensors), resolved, -1, float(prescale_factor),
-                          float(postscale_factor), _device_label(tensors))
+    signature = Signature(
+        "reducescatter",
+        tuple(spec_of(t) for t in tensors),
+        resolved,
+        -1,
+        float(prescale_factor),
+        float(postscale_factor),
+        _device_label(tensors),
+    )
 
     def start(group: Any) -> Started:
         started = grouped_reduce_started(reduced, resolved, prescale_factor, postscale_factor, group)
         size, rank = dist.get_world_size(group), dist.get_rank(group)
-        return Started(started.works, lambda: [_scatter_part(r, size, rank) for r in started.result()], started.on_stream)
+        return Started(
+            started.works, lambda: [_scatter_part(r, size, rank) for r in started.result()], started.on_stream
+        )
 
     return submit(process_set, name, signature, start)
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
     handle = grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor)
     return map_result(handle, operator.itemgetter(0))
 

@@ -72,7 +72,9 @@ class Bucket:
         self.ready, self.work, self.sent, self.ctx, self.error = 0, None, None, None, None
 
 
-def layout_buckets(params: list[torch.Tensor], threshold: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[torch.Tensor]]:
+def layout_buckets(
+    params: list[torch.Tensor], threshold: int, first_bytes: int = FIRST_BUCKET_BYTES
+) -> list[list[torch.Tensor]]:
     """Group parameters in reverse order into buckets of one dtype and device, as DDP does: a bucket closes with
     the parameter that brings it to its cap (`first_bytes` for the first, `threshold` for the others), so the
     first one starts with at least `first_bytes` on the wire."""

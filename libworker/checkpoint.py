@@ -52,8 +52,16 @@ def load() -> Any:
     """The newest object `save` saved in this job (or its `--checkpoint-dir`), the same on every rank; None when
     none was saved."""
     global _last_saved
-    found = snapshots.restorable() if os.environ.get(WorkerEnv.SNAPSHOT) or os.environ.get(WorkerEnv.CHECKPOINT_DIR) else None
-    number, obj = (found.commit, found.tree.get("checkpoint")) if found is not None and isinstance(found.tree, dict) else (0, None)
+    found = (
+        snapshots.restorable()
+        if os.environ.get(WorkerEnv.SNAPSHOT) or os.environ.get(WorkerEnv.CHECKPOINT_DIR)
+        else None
+    )
+    number, obj = (
+        (found.commit, found.tree.get("checkpoint"))
+        if found is not None and isinstance(found.tree, dict)
+        else (0, None)
+    )
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         number, obj = _agree(number, obj)
     _last_saved = max(_last_saved, number)

@@ -33,49 +33,89 @@ from libworker.reduction import Average, Sum, reduce_op
 from libworker.world import require_joined
 
 
-def _allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None, compression: type[Compressor] = Compression.none,
-              op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _allreduce(
+    tensor: torch.Tensor,
+    average: Any = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """The reduction of `tensor` across all ranks, as a new tensor; `tensor` is left as it is."""
     compressed, ctx = compression.compress(tensor)
-    reduced = allreduce_(compressed.clone() if compressed is tensor else compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = allreduce_(
+        compressed.clone() if compressed is tensor else compressed,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+    )
     return compression.decompress(reduced, ctx)
 
 
-def _grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
-                      compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def _grouped_allreduce(
+    tensors: list[torch.Tensor],
+    average: Any = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
     compressed = [compression.compress(t) for t in tensors]
     sent = [c.clone() if c is t else c for (c, _), t in zip(compressed, tensors)]
     reduced = grouped_allreduce_(sent, average, name, op, prescale_factor, postscale_factor, process_set)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
-def _broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _broadcast(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """root_rank's value of `tensor`, as a new tensor."""
     return broadcast_(tensor.clone(), root_rank, name, process_set)
 
 
-def _allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def _allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ, as in Horovod)."""
     return synchronize(allgather_async(tensor, name, process_set))
 
 
-def _grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def _grouped_allgather(
+    tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> list[torch.Tensor]:
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
-def _alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+def _alltoall(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Any:
     """The gathered slices; with `splits`, also the counts received from each rank (Horovod's two results)."""
     output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
 
 
-def _grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
-                          op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+def _grouped_reducescatter(
+    tensors: list[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
     compressed = [compression.compress(t) for t in tensors]
-    parts = synchronize(grouped_reducescatter_async([c for c, _ in compressed], name, op, process_set, prescale_factor, postscale_factor))
+    parts = synchronize(
+        grouped_reducescatter_async(
+            [c for c, _ in compressed], name, op, process_set, prescale_factor, postscale_factor
+        )
+    )
     return [compression.decompress(part, ctx) for part, (_, ctx) in zip(parts, compressed)]
 
 
@@ -91,12 +131,22 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         average, op, prescale_factor, postscale_factor, process_set = ctx.args
-        return (_allreduce(grad, average, None, Compression.none, op, prescale_factor, postscale_factor, process_set), *[None] * 7)
+        return (
+            _allreduce(grad, average, None, Compression.none, op, prescale_factor, postscale_factor, process_set),
+            *[None] * 7,
+        )
 
 
-def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None, compression: type[Compressor] = Compression.none,
-              op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allreduce(
+    tensor: torch.Tensor,
+    average: Any = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
     """The reduction of `tensor` across all ranks, as a new tensor; `tensor` is left as it is. Differentiable."""
     return _Allreduce.apply(tensor, average, name, compression, op, prescale_factor, postscale_factor, process_set)
 
@@ -106,19 +156,39 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, args: tuple[Any, ...], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         average, name, compression, op, prescale_factor, postscale_factor, process_set = args
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return tuple(_grouped_allreduce(list(tensors), average, name, compression, op, prescale_factor, postscale_factor, process_set))
+        return tuple(
+            _grouped_allreduce(
+                list(tensors), average, name, compression, op, prescale_factor, postscale_factor, process_set
+            )
+        )
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         average, op, prescale_factor, postscale_factor, process_set = ctx.args
-        return (None, *_grouped_allreduce(list(grads), average, None, Compression.none, op, prescale_factor, postscale_factor, process_set))
+        return (
+            None,
+            *_grouped_allreduce(
+                list(grads), average, None, Compression.none, op, prescale_factor, postscale_factor, process_set
+            ),
+        )
 
 
-def grouped_allreduce(tensors: list[torch.Tensor], average: Any = None, name: str | None = None,
-                      compression: type[Compressor] = Compression.none, op: Any = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def grouped_allreduce(
+    tensors: list[torch.Tensor],
+    average: Any = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
     """Every tensor reduced across all ranks (one negotiation, one fused reduction per dtype). Differentiable."""
-    return list(_GroupedAllreduce.apply((average, name, compression, op, prescale_factor, postscale_factor, process_set), *tensors))
+    return list(
+        _GroupedAllreduce.apply(
+            (average, name, compression, op, prescale_factor, postscale_factor, process_set), *tensors
+        )
+    )
 
 
 def _my_rows(grad: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
@@ -140,14 +210,18 @@ class _Allgather(torch.autograd.Function):
         return _my_rows(grad, ctx.rows, ctx.process_set), None, None
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ, as in Horovod). Differentiable."""
     return _Allgather.apply(tensor, name, process_set)
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         ctx.rows, ctx.process_set = [gatherable(t).shape[0] for t in tensors], process_set
         return tuple(_grouped_allgather(list(tensors), name, process_set))
 
@@ -156,13 +230,17 @@ class _GroupedAllgather(torch.autograd.Function):
         return (None, None, *[_my_rows(g, rows, ctx.process_set) for g, rows in zip(grads, ctx.rows)])
 
 
-def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+def grouped_allgather(
+    tensors: list[torch.Tensor], name: str | None = None, process_set: ProcessSet = global_process_set
+) -> list[torch.Tensor]:
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
+    ) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
         return _broadcast(tensor, root_rank, name, process_set)
 
@@ -174,7 +252,9 @@ class _Broadcast(torch.autograd.Function):
         return reduced, None, None, None
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
     """root_rank's value of `tensor`, as a new tensor. Differentiable (the root gets the averaged gradient)."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
@@ -196,8 +276,11 @@ class _Alltoall(torch.autograd.Function):
         return back, None, None, None
 
 
-def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
-    """The gathered slices; with `splits`, also the counts received from each rank (Horovod's two results). Differentiable."""
+def alltoall(
+    tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Any:
+    """The gathered slices; with `splits`, also the counts received from each rank (Horovod's two results).
+    Differentiable."""
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 
@@ -206,7 +289,9 @@ class _GroupedReducescatter(torch.autograd.Function):
     def forward(ctx: Any, args: tuple[Any, ...], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         name, compression, op, process_set, prescale_factor, postscale_factor = args
         ctx.args = (reduce_op(op), process_set, prescale_factor, postscale_factor)
-        return tuple(_grouped_reducescatter(list(tensors), name, compression, op, process_set, prescale_factor, postscale_factor))
+        return tuple(
+            _grouped_reducescatter(list(tensors), name, compression, op, process_set, prescale_factor, postscale_factor)
+        )
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -215,13 +300,28 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None, *_grouped_allgather([g * factor for g in grads], None, process_set))
 
 
-def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: type[Compressor] = Compression.none,
-                          op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+def grouped_reducescatter(
+    tensors: list[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
     """Each tensor reduced across ranks, this rank keeping its part of dim 0. Differentiable."""
-    return list(_GroupedReducescatter.apply((name, compression, op, process_set, prescale_factor, postscale_factor), *tensors))
+    return list(
+        _GroupedReducescatter.apply((name, compression, op, process_set, prescale_factor, postscale_factor), *tensors)
+    )
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none, op: Any = Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
     return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]

@@ -21,12 +21,18 @@ def broadcast_parameters(params: Any, root_rank: int, prefix: str | None = None)
         tensors = [p[1] if isinstance(p, tuple) else p for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params).__name__}")
-    handles = [broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t, root_rank) for t in tensors if isinstance(t, torch.Tensor)]
+    handles = [
+        broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t, root_rank)
+        for t in tensors
+        if isinstance(t, torch.Tensor)
+    ]
     for handle in handles:
         synchronize(handle)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: torch.nn.Module | None = None) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, model: torch.nn.Module | None = None
+) -> None:
     """Make every rank's optimizer state (per-parameter buffers and hyper-parameters) root_rank's.
 
     A fresh optimizer has no state yet; like Horovod, the state is first
@@ -38,10 +44,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if not optimizer.state_dict()["state"]:
         _initialise_state(optimizer)
     state = optimizer.state_dict()
-    tensors = {(pid, key): value for pid, entry in state["state"].items() for key, value in entry.items() if isinstance(value, torch.Tensor)}
+    tensors = {
+        (pid, key): value
+        for pid, entry in state["state"].items()
+        for key, value in entry.items()
+        if isinstance(value, torch.Tensor)
+    }
     scalars = {
         "groups": [{k: v for k, v in group.items() if k != "params"} for group in state["param_groups"]],
-        "state": {pid: {k: v for k, v in entry.items() if not isinstance(v, torch.Tensor)} for pid, entry in state["state"].items()},
+        "state": {
+            pid: {k: v for k, v in entry.items() if not isinstance(v, torch.Tensor)}
+            for pid, entry in state["state"].items()
+        },
     }
     scalars = broadcast_object(scalars, root_rank)
     broadcast_parameters([tensors[key] for key in sorted(tensors, key=str)], root_rank)
@@ -64,10 +78,16 @@ def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
     getattr(optimizer, "local_step", optimizer.step)()
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Any:
     """Send a picklable object from `root_rank` to every rank; returns it everywhere."""
     is_root = int(require_joined()["rank"]) == root_rank
-    payload = torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8) if is_root else torch.empty(0, dtype=torch.uint8)
+    payload = (
+        torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
+        if is_root
+        else torch.empty(0, dtype=torch.uint8)
+    )
     length = torch.tensor([payload.numel()], dtype=torch.int64)
     broadcast_(length, root_rank, process_set=process_set)
     if not is_root:

@@ -28,9 +28,9 @@ from libworker.collectives import finish, launch, waits_on_stream
 from libworker.compression import Compressor, FP16Compressor, NoneCompressor
 from libworker.errors import WorkerInternalError
 from libworker.handles import StepAgreement, agree
-from libworker.signatures import Signature, TensorSpec
 from libworker.process_sets import ProcessSet
 from libworker.reduction import TORCH_OPS, Adasum, Average, Sum
+from libworker.signatures import Signature, TensorSpec
 
 # The first bucket's control element counts joined ranks only if it is summed and arrives exact (a 1 among 0s
 # survives float16; a user's compressor might drop or quantize it away).
@@ -67,8 +67,17 @@ class GradientReducer:
     first bucket without waiting (confirmed in synchronize).
     """
 
-    def __init__(self, params: list[torch.Tensor], layout: list[list[torch.Tensor]], compression: type[Compressor], backward_passes_per_step: int,
-                 op: int, gradient_predivide_factor: float, process_set: ProcessSet, name: str) -> None:
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        layout: list[list[torch.Tensor]],
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: int,
+        gradient_predivide_factor: float,
+        process_set: ProcessSet,
+        name: str,
+    ) -> None:
         self.process_set = process_set
         self.name = name
         self.compression = compression
@@ -94,13 +103,16 @@ class GradientReducer:
         def grad_ready(p: torch.Tensor) -> None:
             self.touched = True
             if self.delay[p] <= 0:
-                raise AssertionError("Gradients were computed more than backward_passes_per_step times before call to step(). "
-                                     "Increase backward_passes_per_step to accumulate gradients locally.")
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally."
+                )
             self.delay[p] -= 1
             if self.delay[p] == 0:
                 bucket.ready += 1
                 if bucket.ready == len(bucket.params) and self.op != Adasum:
                     self._launch_ready_in_order()
+
         return grad_ready
 
     def _layout_signature(self) -> Signature:
@@ -191,7 +203,11 @@ class GradientReducer:
                 result = self.compression.decompress(bucket.sent, bucket.ctx)
                 if bucket.control:
                     joined_ranks = result[-1:]
-                _copy_scaled([p.grad for p in bucket.params], bucket.data_of(result), self.predivide / size if self.op == Average else 1.0)
+                _copy_scaled(
+                    [p.grad for p in bucket.params],
+                    bucket.data_of(result),
+                    self.predivide / size if self.op == Average else 1.0,
+                )
             for p in self.sparse:
                 p.grad = p.grad.to_sparse()
         finally:

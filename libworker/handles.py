@@ -25,9 +25,9 @@ from libworker import negotiation, process_sets
 from libworker.collectives import Started, run_collective, waits_on_stream
 from libworker.errors import WorkerInternalError
 from libworker.negotiation import Controller, Request
-from libworker.signatures import Signature
 from libworker.process_sets import ProcessSet, global_process_set
 from libworker.reduction import Average, Sum, grouped_reduce_started
+from libworker.signatures import Signature
 from libworker.world import require_joined, world
 
 
@@ -50,7 +50,9 @@ def _negotiation(process_set: ProcessSet) -> tuple[Controller, Any]:
     require_joined()
     group = process_sets.group_of(process_set)
     ranks = process_set._ranks()
-    return negotiation.controller(process_sets.registered_id(process_set), group, ranks, functools.partial(_serve, group)), group
+    return negotiation.controller(
+        process_sets.registered_id(process_set), group, ranks, functools.partial(_serve, group)
+    ), group
 
 
 def submit(process_set: ProcessSet, name: str | None, signature: Signature, start: Callable[[Any], Started]) -> int:
@@ -130,7 +132,9 @@ def synchronize(handle: int) -> Any:
     if pending is None:
         return None
     if pending.round != world.round:
-        raise WorkerInternalError(f"handle {handle} belongs to round {pending.round}; the job has re-formed since (round {world.round})")
+        raise WorkerInternalError(
+            f"handle {handle} belongs to round {pending.round}; the job has re-formed since (round {world.round})"
+        )
     if not pending.request.decided:
         pending.controller.wait(pending.request)
     if pending.request.error is not None:
@@ -142,7 +146,10 @@ def synchronize(handle: int) -> Any:
 
 def _serve(group: Any, signature: Signature) -> None:
     """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
-    zeros = [torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device)) for spec in signature.tensors]
+    zeros = [
+        torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device))
+        for spec in signature.tensors
+    ]
     if signature.kind == "optimizer":
         if zeros:
             zeros[0][-1] = 1  # the first bucket's control element: this rank served the step as joined

@@ -135,8 +135,11 @@ class Controller:
 
     def submit(self, request: Request) -> Request:
         if request.name is not None and any(r.name == request.name for r in self.pending):
-            raise ValueError(f"Requested to {request.signature.kind} a tensor with the same name as another tensor that is currently "
-                             f"being processed: {request.name!r}")
+            raise ValueError(
+                f"Requested to {request.signature.kind} a tensor with the same name as another tensor that is "
+                "currently "
+                f"being processed: {request.name!r}"
+            )
         self.pending.append(request)
         return request
 
@@ -195,7 +198,12 @@ class Controller:
         work could not answer a joining rank), once its signature is cached. All of it is the same on every rank.
         A rank that joins meanwhile asks what to serve; the step's data tells every rank (`end_unannounced`).
         None: agree on it as on any operation."""
-        if self.board is None or self.someone_joined or signature.device != "cpu" or self._cached_slot(name, signature) is None:
+        if (
+            self.board is None
+            or self.someone_joined
+            or signature.device != "cpu"
+            or self._cached_slot(name, signature) is None
+        ):
             return None
         self.cycles += 1
         self.waiting_in[self.cycles] = STEP + name
@@ -263,7 +271,9 @@ class Controller:
             self.waiting_in.pop(ahead.operation, None)
         agreed = ahead.flags.tolist()
         if agreed[0] < 0 or agreed[HEADER + ahead.slot] != 1:
-            raise fail("the ranks did not all take the same step: this rank's data was already sent ahead of the agreement")
+            raise fail(
+                "the ranks did not all take the same step: this rank's data was already sent ahead of the agreement"
+            )
 
     def _keyed(self) -> list[tuple[str, Request]]:
         """Pending requests with their keys: the name, or `noname.N` for the N-th unnamed one still pending."""
@@ -291,7 +301,12 @@ class Controller:
                 slots[hit[0]] = 1
             else:
                 uncached = True
-        header = [-int(uncached), int(self.joined), int(not self.joined), -(self._my_rank() + 1) if self.newly_joined else 0]
+        header = [
+            -int(uncached),
+            int(self.joined),
+            int(not self.joined),
+            -(self._my_rank() + 1) if self.newly_joined else 0,
+        ]
         flags = torch.tensor(header + slots, dtype=torch.int32)
         self.waiting_in[self.cycles] = CYCLE
         try:
@@ -308,8 +323,11 @@ class Controller:
         if agreed[0] < 0:
             decisions = self._full_exchange(keyed)
         else:
-            decisions = [_Decision(self.cache_keys[i], self.cache[self.cache_keys[i]][1], None)
-                         for i, flag in enumerate(agreed[HEADER:]) if flag]
+            decisions = [
+                _Decision(self.cache_keys[i], self.cache[self.cache_keys[i]][1], None)
+                for i, flag in enumerate(agreed[HEADER:])
+                if flag
+            ]
         requests = dict(keyed)
         for decision in decisions:
             self._apply(decision, requests.get(decision.key), any_joined)

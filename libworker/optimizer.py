@@ -43,21 +43,32 @@ def _check_names(named_parameters: Any, params: list[torch.Tensor]) -> None:
         return
     named = list(named_parameters)
     if any(not isinstance(item, tuple) for item in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by model.named_parameters()")
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+            "model.named_parameters()"
+        )
     names = [name for name, _ in named]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(duplicates)}")
+        raise ValueError(
+            f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(duplicates)}"
+        )
     unnamed = {id(p) for p in params} - {id(p) for _, p in named}
     if unnamed:
-        raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters were not named")
+        raise ValueError(
+            f"named_parameters was specified, but {len(unnamed)} of the optimizer's parameters were not named"
+        )
 
 
 def _parameter_names(named_parameters: Any, optimizer: torch.optim.Optimizer) -> dict[torch.Tensor, str]:
     """Horovod's `_parameter_names`: each parameter's name, `allreduce.noname.<group>.<index>` when not named."""
     if named_parameters is not None:
         return {p: name for name, p in named_parameters}
-    return {p: f"allreduce.noname.{g}.{i}" for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])}
+    return {
+        p: f"allreduce.noname.{g}.{i}"
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+    }
 
 
 class _DistributedOptimizer:
@@ -90,8 +101,12 @@ class _DistributedOptimizer:
             return self._adasum_step(closure)
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize(). "
-                              "This can cause training slowdown.", stacklevel=2)
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). "
+                    "This can cause training slowdown.",
+                    stacklevel=2,
+                )
             self.synchronize()
         self._synchronized = False
         return super().step(closure)  # type: ignore[misc]
@@ -122,8 +137,10 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._reducer.touched:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-                                 "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+            )
         super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -139,10 +156,18 @@ class _DistributedOptimizer:
         self._reducer.clear()
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None, compression: type[Compressor] = Compression.none,
-                         backward_passes_per_step: int = 1, op: Any = Average, gradient_predivide_factor: float = 1.0,
-                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Any = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that its step() applies gradients reduced across the round, or across `process_set`
     (Horovod's signature)."""
     process_sets.registered_id(process_set)
@@ -163,9 +188,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     layout = explicit_groups(params, groups) if groups is not None else layout_buckets(params, fusion_threshold())
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")})  # not a scheduler's patch
-    wrapped._reducer = GradientReducer(params, layout, compression, backward_passes_per_step, resolved, gradient_predivide_factor,
-                                       process_set, name)
+    wrapped.__dict__.update(
+        {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad")}
+    )  # not a scheduler's patch
+    wrapped._reducer = GradientReducer(
+        params, layout, compression, backward_passes_per_step, resolved, gradient_predivide_factor, process_set, name
+    )
     wrapped._parameter_names = _parameter_names(named_parameters, optimizer)
     wrapped._synchronized = False
     wrapped._should_synchronize = True

@@ -164,7 +164,11 @@ def _agreed_registry(mine: list[tuple[int, list[int]]]) -> list[tuple[int, list[
     if longest == 0:
         return []
     source = size - 1 - source
-    payload = torch.frombuffer(bytearray(msgpack.packb(mine)), dtype=torch.uint8) if rank == source else torch.empty(0, dtype=torch.uint8)
+    payload = (
+        torch.frombuffer(bytearray(msgpack.packb(mine)), dtype=torch.uint8)
+        if rank == source
+        else torch.empty(0, dtype=torch.uint8)
+    )
     length = torch.tensor([payload.numel()], dtype=torch.int64)
     run_collective(lambda: dist.broadcast(length, src=source, async_op=True))
     if rank != source:
@@ -178,7 +182,9 @@ def group_of(process_set: ProcessSet) -> Any:
     if process_set.process_set_id == 0 or process_set is global_process_set:
         return None
     if process_set.process_set_id is None or process_set.process_set_id not in _registry.sets:
-        raise ValueError(f"{process_set} is not registered (add_process_set or init(process_sets=...)), or its ranks left the job")
+        raise ValueError(
+            f"{process_set} is not registered (add_process_set or init(process_sets=...)), or its ranks left the job"
+        )
     if not process_set.ranks:
         raise ValueError(f"none of the ranks of {process_set} is in this round (size {require_joined()['size']})")
     if not process_set.included():

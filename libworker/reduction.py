@@ -22,8 +22,22 @@ from libworker import adasum, wire
 from libworker.collectives import Started, launch, waits_on_stream
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-OP_NAMES = {"mean": Average, "average": Average, "sum": Sum, "adasum": Adasum, "min": Min, "max": Max, "product": Product}
-TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
+OP_NAMES = {
+    "mean": Average,
+    "average": Average,
+    "sum": Sum,
+    "adasum": Adasum,
+    "min": Min,
+    "max": Max,
+    "product": Product,
+}
+TORCH_OPS = {
+    Average: dist.ReduceOp.SUM,
+    Sum: dist.ReduceOp.SUM,
+    Min: dist.ReduceOp.MIN,
+    Max: dist.ReduceOp.MAX,
+    Product: dist.ReduceOp.PRODUCT,
+}
 OP_WORDS = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
 
 
@@ -50,10 +64,14 @@ def reduce_op(op: Any, average: Any = None) -> int:
 
 def check_reducible(tensors: list[torch.Tensor], op: int) -> None:
     if any(t.dtype == torch.bool for t in tensors) and op in (Average, Adasum):
-        raise ValueError("bool tensors reduce with Sum or Max (logical or) and Min or Product (logical and), not Average or Adasum")
+        raise ValueError(
+            "bool tensors reduce with Sum or Max (logical or) and Min or Product (logical and), not Average or Adasum"
+        )
 
 
-def reduce_started(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any) -> Started:
+def reduce_started(
+    tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any
+) -> Started:
     """Reduce tensors in place as one operation; the result is the list of tensors."""
     if op == Adasum:
         for tensor in tensors:
@@ -90,7 +108,9 @@ def _fused(tensors: list[torch.Tensor]) -> tuple[dict[tuple[torch.dtype, torch.d
     return groups, [torch.cat([tensors[i].reshape(-1) for i in members]) for members in groups.values()]
 
 
-def grouped_reduce_started(tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any) -> Started:
+def grouped_reduce_started(
+    tensors: list[torch.Tensor], op: int, prescale_factor: float, postscale_factor: float, group: Any
+) -> Started:
     """One fused buffer per dtype and device, reduced as one operation; results copied back into `tensors`.
     Adasum takes the tensors as they are: its coefficients are per tensor."""
     if op == Adasum or len(tensors) == 1:

@@ -39,7 +39,15 @@ class Signature:
     device: str = "cpu"
 
     def to_wire(self) -> list[Any]:
-        return [self.kind, [[t.dtype, list(t.shape)] for t in self.tensors], self.op, self.root, self.prescale, self.postscale, self.device]
+        return [
+            self.kind,
+            [[t.dtype, list(t.shape)] for t in self.tensors],
+            self.op,
+            self.root,
+            self.prescale,
+            self.postscale,
+            self.device,
+        ]
 
     @classmethod
     def from_wire(cls, wire: list[Any]) -> Signature:
@@ -57,8 +65,10 @@ def _describe(values: dict[int, Any]) -> str:
     groups: dict[str, list[int]] = {}
     for rank, value in sorted(values.items()):
         groups.setdefault(str(value), []).append(rank)
-    return ", ".join(f"rank {ranks[0]} has {value}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} have {value}"
-                     for value, ranks in groups.items())
+    return ", ".join(
+        f"rank {ranks[0]} has {value}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} have {value}"
+        for value, ranks in groups.items()
+    )
 
 
 def mismatch(signatures: dict[int, Signature]) -> str | None:
@@ -72,8 +82,10 @@ def mismatch(signatures: dict[int, Signature]) -> str | None:
         (f"{kind} CPU/GPU device selection", lambda s: s.device),
         (f"{kind} number of tensors", lambda s: len(s.tensors)),
         (f"{kind} data types", lambda s: ", ".join(t.dtype for t in s.tensors)),
-        (f"{kind} tensor shapes" + (" (after the first dimension)" if kind in ("allgather", "alltoall") else ""),
-         lambda s: "; ".join(str(list(t.shape)) for t in s.tensors)),
+        (
+            f"{kind} tensor shapes" + (" (after the first dimension)" if kind in ("allgather", "alltoall") else ""),
+            lambda s: "; ".join(str(list(t.shape)) for t in s.tensors),
+        ),
         (f"{kind} reduction operation", lambda s: OP_LABELS.get(s.op, s.op)),
         (f"{kind} root ranks", lambda s: s.root),
         (f"{kind} prescale and/or postscale factors", lambda s: (s.prescale, s.postscale)),

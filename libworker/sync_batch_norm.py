@@ -7,4 +7,6 @@ from typing import Any
 
 class SyncBatchNorm:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("hvd.SyncBatchNorm is not supported by libworker; use torch.nn.BatchNorm (per-rank statistics)")
+        raise NotImplementedError(
+            "hvd.SyncBatchNorm is not supported by libworker; use torch.nn.BatchNorm (per-rank statistics)"
+        )

@@ -41,13 +41,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from bus.agent_link import AgentLink, worker_pid
 from bus.assignments import SlotInfo, round_environment
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
-from bus.agent_link import AgentLink, worker_pid
 from libworker.errors import WorkerInternalError
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
@@ -140,7 +140,12 @@ def tell_agent_the_script_ended() -> None:
     if world.link is None:
         return
     try:
-        world.link.requests.request("script_ended", {"pid": worker_pid(), "uncaught_exception": hasattr(sys, "last_value")}, timeout=1.0, deadline=2.0)
+        world.link.requests.request(
+            "script_ended",
+            {"pid": worker_pid(), "uncaught_exception": hasattr(sys, "last_value")},
+            timeout=1.0,
+            deadline=2.0,
+        )
     except (Unreachable, ServiceError):
         pass
 
@@ -151,7 +156,9 @@ def _connect() -> AgentLink:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
     orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * world.timing.heartbeat)
-    link = AgentLink(endpoint, os.environ.get(WorkerEnv.HOST, "?"), int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1")), orphan_after)
+    link = AgentLink(
+        endpoint, os.environ.get(WorkerEnv.HOST, "?"), int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1")), orphan_after
+    )
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
     atexit.register(tell_agent_the_script_ended)
@@ -180,12 +187,16 @@ def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
     """The round's TCPStore: rank 0 serves it and publishes its address in the rendezvous key-value store."""
     key = f"{world.slot['prefix']}store"
     if world.slot["rank"] == 0:
-        store = dist.TCPStore(advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(
+            advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False
+        )
         link.requests.request("kv_set", {"key": key}, raw=(f"{advertise_address()}:{store.port}".encode(),))
         return store
     if world.aborted_round >= world.round:
         raise _formation_failed("was aborted before this rank reached its store")
-    address = link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=timeout.total_seconds()).raw[0].decode()
+    address = (
+        link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=timeout.total_seconds()).raw[0].decode()
+    )
     host, port = address.rsplit(":", 1)
     if world.aborted_round >= world.round:
         raise _formation_failed("was aborted before this rank reached its store (its server may be gone)")
@@ -244,7 +255,9 @@ def join() -> None:
     _await_every_rank(store)
     world.backend = devices.backend()
     try:
-        dist.init_process_group(world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout)
+        dist.init_process_group(
+            world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout
+        )
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
@@ -269,7 +282,9 @@ def _await_every_rank(store: dist.Store) -> None:
         if world.aborted_round >= round_number:
             raise _formation_failed(f"aborted while it formed ({arrived} of {size} ranks had arrived)")
         if time.monotonic() > deadline:
-            raise _formation_failed(f"did not form within {world.timing.collective_timeout:g}s ({arrived} of {size} ranks arrived)")
+            raise _formation_failed(
+                f"did not form within {world.timing.collective_timeout:g}s ({arrived} of {size} ranks arrived)"
+            )
         time.sleep(pause)
         pause = min(2 * pause, ARRIVAL_POLL_MAX)
         arrived = _count_arrival(store, 0)
@@ -290,5 +305,7 @@ def _formation_failed(reason: str) -> WorkerInternalError:
 
 def require_joined() -> dict[str, Any]:
     if not world.slot or world.shut_down:
-        raise RuntimeError("call libworker.init() first" if not world.slot else "libworker was shut down: call init() again first")
+        raise RuntimeError(
+            "call libworker.init() first" if not world.slot else "libworker was shut down: call init() again first"
+        )
     return world.slot

@@ -168,11 +168,24 @@ def become_worker(order: dict[str, Any], fds: list[int]) -> None:
 
 
 class _MmMap(ctypes.Structure):
-    """The kernel's struct prctl_mm_map (PR_SET_MM_MAP): where a process's code, data, stack, argv and environment lie."""
+    """The kernel's struct prctl_mm_map (PR_SET_MM_MAP): where a process's code, data, stack, argv and env lie."""
 
-    _fields_ = [(name, ctypes.c_uint64) for name in ("start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
-                                                      "arg_start", "arg_end", "env_start", "env_end")] + [
-        ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "start_code",
+            "end_code",
+            "start_data",
+            "end_data",
+            "start_brk",
+            "brk",
+            "start_stack",
+            "arg_start",
+            "arg_end",
+            "env_start",
+            "env_end",
+        )
+    ] + [("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
 
 
 def show_in_proc(argv: list[str], env: dict[str, str]) -> bool:
@@ -183,12 +196,29 @@ def show_in_proc(argv: list[str], env: dict[str, str]) -> bool:
     libc.sbrk.restype = ctypes.c_void_p
     stat = open("/proc/self/stat", "rb").read().rsplit(b")", 1)[1].split()
     field = lambda number: int(stat[number - 3])  # noqa: E731 -- proc(5) numbers the fields from 1, pid and comm first
-    blocks = [ctypes.create_string_buffer(b"".join(os.fsencode(part) + b"\0" for part in parts))
-              for parts in (argv, [f"{name}={value}" for name, value in env.items()])]
-    (arg_start, arg_end), (env_start, env_end) = [(ctypes.addressof(block), ctypes.addressof(block) + len(block) - 1) for block in blocks]
-    mm_map = _MmMap(start_code=field(26), end_code=field(27), start_data=field(45), end_data=field(46), start_brk=field(47),
-                    brk=libc.sbrk(0), start_stack=field(28), arg_start=arg_start, arg_end=arg_end, env_start=env_start, env_end=env_end,
-                    auxv=None, auxv_size=0, exe_fd=0xFFFFFFFF)
+    blocks = [
+        ctypes.create_string_buffer(b"".join(os.fsencode(part) + b"\0" for part in parts))
+        for parts in (argv, [f"{name}={value}" for name, value in env.items()])
+    ]
+    (arg_start, arg_end), (env_start, env_end) = [
+        (ctypes.addressof(block), ctypes.addressof(block) + len(block) - 1) for block in blocks
+    ]
+    mm_map = _MmMap(
+        start_code=field(26),
+        end_code=field(27),
+        start_data=field(45),
+        end_data=field(46),
+        start_brk=field(47),
+        brk=libc.sbrk(0),
+        start_stack=field(28),
+        arg_start=arg_start,
+        arg_end=arg_end,
+        env_start=env_start,
+        env_end=env_end,
+        auxv=None,
+        auxv_size=0,
+        exe_fd=0xFFFFFFFF,
+    )
     if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm_map), ctypes.sizeof(mm_map), 0) != 0:
         return False
     _SHOWN.extend(blocks)

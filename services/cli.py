@@ -26,12 +26,17 @@ def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> E
         return connect
     check_host(setting, bind_host)
     return Endpoints(
-        **{name: tcp_endpoint(bind_host, addr.rpartition(":")[2]) if addr.startswith("tcp://") else addr for name, addr in vars(connect).items()}
+        **{
+            name: tcp_endpoint(bind_host, addr.rpartition(":")[2]) if addr.startswith("tcp://") else addr
+            for name, addr in vars(connect).items()
+        }
     )
 
 
 def service_command(name: str, factory: Factory, keeps_state: bool = False) -> click.Command:
-    def run(bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None, state_dir: Path | None = None) -> None:
+    def run(
+        bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None, state_dir: Path | None = None
+    ) -> None:
         log = setup_logging(name)
         try:
             timing = Timing.from_env()
@@ -40,7 +45,11 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
             bind_to = bind_endpoints(connect, bind, "ELASTIC_BIND" if from_env else "--bind")
             security = Security(keys_dir=keys, insecure=insecure)
             if metrics_port is not None:
-                metrics.serve("--metrics-port", endpoint_host(getattr(bind_to, name)) or DEFAULT_HOST, metrics.metrics_port("--metrics-port", metrics_port))
+                metrics.serve(
+                    "--metrics-port",
+                    endpoint_host(getattr(bind_to, name)) or DEFAULT_HOST,
+                    metrics.metrics_port("--metrics-port", metrics_port),
+                )
             state = {"state_dir": state_dir or default_run_dir() / "state" / name} if keeps_state else {}
             service = factory(bind_to, connect, timing, security, log, **state)
         except (SecurityError, ValueError, OSError, StoreError) as exc:
@@ -53,16 +62,38 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
         service.serve_forever()
 
     params: list[click.Parameter] = [
-        click.Option(["--bind"], envvar="ELASTIC_BIND", default=None, help="Interface to bind (default: the host of the endpoint)."),
-        click.Option(["--keys"], envvar="ELASTIC_KEYS", type=click.Path(path_type=Path, file_okay=False), default=None, help="CURVE key directory (elasticctl keys generate DIR)."),
-        click.Option(["--insecure"], is_flag=True, envvar="ELASTIC_INSECURE", help="Allow binding beyond loopback without keys."),
-        click.Option(["--metrics-port"], metavar="PORT", default=None, help="Serve Prometheus metrics over HTTP on this port, on the interface the service binds (default: off)."),
+        click.Option(
+            ["--bind"],
+            envvar="ELASTIC_BIND",
+            default=None,
+            help="Interface to bind (default: the host of the endpoint).",
+        ),
+        click.Option(
+            ["--keys"],
+            envvar="ELASTIC_KEYS",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=None,
+            help="CURVE key directory (elasticctl keys generate DIR).",
+        ),
+        click.Option(
+            ["--insecure"], is_flag=True, envvar="ELASTIC_INSECURE", help="Allow binding beyond loopback without keys."
+        ),
+        click.Option(
+            ["--metrics-port"],
+            metavar="PORT",
+            default=None,
+            help="Serve Prometheus metrics over HTTP on this port, on the interface the service binds (default: off).",
+        ),
     ]
     if keeps_state:
         params.append(
             click.Option(
-                ["--state-dir"], envvar="ELASTIC_STATE_DIR", type=click.Path(path_type=Path, file_okay=False), default=None,
-                help=f"Directory of the {name}'s durable state (default: $ELASTIC_RUN_DIR/state/{name}, /tmp/elastic-UID/state/{name}).",
+                ["--state-dir"],
+                envvar="ELASTIC_STATE_DIR",
+                type=click.Path(path_type=Path, file_okay=False),
+                default=None,
+                help=f"Directory of the {name}'s durable state (default: $ELASTIC_RUN_DIR/state/{name}, "
+                f"/tmp/elastic-UID/state/{name}).",
             )
         )
     return click.Command(name, callback=run, params=params, help=f"Run the {name} service.")

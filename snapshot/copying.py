@@ -54,7 +54,9 @@ else:
         _missing = f"stale build: its CHUNK is {_snapcopy.CHUNK}, not {CHUNK}"
         _snapcopy = None
 
-native_copy_checksum: Callable[[Any, Sequence[Source], int, int], int] | None = _snapcopy.copy_checksum if _snapcopy else None
+native_copy_checksum: Callable[[Any, Sequence[Source], int, int], int] | None = (
+    _snapcopy.copy_checksum if _snapcopy else None
+)
 native_checksum: Callable[[Any, int, int], int] | None = _snapcopy.checksum if _snapcopy else None
 
 _lock = threading.Lock()
@@ -111,25 +113,32 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     import torch
 
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        raise ValueError(f"tensor_bytes needs a contiguous CPU tensor, got {tensor.device} contiguous={tensor.is_contiguous()}")
+        raise ValueError(
+            f"tensor_bytes needs a contiguous CPU tensor, got {tensor.device} contiguous={tensor.is_contiguous()}"
+        )
     return memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy())
 
 
 def register_pinned(buffer: Any) -> bool:
-    """Page-lock `buffer` for CUDA so device-to-host copies into it run asynchronously; False without CUDA or on failure."""
+    """Page-lock `buffer` for CUDA so device-to-host copies into it run asynchronously; False without CUDA or on
+    failure."""
     import torch
 
     if not torch.cuda.is_available():
         return False
     data = _array(buffer, writable=False)
-    return data.nbytes > 0 and _cuda_ok(torch.cuda.cudart().cudaHostRegister(data.ctypes.data, data.nbytes, 1))  # 1: cudaHostRegisterPortable
+    return data.nbytes > 0 and _cuda_ok(
+        torch.cuda.cudart().cudaHostRegister(data.ctypes.data, data.nbytes, 1)
+    )  # 1: cudaHostRegisterPortable
 
 
 def unregister_pinned(buffer: Any) -> bool:
     """Undo `register_pinned` (before the buffer is unmapped); False without CUDA or when it was not registered."""
     import torch
 
-    return torch.cuda.is_available() and _cuda_ok(torch.cuda.cudart().cudaHostUnregister(_array(buffer, writable=False).ctypes.data))
+    return torch.cuda.is_available() and _cuda_ok(
+        torch.cuda.cudart().cudaHostUnregister(_array(buffer, writable=False).ctypes.data)
+    )
 
 
 def _cuda_ok(error: Any) -> bool:
@@ -155,7 +164,10 @@ def _native() -> bool:
         if _snapcopy is not None:
             line = "snapshot: native copy disabled by ELASTIC_SNAPSHOT_NATIVE=0, using the pure-Python path"
         else:
-            line = f"snapshot: native copy not built ({_missing}), using the pure-Python path; run scripts/install.sh with a C compiler for faster commits"
+            line = (
+                f"snapshot: native copy not built ({_missing}), using the pure-Python path; run scripts/install.sh "
+                "with a C compiler for faster commits"
+            )
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     return False
@@ -174,12 +186,15 @@ def _check_length(length: int, size: int, name: str) -> None:
 
 
 def _spans(sources: Sequence[Source], length: int) -> list[tuple[int, np.ndarray]]:
-    """The non-empty sources as (offset, bytes), sorted by offset; ValueError when one lies outside [0, length) or two overlap."""
+    """The non-empty sources as (offset, bytes), sorted by offset; ValueError when one lies outside [0, length) or two
+    overlap."""
     spans = []
     for index, (offset, buffer) in enumerate(sources):
         data = _array(buffer, writable=False)
         if not (0 <= offset <= length and data.nbytes <= length - offset):
-            raise ValueError(f"source {index}: bytes [{offset}, {offset} + {data.nbytes}) outside the region of {length} bytes")
+            raise ValueError(
+                f"source {index}: bytes [{offset}, {offset} + {data.nbytes}) outside the region of {length} bytes"
+            )
         if data.nbytes:
             spans.append((offset, data))
     spans.sort(key=lambda span: span[0])

@@ -35,7 +35,9 @@ class Checkpoint:
 
 def checkpoint_files(directory: Path, host: str = "*") -> list[Path]:
     """Every checkpoint file under `directory` (of all hosts, or of `host`), newest commit first."""
-    found = [(int(m.group(1)), path) for path in directory.glob(f"{host}/commit-*.snap") if (m := _NAME.match(path.name))]
+    found = [
+        (int(m.group(1)), path) for path in directory.glob(f"{host}/commit-*.snap") if (m := _NAME.match(path.name))
+    ]
     return [path for _, path in sorted(found, key=lambda cp: -cp[0])]
 
 

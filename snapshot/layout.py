@@ -43,7 +43,16 @@ class SlotHeader:
     written_at: float
 
     def pack(self) -> bytes:
-        fields = FIELDS.pack(MAGIC, self.job.encode()[:32], self.commit, self.payload_length, self.meta_offset, self.meta_length, self.checksum, self.written_at)
+        fields = FIELDS.pack(
+            MAGIC,
+            self.job.encode()[:32],
+            self.commit,
+            self.payload_length,
+            self.meta_offset,
+            self.meta_length,
+            self.checksum,
+            self.written_at,
+        )
         return HEADER.pack(fields, zlib.crc32(fields))
 
     @classmethod
@@ -57,7 +66,9 @@ class SlotHeader:
         magic, job, commit, length, meta_offset, meta_length, checksum, written_at = FIELDS.unpack(fields)
         if magic != MAGIC or meta_offset + meta_length != length:
             return None
-        return cls(job.rstrip(b"\0").decode(errors="replace"), commit, length, meta_offset, meta_length, checksum, written_at)
+        return cls(
+            job.rstrip(b"\0").decode(errors="replace"), commit, length, meta_offset, meta_length, checksum, written_at
+        )
 
     @property
     def file_bytes(self) -> int:

@@ -59,7 +59,9 @@ def lay_out(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
     specs, offset = [], 0
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        specs.append(TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda))
+        specs.append(
+            TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda)
+        )
         offset = _aligned(offset + nbytes)
     return specs, offset
 
@@ -68,7 +70,9 @@ def copy_into(payload: memoryview, copies: list[tuple[torch.Tensor, TensorSpec]]
     """Copy tensors into their places in the payload, without waiting (on CUDA: device to host, asynchronously)."""
     whole = torch.frombuffer(payload, dtype=torch.uint8)
     for tensor, spec in copies:
-        whole[spec.offset : spec.offset + spec.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)
+        whole[spec.offset : spec.offset + spec.nbytes].view(tensor.dtype).view(tensor.shape).copy_(
+            tensor, non_blocking=True
+        )
     del whole
 
 
@@ -90,17 +94,23 @@ class SnapshotWriter:
         length = offset + len(meta)
         index = self._older_slot()
         mapping = self._mapping(index, PAYLOAD_START + length)
-        mapping[: HEADER_BYTES] = INVALID
+        mapping[:HEADER_BYTES] = INVALID
         mapping[PAYLOAD_START + offset : PAYLOAD_START + length] = meta
         with memoryview(mapping) as view, view[PAYLOAD_START : PAYLOAD_START + length] as payload:
             self._copy_from_devices(index, mapping, payload, tensors, specs)
-            sources = [(spec.offset, copying.tensor_bytes(t.contiguous())) for t, spec in zip(tensors, specs) if not spec.cuda and spec.nbytes]
+            sources = [
+                (spec.offset, copying.tensor_bytes(t.contiguous()))
+                for t, spec in zip(tensors, specs)
+                if not spec.cuda and spec.nbytes
+            ]
             checksum = copying.copy_checksum(payload, sources, length)
             del sources
-        mapping[: HEADER_BYTES] = SlotHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
+        mapping[:HEADER_BYTES] = SlotHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
         return length
 
-    def _copy_from_devices(self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[TensorSpec]) -> None:
+    def _copy_from_devices(
+        self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[TensorSpec]
+    ) -> None:
         """CUDA tensors go device-to-host into the slot, asynchronously (pinned when the slot is registered), then
         one synchronize; the checksum that follows covers their bytes too."""
         on_device = [(t, spec) for t, spec in zip(tensors, specs) if spec.cuda and spec.nbytes]
@@ -112,13 +122,15 @@ class SnapshotWriter:
         torch.cuda.synchronize()
 
     def _older_slot(self) -> int:
-        ages = [(header.commit, header.written_at) if (header := self._header(i)) is not None else (0, 0.0) for i in (0, 1)]
+        ages = [
+            (header.commit, header.written_at) if (header := self._header(i)) is not None else (0, 0.0) for i in (0, 1)
+        ]
         return 0 if ages[0] <= ages[1] else 1
 
     def _header(self, index: int) -> SlotHeader | None:
         held = self._maps[index]
         if held is not None:
-            return SlotHeader.parse(held[1][: HEADER_BYTES])
+            return SlotHeader.parse(held[1][:HEADER_BYTES])
         return read_header(self.paths[index])
 
     def _mapping(self, index: int, size: int) -> mmap.mmap:
@@ -132,7 +144,9 @@ class SnapshotWriter:
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
-            raise SnapshotError(f"cannot open the host's snapshot {path}: {exc.strerror} (is the agent running?)") from None
+            raise SnapshotError(
+                f"cannot open the host's snapshot {path}: {exc.strerror} (is the agent running?)"
+            ) from None
         target = max(os.fstat(fd).st_size, -(-(size + size // 8) // _GROWTH) * _GROWTH)
         try:
             os.posix_fallocate(fd, 0, target)
@@ -140,7 +154,8 @@ class SnapshotWriter:
             os.close(fd)
             free = _free_bytes(os.path.dirname(path))
             raise SnapshotError(
-                f"cannot grow snapshot {path} to {target} bytes: {exc.strerror} ({free} bytes free in {os.path.dirname(path)}); "
+                f"cannot grow snapshot {path} to {target} bytes: {exc.strerror} ({free} bytes free in "
+                f"{os.path.dirname(path)}); "
                 "the previous commit's snapshot is intact"
             ) from None
         mapping = mmap.mmap(fd, target)
@@ -190,12 +205,20 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
             return f"truncated: {len(mapping)} bytes, the header says {header.file_bytes}"
         with memoryview(mapping) as view, view[PAYLOAD_START : header.file_bytes] as payload:
             checksum = copying.checksum(payload, header.payload_length)
-            if checksum != header.checksum or SlotHeader.parse(view[: HEADER_BYTES].tobytes()) != header:
+            if checksum != header.checksum or SlotHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
                 return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
             try:
                 meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
                 tensors = [_tensor(payload, TensorSpec(*spec)) for spec in meta["tensors"]]
-            except (pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            except (
+                pickle.UnpicklingError,
+                AttributeError,
+                ImportError,
+                KeyError,
+                TypeError,
+                ValueError,
+                RuntimeError,
+            ) as exc:
                 return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
     return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
 
@@ -207,7 +230,11 @@ def _tensor(payload: memoryview, spec: TensorSpec) -> torch.Tensor:
     if spec.nbytes:
         out.numpy()[:] = np.frombuffer(payload, dtype=np.uint8, count=spec.nbytes, offset=spec.offset)
     tensor = out.view(getattr(torch, spec.dtype)).view(spec.shape)
-    return tensor.to(torch.device("cuda", torch.cuda.current_device())) if spec.cuda and torch.cuda.is_available() else tensor
+    return (
+        tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        if spec.cuda and torch.cuda.is_available()
+        else tensor
+    )
 
 
 def _aligned(offset: int) -> int:

@@ -28,7 +28,12 @@ from bus.sockets import Security
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 # What a process logs for each bad message a peer sends; a failed test's log tail shows what else happened.
-PER_MESSAGE_NOISE = ('"event": "bad_message"', '"event": "request_refused"', '"event": "unknown_type"', '"event": "unexpected_reply"')
+PER_MESSAGE_NOISE = (
+    '"event": "bad_message"',
+    '"event": "request_refused"',
+    '"event": "unknown_type"',
+    '"event": "unexpected_reply"',
+)
 T = TypeVar("T")
 
 FAST_TIMING = {
@@ -92,7 +97,9 @@ def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float 
         except Exception as exc:  # a probe may fail while things start
             last_error = exc
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
+    raise AssertionError(
+        f"timed out after {timeout:g}s waiting for {what}" + (f" (last error: {last_error})" if last_error else "")
+    )
 
 
 def read_events(log_dir: Path) -> list[dict[str, Any]]:
@@ -133,7 +140,9 @@ class Cluster:
             **FAST_TIMING,
             "ELASTIC_RUN_DIR": str(workdir / "run"),
             "ELASTIC_SHM_DIR": str(workdir / "shm"),
-            "TMPDIR": str(workdir / "tmp"),  # what a process keeps in a temporary directory (elasticctl local's logs) goes with the test's
+            "TMPDIR": str(
+                workdir / "tmp"
+            ),  # what a process keeps in a temporary directory (elasticctl local's logs) goes with the test's
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'examples'}",
             **(extra_env or {}),
@@ -150,12 +159,22 @@ class Cluster:
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log_path(name), "ab")
-        process = subprocess.Popen(args, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True, preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            args,
+            env=env or self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
         log.close()
         self.processes[name] = process
         return process
 
-    def start_services(self, extra_args: dict[str, list[str]] | None = None, services: tuple[str, ...] = SERVICES) -> None:
+    def start_services(
+        self, extra_args: dict[str, list[str]] | None = None, services: tuple[str, ...] = SERVICES
+    ) -> None:
         """Start services (all four by default, or restart some that were killed) and wait until each answers."""
         for service in services:
             self.spawn(service, [sys.executable, "-m", f"services.{service}", *(extra_args or {}).get(service, [])])
@@ -163,8 +182,15 @@ class Cluster:
             wait_for(lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
 
     def start_agent(self, host: str, slots: int = 2, extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
-        process = self.spawn(f"agent-{host}", [sys.executable, "-m", "agent.main", "--host", host, "--slots", str(slots), *(extra_args or [])])
-        wait_for(lambda: any(h["host"] == host and h["state"] != "lost" for h in self.call("discovery", "hosts")["all"]), 20, f"agent {host} to register")
+        process = self.spawn(
+            f"agent-{host}",
+            [sys.executable, "-m", "agent.main", "--host", host, "--slots", str(slots), *(extra_args or [])],
+        )
+        wait_for(
+            lambda: any(h["host"] == host and h["state"] != "lost" for h in self.call("discovery", "hosts")["all"]),
+            20,
+            f"agent {host} to register",
+        )
         return process
 
     def client(self, service: str, timeout: float = 2.0) -> Client:
@@ -172,14 +198,25 @@ class Cluster:
         if key not in self._clients:
             keys = self.env.get("ELASTIC_KEYS")
             security = Security(keys_dir=Path(keys) if keys else None)
-            self._clients[key] = Client(getattr(self.endpoints, service), self._client_id, security=security, timeout=timeout, deadline=timeout)
+            self._clients[key] = Client(
+                getattr(self.endpoints, service), self._client_id, security=security, timeout=timeout, deadline=timeout
+            )
         return self._clients[key]
 
-    def call(self, service: str, msg_type: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> dict[str, Any]:
+    def call(
+        self, service: str, msg_type: str, body: dict[str, Any] | None = None, timeout: float = 2.0
+    ) -> dict[str, Any]:
         return self.client(service, timeout).request(msg_type, body or {}).body
 
     def elasticctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "elasticctl.main", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def submit(self, *args: str, name: str = "elasticctl-run") -> subprocess.Popen[bytes]:
         """Start `elasticctl run ARGS` in the background (its output goes to a log file)."""
@@ -242,7 +279,9 @@ class Cluster:
         """The last 40 lines of each process's log, leaving out the lines logged for each bad message a peer sent."""
         parts = []
         for name in self.processes:
-            lines = [line for line in self.output(name).splitlines() if not any(noise in line for noise in PER_MESSAGE_NOISE)]
+            lines = [
+                line for line in self.output(name).splitlines() if not any(noise in line for noise in PER_MESSAGE_NOISE)
+            ]
             parts.append(f"----- {name} (last 40 lines, bad-message lines left out) -----\n" + "\n".join(lines[-40:]))
         return "\n".join(parts)
 

@@ -20,8 +20,17 @@ def _rank_main(func: Callable[..., Any], rank: int, size: int, port: int, args: 
     from libworker.world import world
 
     try:
-        world.slot = {"rank": rank, "size": size, "local_rank": rank, "local_size": size, "cross_rank": 0, "cross_size": 1,
-                      "round": 1, "hosts_timestamp": 0.0, "hostname": "h"}
+        world.slot = {
+            "rank": rank,
+            "size": size,
+            "local_rank": rank,
+            "local_size": size,
+            "cross_rank": 0,
+            "cross_size": 1,
+            "round": 1,
+            "hosts_timestamp": 0.0,
+            "hostname": "h",
+        }
         world.round, world.backend = 1, "gloo"
         store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=30))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=30))
@@ -48,7 +57,9 @@ def run_ranks(size: int, func: Callable[..., Any], *args: Any, timeout: float = 
     context = _context()
     results = context.Queue()
     port = free_ports(1)[0]
-    processes = [context.Process(target=_rank_main, args=(func, rank, size, port, args, results)) for rank in range(size)]
+    processes = [
+        context.Process(target=_rank_main, args=(func, rank, size, port, args, results)) for rank in range(size)
+    ]
     for process in processes:
         process.start()
     try:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bus.contract import WorkerEnv
 from bus.agent_link import say
+from bus.contract import WorkerEnv
 from libworker.world import world
 from snapshot.durable import checkpoint_files
 from snapshot.layout import newest_header, slot_paths
@@ -74,7 +74,11 @@ def restorable() -> Snapshot | None:
     for paths, job in sources if durable_first else reversed(sources):
         found = read_newest(paths, job, _rejected) if paths else None
         if found is not None:
-            say(f"resuming from checkpoint {found.path} (commit {found.commit})" if job is None else f"restored commit {found.commit} from this host's snapshot {found.path}")
+            say(
+                f"resuming from checkpoint {found.path} (commit {found.commit})"
+                if job is None
+                else f"restored commit {found.commit} from this host's snapshot {found.path}"
+            )
             return found
     return None
 

@@ -94,7 +94,8 @@ class State:
             if timestamp > seen_since:
                 newest, update = max(newest, timestamp), update | kind
         agreed = allreduce_(
-            torch.tensor([newest, float(update & HOST_ADDED), float(bool(update & HOST_REMOVED))], dtype=torch.float64), op=Max
+            torch.tensor([newest, float(update & HOST_ADDED), float(bool(update & HOST_REMOVED))], dtype=torch.float64),
+            op=Max,
         )
         if agreed[0].item() > seen_since:
             self._last_updated_timestamp = agreed[0].item()
@@ -129,11 +130,16 @@ def _refuse_library_names(state: State, names: Iterable[str]) -> None:
     library = [vars(cls) for cls in type(state).__mro__ if cls.__module__ == __name__]
     for name in names:
         if name.startswith("_"):
-            raise ValueError(f"{kind}({name}=...): names starting with '_' are reserved for {kind}'s own bookkeeping; pick another name for your state attribute")
+            raise ValueError(
+                f"{kind}({name}=...): names starting with '_' are reserved for {kind}'s own bookkeeping; pick "
+                "another name for your state attribute"
+            )
         owner = next((attrs for attrs in library if name in attrs), None)
         if owner is not None:
             what = "a method" if callable(owner[name]) else "an attribute"
-            raise ValueError(f"{kind}({name}=...): {name!r} is {what} of {kind}; pick another name for your state attribute")
+            raise ValueError(
+                f"{kind}({name}=...): {name!r} is {what} of {kind}; pick another name for your state attribute"
+            )
 
 
 class ObjectState(State):
@@ -218,7 +224,9 @@ class TorchState(ObjectState):
     `TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, batch=0)`. Keywords as for ObjectState.
     """
 
-    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs: Any
+    ) -> None:
         _refuse_library_names(self, kwargs)
         stateful = {"model": model, "optimizer": optimizer}
         stateful.update({k: v for k, v in kwargs.items() if hasattr(v, "state_dict") and hasattr(v, "load_state_dict")})
@@ -256,7 +264,9 @@ class TorchState(ObjectState):
     def _restore_from_host_snapshot(self) -> None:
         found = snapshots.host_snapshot()
         if found is None:
-            raise RuntimeError("the committed state is lost: this process kept it only in the host's snapshot, which is gone")
+            raise RuntimeError(
+                "the committed state is lost: this process kept it only in the host's snapshot, which is gone"
+            )
         self._load_tree(found.tree, found.commit)
         for handler in self._handlers.values():
             handler.saved = None

@@ -82,7 +82,10 @@ def broadcast_tree(tree: Any, root_rank: int, buffer_bytes: int = BUFFER_BYTES) 
     if is_root:
         _send_all(_packed_buffers(groups, specs, tensors, buffer_bytes), root_rank)
         return tree
-    flats = [torch.empty(group.nbytes // group.dtype.itemsize, dtype=group.dtype, device=_device(group.cuda)) for group in groups]
+    flats = [
+        torch.empty(group.nbytes // group.dtype.itemsize, dtype=group.dtype, device=_device(group.cuda))
+        for group in groups
+    ]
     _send_all(_receiving_buffers(flats, buffer_bytes), root_rank)
     return join(skeleton, _views(groups, flats, specs))
 
@@ -116,7 +119,9 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
 
 
-def _packed_buffers(groups: list[_Group], specs: list[TensorSpec], tensors: list[torch.Tensor], buffer_bytes: int) -> Iterator[torch.Tensor]:
+def _packed_buffers(
+    groups: list[_Group], specs: list[TensorSpec], tensors: list[torch.Tensor], buffer_bytes: int
+) -> Iterator[torch.Tensor]:
     """The root's buffers, each filled from the tensors it covers when the transfer asks for it."""
     for group in groups:
         device = _device(group.cuda)

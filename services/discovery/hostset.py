@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SlotIds = tuple[int, ...]
-ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = "active", "lost", "draining", "blacklisted", "unlisted", "warming"
+ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = (
+    "active",
+    "lost",
+    "draining",
+    "blacklisted",
+    "unlisted",
+    "warming",
+)
 
 
 @dataclass
@@ -103,11 +110,22 @@ class HostSet:
             heapq.heappush(self._cooldowns, (record.blacklisted_until, record.name))
 
     # -- agents --------------------------------------------------------------------------------
-    def register(self, name: str, slots: int, incarnation: str, now: float, warm: bool = True, down: Sequence[int] = (), down_version: int = 0) -> None:
+    def register(
+        self,
+        name: str,
+        slots: int,
+        incarnation: str,
+        now: float,
+        warm: bool = True,
+        down: Sequence[int] = (),
+        down_version: int = 0,
+    ) -> None:
         record = self.hosts.get(name)
         self._heard(name)
         if record is None:
-            record = self.hosts[name] = HostRecord(name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version)
+            record = self.hosts[name] = HostRecord(
+                name, slots, incarnation, now, warm=warm, down=frozenset(down), down_version=down_version
+            )
             mark = self.pending_marks.pop(name, None)
             if mark is not None:
                 mark.apply(record)
@@ -115,7 +133,13 @@ class HostSet:
             return
         if record.incarnation != incarnation:
             record.down_version = -1
-        record.slots, record.incarnation, record.last_seen, record.lost_at, record.warm = slots, incarnation, now, None, warm
+        record.slots, record.incarnation, record.last_seen, record.lost_at, record.warm = (
+            slots,
+            incarnation,
+            now,
+            None,
+            warm,
+        )
         self.set_down(name, incarnation, down, down_version)
 
     def set_down(self, name: str, incarnation: str, down: Sequence[int], version: int) -> str:
@@ -240,14 +264,19 @@ class HostSet:
         """Available hosts with the ids of their usable slots, in assignment order; updates the order."""
         ready = {r.name: self._usable(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._usable(r)}
         placed = set(self.order)
-        self.order = [name for name in self.order if name in ready or name in self.held_places] + [name for name in ready if name not in placed]
+        self.order = [name for name in self.order if name in ready or name in self.held_places] + [
+            name for name in ready if name not in placed
+        ]
         return [(name, ready[name]) for name in self.order if name in ready]
 
     def describe(self, now: float, records: Sequence[HostRecord] | None = None) -> list[dict[str, Any]]:
         """A row per host (or per record of `records`), in assignment order."""
         position = {name: i for i, name in enumerate(self.order)}
         rows = []
-        for record in sorted(self.hosts.values() if records is None else records, key=lambda r: (position.get(r.name, len(position)), r.name)):
+        for record in sorted(
+            self.hosts.values() if records is None else records,
+            key=lambda r: (position.get(r.name, len(position)), r.name),
+        ):
             rows.append(
                 {
                     "host": record.name,
@@ -290,7 +319,9 @@ def effective(hosts: Sequence[tuple[str, int | Sequence[int]]], max_np: int | No
     return used
 
 
-def compare(before: Sequence[tuple[str, int | Sequence[int]]], after: Sequence[tuple[str, int | Sequence[int]]]) -> HostsChange | None:
+def compare(
+    before: Sequence[tuple[str, int | Sequence[int]]], after: Sequence[tuple[str, int | Sequence[int]]]
+) -> HostsChange | None:
     """Horovod's check_update, per slot: a host or slot gone is a removal, a new host or slot an addition."""
     old = {name: set(slot_ids(slots)) for name, slots in before}
     new = {name: set(slot_ids(slots)) for name, slots in after}
@@ -310,7 +341,9 @@ class HostsDiff:
     remove: list[str]
 
 
-def hosts_diff(before: Sequence[tuple[str, Sequence[int]]], after: Sequence[tuple[str, Sequence[int]]]) -> HostsDiff | None:
+def hosts_diff(
+    before: Sequence[tuple[str, Sequence[int]]], after: Sequence[tuple[str, Sequence[int]]]
+) -> HostsDiff | None:
     """The diff from `before` to `after`, or None when applying it cannot give `after`'s order (a host that left
     and came back between the two moved to the end): then only the whole list says it."""
     old = {name: tuple(slots) for name, slots in before}

@@ -45,7 +45,9 @@ class DiscoveryScript:
         self._proc = None
         out, err = proc.communicate()
         if proc.returncode != 0:
-            self._log.warning("discovery_script_failed", script=self.path, exit_code=proc.returncode, stderr=err.strip()[-500:])
+            self._log.warning(
+                "discovery_script_failed", script=self.path, exit_code=proc.returncode, stderr=err.strip()[-500:]
+            )
             return None
         try:
             return parse_script_output(out)

@@ -1,27 +1,19 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
-Messages:
-  register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}   an agent (re)starts;
-                                           warm=False while its workers start
-  heartbeat {host, incarnation, warm, snapshot, checkpoint, fork_server}      -> {status: ok | unknown | lost}
-                                           snapshot {commit, bytes, written_at}: the host's snapshot;
-                                           checkpoint {commit, bytes, written_at, path}: its last durable copy;
-                                           fork_server {state: ready | starting | unavailable | off, reason}
-  slots {host, incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet
-  unregister {host, incarnation}           an agent leaves cleanly
-  hosts                                    -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]],
-                                              all: [...], lost: [names]}   published: the host list the last
-                                              hosts_updated (`version`) announced
-  hosts {brief: true}                      -> the same without published and all, with agents {name: incarnation}
-                                              (live hosts) and marked: the rows of all for hosts drained or
-                                              blacklisted (the registry's every tick, small at any size)
-  drain {host} / undrain {host}            operator
-  blacklist {host, reason}                 registry, after a failure on the host
-  configure {discovery_script, max_np, cooldown}   registry, when a job is submitted -> {incarnation}
-  restore {discovery_script, max_np, cooldown, marks, expected}   registry, to a discovery that restarted
-                                           during a job: marks {host: {draining, blacklisted, until (wall-clock
-                                           seconds, or null: for good), count, reason}}; expected [[host, [slot ids]]]:
-                                           the hosts of the job's current round
+Messages: register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}   an agent
+(re)starts; warm=False while its workers start heartbeat {host, incarnation, warm, snapshot, checkpoint, fork_server}
+-> {status: ok | unknown | lost} snapshot {commit, bytes, written_at}: the host's snapshot; checkpoint {commit, bytes,
+written_at, path}: its last durable copy; fork_server {state: ready | starting | unavailable | off, reason} slots {host,
+incarnation, down, down_version} -> {status}   the agent's slots whose worker crashed and is not back yet unregister
+{host, incarnation}           an agent leaves cleanly hosts                                    -> {incarnation,
+settling, version, timestamp, published, available: [[name, [slot ids]]], all: [...], lost: [names]}   published: the
+host list the last hosts_updated (`version`) announced hosts {brief: true}                      -> the same without
+published and all, with agents {name: incarnation} (live hosts) and marked: the rows of all for hosts drained or
+blacklisted (the registry's every tick, small at any size) drain {host} / undrain {host}            operator blacklist
+{host, reason}                 registry, after a failure on the host configure {discovery_script, max_np, cooldown}
+registry, when a job is submitted -> {incarnation} restore {discovery_script, max_np, cooldown, marks, expected}
+registry, to a discovery that restarted during a job: marks {host: {draining, blacklisted, until (wall-clock seconds, or
+null: for good), count, reason}}; expected [[host, [slot ids]]]: the hosts of the job's current round
 
 A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery
 itself was stalled (stopped, starved) for half that long, nobody's silence
@@ -64,10 +56,20 @@ from bus.config import Timing
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
 from services.discovery.hostset import (
-    ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING, HostSet, Mark, compare, effective, hosts_diff, slot_ids,
+    ACTIVE,
+    BLACKLISTED,
+    DRAINING,
+    LOST,
+    UNLISTED,
+    WARMING,
+    HostSet,
+    Mark,
+    compare,
+    effective,
+    hosts_diff,
+    slot_ids,
 )
 from services.discovery.script import DiscoveryScript
-
 
 MAX_PATH = 4096
 MAX_REASON = 500
@@ -77,7 +79,11 @@ METRICS_INTERVAL = 1.0
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
 LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
 HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
-HEARTBEATS = Counter("elastic_discovery_heartbeats", "Agent heartbeats received, by answer: ok, unknown (register again), lost.", ["status"])
+HEARTBEATS = Counter(
+    "elastic_discovery_heartbeats",
+    "Agent heartbeats received, by answer: ok, unknown (register again), lost.",
+    ["status"],
+)
 
 
 class DiscoveryService(Service):
@@ -110,7 +116,15 @@ class DiscoveryService(Service):
         if slots < 1:
             raise RequestError("bad_request", "slots must be at least 1")
         down, version = self._down(request) if "down" in request.body else ((), 0)
-        self.hostset.register(host, slots, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request), down=down, down_version=version)
+        self.hostset.register(
+            host,
+            slots,
+            field(request.body, "incarnation", str),
+            self.clock(),
+            warm=self._warm(request),
+            down=down,
+            down_version=version,
+        )
         self.hostset.hosts[host].snapshots = self._snapshots(request)
         self.hostset.hosts[host].fork_server = self._fork_server(request)
         self.log.info("host_registered", host=host, slots=slots, down=list(down))
@@ -130,7 +144,9 @@ class DiscoveryService(Service):
     @staticmethod
     def _down(request: Request) -> tuple[list[int], int]:
         down = request.body.get("down")
-        if not isinstance(down, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in down):
+        if not isinstance(down, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in down
+        ):
             raise RequestError("bad_request", "field 'down' must be a list of slot numbers")
         return down, field(request.body, "down_version", int)
 
@@ -139,7 +155,9 @@ class DiscoveryService(Service):
         host = field(request.body, "host", str)
         was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
         snapshots, fork_server = self._snapshots(request), self._fork_server(request)
-        status = self.hostset.heartbeat(host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request))
+        status = self.hostset.heartbeat(
+            host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request)
+        )
         HEARTBEATS.labels(status).inc()
         if status == "ok":
             self.hostset.hosts[host].snapshots = snapshots
@@ -159,14 +177,24 @@ class DiscoveryService(Service):
                 continue
             if not isinstance(report, dict):
                 raise RequestError("bad_request", f"field {kind!r} must be a map")
-            commit, size, written_at, path = report.get("commit"), report.get("bytes"), report.get("written_at"), report.get("path", "")
+            commit, size, written_at, path = (
+                report.get("commit"),
+                report.get("bytes"),
+                report.get("written_at"),
+                report.get("path", ""),
+            )
             if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (commit, size)):
                 raise RequestError("bad_request", f"{kind}.commit and {kind}.bytes must be integers >= 0")
             if not isinstance(written_at, (int, float)) or isinstance(written_at, bool):
                 raise RequestError("bad_request", f"{kind}.written_at must be a time in seconds")
             if not isinstance(path, str) or len(path) > MAX_PATH:
                 raise RequestError("bad_request", f"{kind}.path must be a path of at most {MAX_PATH} characters")
-            found[kind] = {"commit": commit, "bytes": size, "written_at": float(written_at), **({"path": path} if path else {})}
+            found[kind] = {
+                "commit": commit,
+                "bytes": size,
+                "written_at": float(written_at),
+                **({"path": path} if path else {}),
+            }
         return found
 
     @staticmethod
@@ -175,8 +203,15 @@ class DiscoveryService(Service):
         report = request.body.get("fork_server")
         if report is None:
             return None
-        if not isinstance(report, dict) or report.get("state") not in FORK_SERVER_STATES or not isinstance(report.get("reason", ""), str):
-            raise RequestError("bad_request", f"field 'fork_server' must be a map with a state of {', '.join(FORK_SERVER_STATES)} and a reason")
+        if (
+            not isinstance(report, dict)
+            or report.get("state") not in FORK_SERVER_STATES
+            or not isinstance(report.get("reason", ""), str)
+        ):
+            raise RequestError(
+                "bad_request",
+                f"field 'fork_server' must be a map with a state of {', '.join(FORK_SERVER_STATES)} and a reason",
+            )
         return {"state": report["state"], "reason": report.get("reason", "")[:MAX_REASON]}
 
     @staticmethod
@@ -224,7 +259,9 @@ class DiscoveryService(Service):
         differs from the round's host set (or, never restored, nothing) is news."""
         self.settle_until = None
         missing = self.hostset.record_missing(self.expected or [], now)
-        self._set_published(list(self.expected) if self.expected is not None else effective(self.hostset.available(), self.max_np))
+        self._set_published(
+            list(self.expected) if self.expected is not None else effective(self.hostset.available(), self.max_np)
+        )
         self.log.info("settled", hosts=len(self.hostset.hosts), missing=missing, restored=self.expected is not None)
         self._changed()
 
@@ -244,14 +281,22 @@ class DiscoveryService(Service):
         if request.body.get("brief") is True:
             records = self.hostset.hosts.values()
             reply["agents"] = {r.name: r.incarnation for r in records if r.lost_at is None}
-            reply["marked"] = self.hostset.describe(self.clock(), [r for r in records if r.draining or r.blacklist_count or r.blacklisted_until is not None])
+            reply["marked"] = self.hostset.describe(
+                self.clock(), [r for r in records if r.draining or r.blacklist_count or r.blacklisted_until is not None]
+            )
             return reply
-        return {**reply, "published": [[name, list(slots)] for name, slots in self.published], "all": self.hostset.describe(self.clock())}
+        return {
+            **reply,
+            "published": [[name, list(slots)] for name, slots in self.published],
+            "all": self.hostset.describe(self.clock()),
+        }
 
     def _known(self, request: Request) -> str:
         host = field(request.body, "host", str)
         if host not in self.hostset.hosts:
-            raise RequestError("unknown_host", f"unknown host {host!r}; known: {', '.join(sorted(self.hostset.hosts)) or 'none'}")
+            raise RequestError(
+                "unknown_host", f"unknown host {host!r}; known: {', '.join(sorted(self.hostset.hosts)) or 'none'}"
+            )
         return host
 
     @handles("drain")
@@ -273,7 +318,9 @@ class DiscoveryService(Service):
     def on_blacklist(self, request: Request) -> dict[str, Any]:
         host = self._known(request)
         until = self.hostset.blacklist(host, self.clock(), str(request.body.get("reason", "")))
-        self.log.warning("host_blacklisted", host=host, cooldown=None if until is None else round(until - self.clock(), 3))
+        self.log.warning(
+            "host_blacklisted", host=host, cooldown=None if until is None else round(until - self.clock(), 3)
+        )
         self._changed()
         return {"host": host, "cooldown": None if until is None else until - self.clock()}
 
@@ -295,7 +342,12 @@ class DiscoveryService(Service):
         self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
         self._read_script(wait=True)
-        self.log.info("restored", marks=sorted(marks), expected=[name for name, _ in expected], settling=self.settle_until is not None)
+        self.log.info(
+            "restored",
+            marks=sorted(marks),
+            expected=[name for name, _ in expected],
+            settling=self.settle_until is not None,
+        )
         if self.settle_until is None:
             missing = self.hostset.record_missing(expected, self.clock())
             self.log.info("restored_after_settling", missing=missing)
@@ -308,7 +360,9 @@ class DiscoveryService(Service):
             raise RequestError("bad_request", "max_np must be an integer or null")
         if script is not None and not isinstance(script, str):
             raise RequestError("bad_request", "discovery_script must be a path or null")
-        if cooldown is not None and not (isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)):
+        if cooldown is not None and not (
+            isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)
+        ):
             raise RequestError("bad_request", "cooldown must be [min, max] seconds or null")
         self.max_np, self.script.path = max_np, script
         self.hostset.cooldown_range = None if cooldown is None else (float(cooldown[0]), float(cooldown[1]))
@@ -322,11 +376,17 @@ class DiscoveryService(Service):
         for host, mark in raw.items():
             until = mark.get("until") if isinstance(mark, dict) else None
             if not (
-                isinstance(host, str) and isinstance(mark, dict) and isinstance(mark.get("draining"), bool) and isinstance(mark.get("blacklisted"), bool)
-                and isinstance(mark.get("count"), int) and isinstance(mark.get("reason"), str)
+                isinstance(host, str)
+                and isinstance(mark, dict)
+                and isinstance(mark.get("draining"), bool)
+                and isinstance(mark.get("blacklisted"), bool)
+                and isinstance(mark.get("count"), int)
+                and isinstance(mark.get("reason"), str)
                 and (until is None or isinstance(until, (int, float)) and not isinstance(until, bool))
             ):
-                raise RequestError("bad_request", f"bad mark for {host!r}: want {{draining, blacklisted, until, count, reason}}")
+                raise RequestError(
+                    "bad_request", f"bad mark for {host!r}: want {{draining, blacklisted, until, count, reason}}"
+                )
             local_until = float("inf") if until is None else self.clock() + (until - time.time())
             marks[host] = Mark(mark["draining"], mark["blacklisted"], local_until, mark["count"], mark["reason"])
         return marks
@@ -334,7 +394,10 @@ class DiscoveryService(Service):
     @staticmethod
     def _expected(raw: Any) -> list[tuple[str, tuple[int, ...]]]:
         if not isinstance(raw, list) or not all(
-            isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], list)
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list)
             and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in item[1])
             for item in raw
         ):
@@ -374,14 +437,25 @@ class DiscoveryService(Service):
         self.timestamp = max(time.time(), self.timestamp + 1e-6)
         self.version += 1
         self.published = now_used
-        event: dict[str, Any] = {"timestamp": self.timestamp, "version": self.version, "added": change.added, "removed": change.removed}
+        event: dict[str, Any] = {
+            "timestamp": self.timestamp,
+            "version": self.version,
+            "added": change.added,
+            "removed": change.removed,
+        }
         if diff is None:
             event["hosts"] = [[name, list(slots)] for name, slots in now_used]
         else:
             event["set"], event["remove"] = [[name, list(slots)] for name, slots in diff.set], diff.remove
         self.log.info(
-            "hosts_updated", version=self.version, added=change.added, removed=change.removed, hosts=len(now_used), whole=diff is None,
-            set=[name for name, _ in diff.set[:LOGGED_HOSTS]] if diff else None, remove=diff.remove[:LOGGED_HOSTS] if diff else None,
+            "hosts_updated",
+            version=self.version,
+            added=change.added,
+            removed=change.removed,
+            hosts=len(now_used),
+            whole=diff is None,
+            set=[name for name, _ in diff.set[:LOGGED_HOSTS]] if diff else None,
+            remove=diff.remove[:LOGGED_HOSTS] if diff else None,
         )
         self.outbox.put("hosts_updated", event)
         self.outbox.flush()

@@ -75,7 +75,9 @@ class History:
 class NotifierService(Service):
     name = "notifier"
 
-    def __init__(self, endpoint: str, events_endpoint: str, *, heartbeat: float = 1.0, security: Security = Security(), **kw: Any) -> None:
+    def __init__(
+        self, endpoint: str, events_endpoint: str, *, heartbeat: float = 1.0, security: Security = Security(), **kw: Any
+    ) -> None:
         super().__init__(endpoint, security=security, **kw)
         self.incarnation = uuid.uuid4().hex
         self.seq = 0
@@ -87,7 +89,13 @@ class NotifierService(Service):
         self.every(heartbeat, self._heartbeat)
 
     def _bind_events(self) -> zmq.Socket:
-        sock = server_socket(self.events_ctx, zmq.XPUB, self.events_endpoint, self.security, options={zmq.MAXMSGSIZE: EVENTS_MAX_FRAME_BYTES})
+        sock = server_socket(
+            self.events_ctx,
+            zmq.XPUB,
+            self.events_endpoint,
+            self.security,
+            options={zmq.MAXMSGSIZE: EVENTS_MAX_FRAME_BYTES},
+        )
         self.watch(sock, self._on_subscription)
         return sock
 
@@ -117,7 +125,9 @@ class NotifierService(Service):
             self._rebind_events()
 
     def _heartbeat(self) -> None:
-        self.events.send_multipart(event_frames(HEARTBEAT, {"seq": self.seq, "incarnation": self.incarnation}, self.name))
+        self.events.send_multipart(
+            event_frames(HEARTBEAT, {"seq": self.seq, "incarnation": self.incarnation}, self.name)
+        )
 
     @handles("publish")
     def on_publish(self, request: Request) -> dict[str, Any]:
@@ -128,7 +138,9 @@ class NotifierService(Service):
         frames = event_frames(event, body, self.name)
         size = sum(len(f) for f in frames)
         if size > MAX_EVENT_BYTES:
-            raise LimitExceeded("too_large", f"event {event[:64]!r} of {size} bytes exceeds the notifier's {MAX_EVENT_BYTES}")
+            raise LimitExceeded(
+                "too_large", f"event {event[:64]!r} of {size} bytes exceeds the notifier's {MAX_EVENT_BYTES}"
+            )
         self.seq += 1
         self.history.append(event, body, size)
         self.events.send_multipart(frames)

@@ -5,7 +5,9 @@ from services.registry.service import RegistryService
 
 main = service_command(
     "registry",
-    lambda bind, connect, timing, security, log, state_dir: RegistryService(bind.registry, connect, timing, state_dir, security=security, log=log),
+    lambda bind, connect, timing, security, log, state_dir: RegistryService(
+        bind.registry, connect, timing, state_dir, security=security, log=log
+    ),
     keeps_state=True,
 )
 

@@ -40,8 +40,14 @@ class Decision:
     resume_from: int = 0
 
 
-def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | None, newest_snapshot: int = 0, resumed_from: int = 0,
-           torchrun: bool = False) -> Decision:
+def decide(
+    reports: Mapping[Slot, SlotReport],
+    resets: int,
+    reset_limit: int | None,
+    newest_snapshot: int = 0,
+    resumed_from: int = 0,
+    torchrun: bool = False,
+) -> Decision:
     """`newest_snapshot`: the newest commit held in a live host's snapshot (0: none); `resumed_from`: the commit the
     job last resumed from after every worker failed (0: never). `torchrun`: the job runs in torchrun mode, where
     `resets` counts the restarts after a failure only and the reset limit bounds those alone, and where every
@@ -62,7 +68,12 @@ def decide(reports: Mapping[Slot, SlotReport], resets: int, reset_limit: int | N
         return Decision("fail", f"reset limit {reset_limit} reached after {resets} reset(s){why}", exit_code=exit_code)
     blacklist = sorted({slot[0] for slot, r in failures.items() if not r.host_stays})
     if all_failed and not torchrun:
-        return Decision("resume", f"every worker failed; resuming from the snapshot of commit {newest_snapshot}: {details}", blacklist=blacklist, resume_from=newest_snapshot)
+        return Decision(
+            "resume",
+            f"every worker failed; resuming from the snapshot of commit {newest_snapshot}: {details}",
+            blacklist=blacklist,
+            resume_from=newest_snapshot,
+        )
     return Decision("resume", details, blacklist=blacklist)
 
 

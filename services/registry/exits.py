@@ -38,8 +38,12 @@ class WorkerExit:
         slot = (field(body, "host", str), field(body, "local_rank", int))
         gave_up, commit = body.get("gave_up"), body.get("snapshot_commit")
         return cls(
-            slot=slot, pid=field(body, "pid", int), exit_code=body.get("exit_code"), restarting=body.get("restarting") is True,
-            gave_up=gave_up if isinstance(gave_up, str) and gave_up else None, after_script_end=body.get("after_script_end") is True,
+            slot=slot,
+            pid=field(body, "pid", int),
+            exit_code=body.get("exit_code"),
+            restarting=body.get("restarting") is True,
+            gave_up=gave_up if isinstance(gave_up, str) and gave_up else None,
+            after_script_end=body.get("after_script_end") is True,
             snapshot_commit=commit if isinstance(commit, int) and not isinstance(commit, bool) and commit > 0 else 0,
         )
 

@@ -17,7 +17,11 @@ from services.registry.jobspec import JobSpec
 
 def discovery_settings(spec: JobSpec) -> dict[str, Any]:
     """What discovery is told of a job, at its submission and when a restarted discovery is restored."""
-    return {"max_np": spec.max_np, "discovery_script": spec.discovery_script, "cooldown": list(spec.cooldown) if spec.cooldown else None}
+    return {
+        "max_np": spec.max_np,
+        "discovery_script": spec.discovery_script,
+        "cooldown": list(spec.cooldown) if spec.cooldown else None,
+    }
 
 
 def available_slots(hosts: dict[str, Any]) -> int:
@@ -61,10 +65,17 @@ def host_marks(hosts: dict[str, Any], known: dict[str, dict[str, Any]], wall_now
         before = known.get(row["host"], {})
         until = None
         if row.get("blacklisted") and row.get("cooldown_left") is not None:
-            same = before.get("blacklisted") and before.get("count") == row.get("blacklist_count") and before.get("until") is not None
+            same = (
+                before.get("blacklisted")
+                and before.get("count") == row.get("blacklist_count")
+                and before.get("until") is not None
+            )
             until = before["until"] if same else round(wall_now + row["cooldown_left"], 3)
         marks[row["host"]] = {
-            "draining": bool(row.get("draining")), "blacklisted": bool(row.get("blacklisted")), "until": until,
-            "count": int(row.get("blacklist_count") or 0), "reason": str(row.get("blacklist_reason") or ""),
+            "draining": bool(row.get("draining")),
+            "blacklisted": bool(row.get("blacklisted")),
+            "until": until,
+            "count": int(row.get("blacklist_count") or 0),
+            "reason": str(row.get("blacklist_reason") or ""),
         }
     return marks

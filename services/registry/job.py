@@ -96,21 +96,33 @@ class Job:
     def summary(self) -> dict[str, Any]:
         """The registry's answer to `job`."""
         return {
-            "job": self.job_id, "state": self.state, "round": self.round, "size": len(self.reports), "resets": self.resets,
-            "exit_code": self.exit_code, "reason": self.reason, "spec": self.spec.to_dict() if self.spec else None,
-            "job_key": self.job_key, "resumed_from": self.resumed_from,
+            "job": self.job_id,
+            "state": self.state,
+            "round": self.round,
+            "size": len(self.reports),
+            "resets": self.resets,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "spec": self.spec.to_dict() if self.spec else None,
+            "job_key": self.job_key,
+            "resumed_from": self.resumed_from,
         }
 
     def restored_round(self) -> dict[str, Any]:
         """What a restarted rendezvous is given back (`restore_round`): the current round, whether it was released
         (no slot still waits for its rank) and the pids of the workers that have theirs."""
         return {
-            "round": self.round, "hosts": self.round_hosts, "hosts_timestamp": self.round_hosts_timestamp,
-            "released": self.reports.count(PENDING) == 0, "pids": self.reports.started_pids(),
+            "round": self.round,
+            "hosts": self.round_hosts,
+            "hosts_timestamp": self.round_hosts_timestamp,
+            "released": self.reports.count(PENDING) == 0,
+            "pids": self.reports.started_pids(),
         }
 
     # -- what happens to a job -----------------------------------------------------------------
-    def begin_round(self, number: int, hosts: list[list[Any]], hosts_timestamp: float, agents: dict[str, str], replacing: bool) -> None:
+    def begin_round(
+        self, number: int, hosts: list[list[Any]], hosts_timestamp: float, agents: dict[str, str], replacing: bool
+    ) -> None:
         """Round `number` on `hosts` began; it counts as a reset unless it is the first or it replaces one that was
         still forming."""
         if self.round >= 1 and not replacing:
@@ -154,7 +166,10 @@ class Job:
         self.snapshot_commits[host] = max(commit, self.snapshot_commits.get(host, 0))
 
     def note_decision(self, decision: Decision) -> None:
-        self.history = [*self.history[-(HISTORY_KEPT - 1):], {"round": self.round, "action": decision.action, "reason": decision.reason}]
+        self.history = [
+            *self.history[-(HISTORY_KEPT - 1) :],
+            {"round": self.round, "action": decision.action, "reason": decision.reason},
+        ]
 
     # -- saving --------------------------------------------------------------------------------
     def to_saved(self, now: Now) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from typing import Any
 
 from bus.service import RequestError
 
-
 # horovod: the workers join rounds themselves through libworker; torchrun: each slot's supervisor joins them and
 # starts the command with torchrun's environment (agent/torchrun_slot.py).
 MODES = ("horovod", "torchrun")
@@ -80,14 +79,21 @@ class JobSpec:
             numbers[name] = float(value)
         cooldown = raw.get("cooldown", list(cls.cooldown or ()))
         if cooldown is not None:
-            if not (isinstance(cooldown, list) and len(cooldown) == 2 and all(_is_number(c) and c >= 0 for c in cooldown) and cooldown[0] <= cooldown[1]):
+            if not (
+                isinstance(cooldown, list)
+                and len(cooldown) == 2
+                and all(_is_number(c) and c >= 0 for c in cooldown)
+                and cooldown[0] <= cooldown[1]
+            ):
                 raise bad("cooldown must be [min, max] seconds with 0 <= min <= max")
             cooldown = (float(cooldown[0]), float(cooldown[1]))
         script = raw.get("discovery_script")
         if script is not None and not isinstance(script, str):
             raise bad("discovery_script must be a path")
         checkpoint_dir = raw.get("checkpoint_dir")
-        if checkpoint_dir is not None and not (isinstance(checkpoint_dir, str) and checkpoint_dir.startswith("/") and len(checkpoint_dir) <= 4096):
+        if checkpoint_dir is not None and not (
+            isinstance(checkpoint_dir, str) and checkpoint_dir.startswith("/") and len(checkpoint_dir) <= 4096
+        ):
             raise bad("checkpoint_dir must be an absolute path")
         env = raw.get("env", {})
         if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
@@ -105,7 +111,18 @@ class JobSpec:
         if not isinstance(fork_server, bool):
             raise bad("fork_server must be true or false")
         return cls(
-            command=command, min_np=min_np, max_np=max_np, reset_limit=reset_limit, discovery_script=script,
-            cooldown=cooldown, max_restarts=max_restarts, checkpoint_dir=checkpoint_dir, cwd=cwd, env=env, mode=mode,
-            preload=preload, fork_server=fork_server, **numbers,
+            command=command,
+            min_np=min_np,
+            max_np=max_np,
+            reset_limit=reset_limit,
+            discovery_script=script,
+            cooldown=cooldown,
+            max_restarts=max_restarts,
+            checkpoint_dir=checkpoint_dir,
+            cwd=cwd,
+            env=env,
+            mode=mode,
+            preload=preload,
+            fork_server=fork_server,
+            **numbers,
         )

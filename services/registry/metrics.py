@@ -37,7 +37,9 @@ from services.registry.reports import STATES as WORKER_STATES
 RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "hosts_changed", "resume")
 
 JOB_STATE = Gauge("elastic_registry_job_state", "1 for the state the job is in, 0 for the others.", ["state"])
-ROUNDS_STARTED = Counter("elastic_registry_rounds_started", "Rounds the registry started (the first one and every reset).")
+ROUNDS_STARTED = Counter(
+    "elastic_registry_rounds_started", "Rounds the registry started (the first one and every reset)."
+)
 RESETS = Counter("elastic_registry_resets", "Resets (a new round of a running job), by cause.", ["cause"])
 RECOVERY_SECONDS = Histogram(
     "elastic_registry_recovery_seconds",

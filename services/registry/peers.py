@@ -25,14 +25,22 @@ class Peer:
     def __init__(self, service: Service, endpoint: str, sender: str) -> None:
         self.endpoint = endpoint
         self._reads = AsyncClient(service, endpoint, sender, service.security)
-        self._writes = Client(endpoint, sender, security=service.security, ctx=service.ctx, timeout=TIMEOUT, deadline=DEADLINE)
+        self._writes = Client(
+            endpoint, sender, security=service.security, ctx=service.ctx, timeout=TIMEOUT, deadline=DEADLINE
+        )
 
     @property
     def reading(self) -> bool:
         """Is a read still waiting for its answer?"""
         return self._reads.in_flight > 0
 
-    def read(self, msg_type: str, body: dict[str, Any], answered: Callable[[dict[str, Any]], None], failed: Callable[[Exception], None]) -> None:
+    def read(
+        self,
+        msg_type: str,
+        body: dict[str, Any],
+        answered: Callable[[dict[str, Any]], None],
+        failed: Callable[[Exception], None],
+    ) -> None:
         """Ask without waiting: `answered(body)` with the answer, or `failed(ServiceError | Unreachable)`."""
 
         def on_reply(reply: Message) -> None:
@@ -41,7 +49,14 @@ class Peer:
             else:
                 answered(reply.body)
 
-        self._reads.send(msg_type, body, on_reply=on_reply, on_timeout=lambda: failed(Unreachable(self.endpoint, DEADLINE)), timeout=TIMEOUT, deadline=DEADLINE)
+        self._reads.send(
+            msg_type,
+            body,
+            on_reply=on_reply,
+            on_timeout=lambda: failed(Unreachable(self.endpoint, DEADLINE)),
+            timeout=TIMEOUT,
+            deadline=DEADLINE,
+        )
 
     def write(self, msg_type: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send a write and wait for its answer; ServiceError or Unreachable.

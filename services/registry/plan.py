@@ -31,9 +31,18 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
     spec = job.spec
     assert spec is not None, "a round is planned only for a submitted job"
     plan = JobPlan(
-        job=job.job_id, command=list(spec.command), env=dict(spec.env), cwd=spec.cwd, job_key=job.job_key,
-        max_restarts=spec.max_restarts, restart_window=spec.restart_window,
-        checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval, mode=spec.mode, reset_limit=spec.reset_limit,
-        preload=tuple(spec.preload), fork_server=spec.fork_server,
+        job=job.job_id,
+        command=list(spec.command),
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        job_key=job.job_key,
+        max_restarts=spec.max_restarts,
+        restart_window=spec.restart_window,
+        checkpoint_dir=spec.checkpoint_dir,
+        checkpoint_interval=spec.checkpoint_interval,
+        mode=spec.mode,
+        reset_limit=spec.reset_limit,
+        preload=tuple(spec.preload),
+        fork_server=spec.fork_server,
     )
     return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}

@@ -110,12 +110,22 @@ class ReportTable:
 
     def started_pids(self) -> list[list[Any]]:
         """[[host, local_rank, pid]] of the slots whose worker has its rank (to give a restarted rendezvous)."""
-        return [[slot[0], slot[1], r.pid] for slot, r in self._reports.items() if r.pid is not None and r.state != PENDING]
+        return [
+            [slot[0], slot[1], r.pid] for slot, r in self._reports.items() if r.pid is not None and r.state != PENDING
+        ]
 
     def status_rows(self) -> list[dict[str, Any]]:
         """Every slot as the registry's `status` reply lists it, in rank order."""
         return [
-            {"host": slot[0], "local_rank": slot[1], "rank": r.rank, "state": r.state, "pid": r.pid, "exit_code": r.exit_code, "reason": r.reason}
+            {
+                "host": slot[0],
+                "local_rank": slot[1],
+                "rank": r.rank,
+                "state": r.state,
+                "pid": r.pid,
+                "exit_code": r.exit_code,
+                "reason": r.reason,
+            }
             for slot, r in sorted(self._reports.items(), key=lambda item: item[1].rank)
         ]
 
@@ -135,7 +145,9 @@ class ReportTable:
         """The slots of a new round with their ranks, all PENDING. A slot whose worker re-joined (READY) keeps its
         pid; every other pid of the old round is retired (the newest `RETIRED_PIDS_KEPT` are kept)."""
         survivors = {slot: self._reports[slot].pid for slot in self._by_state[READY]}
-        self.retired_pids.update(dict.fromkeys(r.pid for r in self._reports.values() if r.pid is not None and r.state != READY))
+        self.retired_pids.update(
+            dict.fromkeys(r.pid for r in self._reports.values() if r.pid is not None and r.state != READY)
+        )
         for pid in list(self.retired_pids)[: max(0, len(self.retired_pids) - RETIRED_PIDS_KEPT)]:
             del self.retired_pids[pid]
         self._reports.clear()
@@ -162,13 +174,26 @@ class ReportTable:
     def record_success(self, slot: Slot, pid: int, exit_code: int | None, reason: str) -> None:
         self._put(slot, replace(self._reports[slot], state=SUCCESS, pid=pid, exit_code=exit_code, reason=reason))
 
-    def record_failure(self, slot: Slot, reason: str, *, pid: int | None = None, exit_code: int | None = None, host_stays: bool = False) -> bool:
+    def record_failure(
+        self, slot: Slot, reason: str, *, pid: int | None = None, exit_code: int | None = None, host_stays: bool = False
+    ) -> bool:
         """`slot` failed (its pid kept when `pid` is None): it gets the next `failed_order`. True when it is the
         round's first failure."""
         report = self._reports[slot]
         failed_order = self.count(FAILURE) + 1
         pid = report.pid if pid is None else pid
-        self._put(slot, replace(report, state=FAILURE, pid=pid, exit_code=exit_code, reason=reason, failed_order=failed_order, host_stays=host_stays))
+        self._put(
+            slot,
+            replace(
+                report,
+                state=FAILURE,
+                pid=pid,
+                exit_code=exit_code,
+                reason=reason,
+                failed_order=failed_order,
+                host_stays=host_stays,
+            ),
+        )
         return failed_order == 1
 
     def _put(self, slot: Slot, report: SlotReport) -> None:

@@ -48,7 +48,15 @@ from bus.service import Request, RequestError, Service, handles
 from services.registry import metrics
 from services.registry.decisions import Decision, decide, reset_cause
 from services.registry.exits import WorkerExit
-from services.registry.hosts import agent_incarnations, any_usable, available_slots, discovery_settings, host_marks, newest_snapshot, restarted_agents
+from services.registry.hosts import (
+    agent_incarnations,
+    any_usable,
+    available_slots,
+    discovery_settings,
+    host_marks,
+    newest_snapshot,
+    restarted_agents,
+)
 from services.registry.job import FAILED, RUNNING_JOB, SUCCEEDED, WAITING, Job, Now
 from services.registry.jobspec import JobSpec
 from services.registry.peers import Peer
@@ -71,7 +79,14 @@ class RegistryService(Service):
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
         self.job = Job.from_saved(saved["job"], saved["reports"], Now.read(self.clock)) if saved else Job()
         if saved:
-            self.log.info("job_recovered", job=self.job.job_id, state=self.job.state, round=self.job.round, resets=self.job.resets, store=str(self.store.path))
+            self.log.info(
+                "job_recovered",
+                job=self.job.job_id,
+                state=self.job.state,
+                round=self.job.round,
+                resets=self.job.resets,
+                store=str(self.store.path),
+            )
         metrics.job_state(self.job.state)
         self.outbox.flush()
         self.every(timing.driver_tick, self._tick)
@@ -85,8 +100,10 @@ class RegistryService(Service):
         """Save what changed, then send the events it caused (`outbox.put` only queues them): nothing goes out that
         a restart could forget."""
         saved = {
-            "last_job_id": self.last_job_id, "discovery_incarnation": self.discovery_incarnation,
-            "outbox": [list(event) for event in self.outbox.queued], "job": self.job.to_saved(Now.read(self.clock)),
+            "last_job_id": self.last_job_id,
+            "discovery_incarnation": self.discovery_incarnation,
+            "outbox": [list(event) for event in self.outbox.queued],
+            "job": self.job.to_saved(Now.read(self.clock)),
         }
         self.store.save(saved, {"reports": self.job.reports.to_saved()})
         self.outbox.flush()
@@ -106,7 +123,9 @@ class RegistryService(Service):
         self.job = Job.submitted(spec, self.last_job_id, self.clock())
         self.discovery_incarnation = configured.get("incarnation")
         metrics.job_state(self.job.state)
-        self.log.info("job_submitted", job=self.job.job_id, command=spec.command, min_np=spec.min_np, max_np=spec.max_np)
+        self.log.info(
+            "job_submitted", job=self.job.job_id, command=spec.command, min_np=spec.min_np, max_np=spec.max_np
+        )
         self._commit()
         return {"job": self.job.job_id}
 
@@ -149,7 +168,9 @@ class RegistryService(Service):
             return False
         success = exited.success()
         if success is None:
-            self._fail_slot(exited.slot, exited.failure(), pid=exited.pid, exit_code=exited.exit_code, host_stays=exited.host_stays)
+            self._fail_slot(
+                exited.slot, exited.failure(), pid=exited.pid, exit_code=exited.exit_code, host_stays=exited.host_stays
+            )
         else:
             reports.record_success(exited.slot, exited.pid, exited.exit_code, success)
             if exited.exit_code != 0:
@@ -183,7 +204,12 @@ class RegistryService(Service):
 
     def _read_rounds(self, hosts: dict[str, Any]) -> None:
         pending = self.job.state == RUNNING_JOB and self.job.reports.count(PENDING) > 0
-        self._read(self.rendezvous, "status", {"parked_after": self.job.round, "pids": pending}, lambda rounds: self._drive(hosts, rounds))
+        self._read(
+            self.rendezvous,
+            "status",
+            {"parked_after": self.job.round, "pids": pending},
+            lambda rounds: self._drive(hosts, rounds),
+        )
 
     def _drive(self, hosts: dict[str, Any], rounds: dict[str, Any]) -> None:
         try:
@@ -203,9 +229,16 @@ class RegistryService(Service):
         discovery has heard from its agents (the driver may judge hosts and start rounds)."""
         job = self.job
         if hosts.get("incarnation") != self.discovery_incarnation:
-            self.discovery.write("restore", {**discovery_settings(self._spec), "marks": job.host_marks, "expected": job.round_hosts})
+            self.discovery.write(
+                "restore", {**discovery_settings(self._spec), "marks": job.host_marks, "expected": job.round_hosts}
+            )
             self.discovery_incarnation = hosts.get("incarnation")
-            self.log.info("discovery_restored", incarnation=self.discovery_incarnation, marks=sorted(job.host_marks), expected=[h for h, _ in job.round_hosts])
+            self.log.info(
+                "discovery_restored",
+                incarnation=self.discovery_incarnation,
+                marks=sorted(job.host_marks),
+                expected=[h for h, _ in job.round_hosts],
+            )
             return False
         if rounds.get("round", 0) < job.round and job.round_hosts:
             restored = job.restored_round()
@@ -261,7 +294,9 @@ class RegistryService(Service):
     def _note_rejoins(self, parked: list[dict[str, Any]]) -> None:
         """Workers that asked to join a round after this one are READY: they survived it."""
         for join in parked:
-            if join["after_round"] >= self.job.round and self.job.reports.record_rejoined((join["host"], join["local_rank"]), join["pid"]):
+            if join["after_round"] >= self.job.round and self.job.reports.record_rejoined(
+                (join["host"], join["local_rank"]), join["pid"]
+            ):
                 self.job.note_report(self.clock())
 
     def _check_hung(self) -> None:
@@ -271,26 +306,45 @@ class RegistryService(Service):
         if self.job.first_report_at is None or self.clock() - self.job.first_report_at < hung_timeout:
             return
         if reports.count(SUCCESS):
-            self._apply(Decision("succeed", f"job finished ({len(reports.silent())} worker(s) still running were stopped)"))
+            self._apply(
+                Decision("succeed", f"job finished ({len(reports.silent())} worker(s) still running were stopped)")
+            )
             return
         for slot in reports.silent():
             self._fail_slot(slot, f"hung: no report {hung_timeout:g}s after the round's first")
             self.outbox.put("kill_worker", {"host": slot[0], "local_rank": slot[1], "pid": reports[slot].pid})
 
-    def _fail_slot(self, slot: Slot, reason: str, *, pid: int | None = None, exit_code: int | None = None, host_stays: bool = False) -> None:
+    def _fail_slot(
+        self, slot: Slot, reason: str, *, pid: int | None = None, exit_code: int | None = None, host_stays: bool = False
+    ) -> None:
         reports = self.job.reports
         first = reports.record_failure(slot, reason, pid=pid, exit_code=exit_code, host_stays=host_stays)
         self.job.note_report(self.clock())
-        self.log.warning("worker_failed", host=slot[0], local_rank=slot[1], rank=reports[slot].rank, reason=reason, round=self.job.round)
+        self.log.warning(
+            "worker_failed",
+            host=slot[0],
+            local_rank=slot[1],
+            rank=reports[slot].rank,
+            reason=reason,
+            round=self.job.round,
+        )
         if first:
             self.job.note_failure(self.clock())
             self.outbox.put("abort", {"round": self.job.round})
 
     def _decide(self, hosts: dict[str, Any]) -> None:
-        """Every slot has reported: apply `decisions.decide` to the reports and the newest snapshot a live host keeps."""
+        """Every slot has reported: apply `decisions.decide` to the reports and the newest snapshot live hosts keep."""
         job, torchrun = self.job, self._spec.mode == "torchrun"
-        self._apply(decide(job.reports.reports, job.resets_toward_limit(torchrun), self._spec.reset_limit,
-                           newest_snapshot(hosts, job.snapshot_commits), job.resumed_from, torchrun))
+        self._apply(
+            decide(
+                job.reports.reports,
+                job.resets_toward_limit(torchrun),
+                self._spec.reset_limit,
+                newest_snapshot(hosts, job.snapshot_commits),
+                job.resumed_from,
+                torchrun,
+            )
+        )
         self._settle()
 
     def _apply(self, decision: Decision) -> None:
@@ -347,7 +401,11 @@ class RegistryService(Service):
         if total >= spec.min_np:
             return True
         if not replacing and self.clock() - self.job.waiting_since > spec.elastic_timeout:
-            self._finish(FAILED, f"timed out after {spec.elastic_timeout:g}s waiting for {spec.min_np} slot(s); {total} available", 1)
+            self._finish(
+                FAILED,
+                f"timed out after {spec.elastic_timeout:g}s waiting for {spec.min_np} slot(s); {total} available",
+                1,
+            )
         return False
 
     def _reset_limit_reached(self, replacing: bool) -> bool:
@@ -364,8 +422,12 @@ class RegistryService(Service):
         or could not be reached."""
         spec = self._spec
         asked = {
-            "hosts": hosts.get("available", []), "min_np": spec.min_np, "max_np": spec.max_np, "hosts_timestamp": hosts["timestamp"],
-            "replaces": self.job.round if replacing else None, "round": self.job.round + 1,
+            "hosts": hosts.get("available", []),
+            "min_np": spec.min_np,
+            "max_np": spec.max_np,
+            "hosts_timestamp": hosts["timestamp"],
+            "replaces": self.job.round if replacing else None,
+            "round": self.job.round + 1,
         }
         try:
             return self.rendezvous.write("new_round", asked)
@@ -380,17 +442,27 @@ class RegistryService(Service):
 
     def _begin_round(self, reply: dict[str, Any], hosts: dict[str, Any], replacing: bool) -> None:
         """The rendezvous made the round: the job records it and the agents are told (`round`)."""
-        self.job.begin_round(reply["round"], reply["hosts"], reply["hosts_timestamp"], agent_incarnations(hosts), replacing)
+        self.job.begin_round(
+            reply["round"], reply["hosts"], reply["hosts_timestamp"], agent_incarnations(hosts), replacing
+        )
         metrics.round_started()
         metrics.job_state(self.job.state)
-        self.log.info("round_started", round=self.job.round, size=reply["size"], resets=self.job.resets, replaced=self.job.round - 1 if replacing else None)
+        self.log.info(
+            "round_started",
+            round=self.job.round,
+            size=reply["size"],
+            resets=self.job.resets,
+            replaced=self.job.round - 1 if replacing else None,
+        )
         self.outbox.put("round", round_plan(self.job, reply["size"]))
 
     def _finish(self, state: str, reason: str, exit_code: int) -> None:
         self.job.finish(state, reason, exit_code)
         metrics.job_state(state)
         self.log.info("job_finished", job=self.job.job_id, state=state, exit_code=exit_code, reason=reason)
-        self.outbox.put("job_finished", {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason})
+        self.outbox.put(
+            "job_finished", {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason}
+        )
 
     def close(self) -> None:
         self._commit()

@@ -58,7 +58,10 @@ class JobStore:
         return None if row is None else str(row[0])
 
     def _write(self, key: str, value: str) -> None:
-        self._db.execute("INSERT INTO registry (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self._db.execute(
+            "INSERT INTO registry (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def load(self, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
         """The last saved state with the `parts` saved beside it (each under its key, None if never saved), or None

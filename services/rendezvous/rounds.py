@@ -93,7 +93,9 @@ class Rounds:
         self._recount()
         return new
 
-    def restore(self, number: int, slots: list[SlotInfo], hosts_timestamp: float, released: bool, pids: dict[Slot, int]) -> Round:
+    def restore(
+        self, number: int, slots: list[SlotInfo], hosts_timestamp: float, released: bool, pids: dict[Slot, int]
+    ) -> Round:
         """Take back the job's current round after a restart (the registry keeps it): numbering goes on from it, a
         released round admits no joiner, and an unreleased one is completed by the joins its workers send again."""
         restored = Round(number, {(s.hostname, s.local_rank): s for s in slots}, hosts_timestamp, released, pids)
@@ -138,7 +140,12 @@ class Rounds:
     def _counts(self, join: Join) -> bool:
         """Whether `join` is counted as waiting for the latest round: it has a slot there and was in no later one."""
         current = self.current
-        return current is not None and not current.released and join.slot in current.slots and join.after_round < current.number
+        return (
+            current is not None
+            and not current.released
+            and join.slot in current.slots
+            and join.after_round < current.number
+        )
 
     def _admit(self, join: Join) -> None:
         """Count a newly parked join, or answer it at once when the latest (unreleased) round removed its slot."""
@@ -157,7 +164,12 @@ class Rounds:
         """Whether the round before the latest was replaced unreleased with `join`'s slot in it: the join would have
         been called to it (a worker of a host that was drained while the round formed, joining late)."""
         replaced = self.rounds.get(self.latest - 1)
-        return replaced is not None and not replaced.released and join.slot in replaced.slots and join.after_round < replaced.number
+        return (
+            replaced is not None
+            and not replaced.released
+            and join.slot in replaced.slots
+            and join.after_round < replaced.number
+        )
 
     def _recount(self) -> None:
         """A new latest round: every parked join is counted or answered again, once."""

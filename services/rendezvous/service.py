@@ -1,24 +1,16 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
-Messages:
-  new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round}
-                                                        -> {round, size, hosts, hosts_timestamp}
-                                                        hosts: the round's, as bus.assignments.round_hosts writes them;
-                                                        round: the number the caller expects it to get: asked for a
-                                                        round that exists (the caller gave up waiting and asks
-                                                        again), that round is the answer, as it is; answered before
-                                                        the joins it releases;
-                                                        replaces: a round still forming that this one replaces
-                                                        (refused, `released`, once that round is released)
-  rank_and_size {host, local_rank, after_round, pid}   (parked) -> SlotInfo + {round, prefix, hosts_timestamp} | {removed}
-  forget {host, local_rank, pid}                        drop the parked join of a worker that exited
-  status {parked_after, pids} -> {round, released, size, pids, parked}
-                                                        parked: the joins after round `parked_after` (0: all);
-                                                        pids: the released round's workers, unless pids is false
-  restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}
-                                                        the registry gives a restarted rendezvous the job's round
-  reset                                                 a new job: no rounds, empty store
-  kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame
+Messages: new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round} -> {round,
+size, hosts, hosts_timestamp} hosts: the round's, as bus.assignments.round_hosts writes them; round: the number the
+caller expects it to get: asked for a round that exists (the caller gave up waiting and asks again), that round is the
+answer, as it is; answered before the joins it releases; replaces: a round still forming that this one replaces
+(refused, `released`, once that round is released) rank_and_size {host, local_rank, after_round, pid}   (parked) ->
+SlotInfo + {round, prefix, hosts_timestamp} | {removed} forget {host, local_rank, pid}                        drop the
+parked join of a worker that exited status {parked_after, pids} -> {round, released, size, pids, parked} parked: the
+joins after round `parked_after` (0: all); pids: the released round's workers, unless pids is false restore_round
+{round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]} the registry gives a restarted rendezvous the
+job's round reset                                                 a new job: no rounds, empty store kv_set {key} + value
+frame; kv_get {key} (parked until set) -> value frame
 
 The key-value store carries what a round needs to bootstrap torch.distributed
 (the address of the round's TCPStore), under the round's prefix; the keys of
@@ -34,8 +26,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
+from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from services.rendezvous.rounds import Join, Round, Rounds
 
 # A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
@@ -53,7 +45,11 @@ def _slots(value: Any) -> int | list[int] | None:
     """A host's slots: a count, or the ids of its usable slots (distinct, non-negative); None if neither."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value if value >= 0 else None
-    if isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value) and len(set(value)) == len(value):
+    if (
+        isinstance(value, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        and len(set(value)) == len(value)
+    ):
         return value
     return None
 
@@ -118,11 +114,19 @@ class RendezvousService(Service):
         if state_hosts and slots and slots[0].hostname not in state_hosts:
             raise RequestError(
                 "no_surviving_host",
-                f"no host of the last round that ran ({', '.join(state_hosts[:LOGGED_HOSTS])}) remains to hold rank 0 and its state",
+                f"no host of the last round that ran ({', '.join(state_hosts[:LOGGED_HOSTS])}) remains to hold "
+                "rank 0 and its state",
             )
         new = self.rounds.add_round(slots, float(request.body.get("hosts_timestamp", 0.0)))
         self._drop_old_keys()
-        self.log.info("round_created", round=new.number, size=len(slots), hosts=len(new.hosts), first_hosts=new.hosts[:LOGGED_HOSTS], replaces=replaces)
+        self.log.info(
+            "round_created",
+            round=new.number,
+            size=len(slots),
+            hosts=len(new.hosts),
+            first_hosts=new.hosts[:LOGGED_HOSTS],
+            replaces=replaces,
+        )
         request.reply(self._round_reply(new))
         self._settle()
         return None
@@ -130,7 +134,9 @@ class RendezvousService(Service):
     @staticmethod
     def _round_reply(created: Round) -> dict[str, Any]:
         return {
-            "round": created.number, "size": len(created.slots), "hosts": round_hosts(list(created.slots.values())),
+            "round": created.number,
+            "size": len(created.slots),
+            "hosts": round_hosts(list(created.slots.values())),
             "hosts_timestamp": created.hosts_timestamp,
         }
 
@@ -139,7 +145,9 @@ class RendezvousService(Service):
         body = request.body
         number = field(body, "round", int)
         if number < self.rounds.latest:
-            raise RequestError("stale_round", f"round {number} is older than this rendezvous's round {self.rounds.latest}")
+            raise RequestError(
+                "stale_round", f"round {number} is older than this rendezvous's round {self.rounds.latest}"
+            )
         hosts, raw_pids = body.get("hosts"), body.get("pids")
         if not isinstance(hosts, list) or not hosts:
             raise RequestError("bad_request", "restore_round needs the round's hosts [[name, [slot ids]]]")
@@ -150,7 +158,9 @@ class RendezvousService(Service):
             pids = {(h, lr): pid for h, lr, pid in raw_pids}  # type: ignore[union-attr]
         except (TypeError, ValueError):
             raise RequestError("bad_request", "restore_round needs pids [[host, local_rank, pid]]") from None
-        self.rounds.restore(number, slots, float(body.get("hosts_timestamp") or 0.0), body.get("released") is True, pids)
+        self.rounds.restore(
+            number, slots, float(body.get("hosts_timestamp") or 0.0), body.get("released") is True, pids
+        )
         self.log.info("round_restored", round=number, size=len(slots), released=body.get("released") is True)
         self._settle()
         return {"round": number}
@@ -172,7 +182,9 @@ class RendezvousService(Service):
 
     @handles("forget")
     def on_forget(self, request: Request) -> dict[str, Any]:
-        join = self.rounds.forget((field(request.body, "host", str), field(request.body, "local_rank", int)), field(request.body, "pid", int))
+        join = self.rounds.forget(
+            (field(request.body, "host", str), field(request.body, "local_rank", int)), field(request.body, "pid", int)
+        )
         if join is not None:
             join.ticket.fail("forgotten", "the worker exited")
         return {"forgotten": join is not None}
@@ -215,7 +227,9 @@ class RendezvousService(Service):
         if size > MAX_KV_KEY_BYTES:
             raise LimitExceeded("key_too_long", f"a key of {size} bytes exceeds the store's {MAX_KV_KEY_BYTES}")
         if key.startswith("round/") and not key.startswith(tuple(r.prefix for r in self.rounds.rounds.values())):
-            raise RequestError("stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})")
+            raise RequestError(
+                "stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})"
+            )
         return key
 
     @handles("kv_set")
@@ -225,9 +239,13 @@ class RendezvousService(Service):
         key = self._live_key(request)
         value = request.msg.raw[0]
         if len(value) > MAX_KV_VALUE_BYTES:
-            raise LimitExceeded("value_too_large", f"a value of {len(value)} bytes for {key!r} exceeds the store's {MAX_KV_VALUE_BYTES}")
+            raise LimitExceeded(
+                "value_too_large", f"a value of {len(value)} bytes for {key!r} exceeds the store's {MAX_KV_VALUE_BYTES}"
+            )
         if key not in self.kv and len(self.kv) >= MAX_KV_KEYS:
-            raise LimitExceeded("too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them")
+            raise LimitExceeded(
+                "too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them"
+            )
         self.kv[key] = value
         for waiter in self._take_waiters(key):
             waiter.reply({}, raw=(value,))
@@ -240,7 +258,9 @@ class RendezvousService(Service):
             request.reply({}, raw=(self.kv[key],))
             return None
         if self.kv_waiting >= MAX_KV_WAITERS:
-            raise LimitExceeded("too_many_waiters", f"{MAX_KV_WAITERS} lookups wait for keys already, the most the store keeps")
+            raise LimitExceeded(
+                "too_many_waiters", f"{MAX_KV_WAITERS} lookups wait for keys already, the most the store keeps"
+            )
         self.kv_waiters[key].append(request)
         self.kv_waiting += 1
         return DEFERRED

@@ -52,8 +52,16 @@ def test_every_service_answers_bad_input_with_an_error_and_keeps_serving(cluster
         assert reply is not None, f"{service}: no reply to {name}"
         assert reply.body.get("error") == code, f"{service}: {name} -> {reply.body}"
     for msg_type in ("submit", "register", "new_round", "rank_and_size", "publish", "kv_set", "drain", "worker_exited"):
-        reply = _raw_exchange(endpoint, encode(Message(type=msg_type, body={"host": 7, "spec": "nonsense"}, id=f"t-{msg_type}", sender="tester")))
-        assert reply is not None and reply.body.get("error") in ("bad_request", "bad_spec", "unknown_type", "unknown_host"), f"{service} {msg_type}: {reply}"
+        reply = _raw_exchange(
+            endpoint,
+            encode(Message(type=msg_type, body={"host": 7, "spec": "nonsense"}, id=f"t-{msg_type}", sender="tester")),
+        )
+        assert reply is not None and reply.body.get("error") in (
+            "bad_request",
+            "bad_spec",
+            "unknown_type",
+            "unknown_host",
+        ), f"{service} {msg_type}: {reply}"
     assert cluster.call(service, "ping") == {"service": service}
     assert cluster.processes[service].poll() is None
     log = cluster.output(service)
@@ -66,7 +74,10 @@ def test_registry_keeps_its_job_through_garbage(cluster: Cluster) -> None:
     wait_for(lambda: cluster.job()["state"] == "running", 60, "the job to run")
     for frames, _ in BAD_INPUTS.values():
         _raw_exchange(cluster.endpoints.registry, frames)
-    _raw_exchange(cluster.endpoints.registry, encode(Message(type="worker_exited", body={"host": "host-1", "local_rank": 0, "pid": "x"}, id="w", sender="t")))
+    _raw_exchange(
+        cluster.endpoints.registry,
+        encode(Message(type="worker_exited", body={"host": "host-1", "local_rank": 0, "pid": "x"}, id="w", sender="t")),
+    )
     job_now = cluster.job()
     assert job_now["state"] == "running" and job_now["size"] == 1
     cluster.call("registry", "cancel", {"reason": "done"})
@@ -75,10 +86,17 @@ def test_registry_keeps_its_job_through_garbage(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(
     "report",
-    ["not a map", {"commit": -1, "bytes": 1, "written_at": 1.0}, {"commit": 1, "bytes": True, "written_at": 1.0},
-     {"commit": 1, "bytes": 1, "written_at": "now"}, {"commit": 1, "bytes": 1, "written_at": 1.0, "path": "x" * 5000}],
+    [
+        "not a map",
+        {"commit": -1, "bytes": 1, "written_at": 1.0},
+        {"commit": 1, "bytes": True, "written_at": 1.0},
+        {"commit": 1, "bytes": 1, "written_at": "now"},
+        {"commit": 1, "bytes": 1, "written_at": 1.0, "path": "x" * 5000},
+    ],
 )
-def test_discovery_refuses_a_malformed_snapshot_report_and_keeps_the_last_good_one(cluster: Cluster, report: object) -> None:
+def test_discovery_refuses_a_malformed_snapshot_report_and_keeps_the_last_good_one(
+    cluster: Cluster, report: object
+) -> None:
     cluster.call("discovery", "register", {"host": "h1", "slots": 1, "incarnation": "i1"})
     good = {"commit": 3, "bytes": 10, "written_at": 1.0}
     cluster.call("discovery", "heartbeat", {"host": "h1", "incarnation": "i1", "snapshot": good})
@@ -90,7 +108,9 @@ def test_discovery_refuses_a_malformed_snapshot_report_and_keeps_the_last_good_o
 
 
 def _elasticctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "elasticctl.main", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+    )
 
 
 def _assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -104,18 +124,40 @@ def _assert_one_clear_line(result: subprocess.CompletedProcess[str], *needles: s
 
 def test_cli_errors_are_one_line_without_traceback() -> None:
     ports = free_ports(5)
-    env = {**os.environ, **{f"ELASTIC_{n}_ENDPOINT": f"tcp://127.0.0.1:{p}" for n, p in zip(("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS"), ports)}}
+    env = {
+        **os.environ,
+        **{
+            f"ELASTIC_{n}_ENDPOINT": f"tcp://127.0.0.1:{p}"
+            for n, p in zip(("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS"), ports)
+        },
+    }
     _assert_one_clear_line(_elasticctl("status", env=env), "cannot reach", f"127.0.0.1:{ports[2]}")
     _assert_one_clear_line(_elasticctl("drain", "host-9", env=env), "cannot reach")
-    _assert_one_clear_line(_elasticctl("run", "--min-np", "4", "--max-np", "2", "--", "true", env=env), "--min-np (4) must not exceed --max-np (2)")
+    _assert_one_clear_line(
+        _elasticctl("run", "--min-np", "4", "--max-np", "2", "--", "true", env=env),
+        "--min-np (4) must not exceed --max-np (2)",
+    )
     _assert_one_clear_line(_elasticctl("run", env=env), "Missing argument")
     _assert_one_clear_line(_elasticctl("run", "--min-np", "zero", "--", "true", env=env), "min-np")
     _assert_one_clear_line(_elasticctl("local", "--hosts", "0", "--", "true", env=env), "hosts")
-    _assert_one_clear_line(_elasticctl("local", "--slots", "1", "--standby", "2", "--", "true", env=env), "--standby 2 is more than this host's 1 slot(s)")
-    _assert_one_clear_line(_elasticctl("run", "--max-restarts", "-1", "--", "true", env=env), "--max-restarts must be at least 0")
-    _assert_one_clear_line(_elasticctl("run", "--restart-window", "0", "--", "true", env=env), "--restart-window must be a positive number")
-    _assert_one_clear_line(_elasticctl("run", "--checkpoint-interval", "0", "--", "true", env=env), "--checkpoint-interval must be a positive number")
-    _assert_one_clear_line(_elasticctl("local", "--checkpoint-interval", "-1", "--", "true", env=env), "--checkpoint-interval must be a positive number")
+    _assert_one_clear_line(
+        _elasticctl("local", "--slots", "1", "--standby", "2", "--", "true", env=env),
+        "--standby 2 is more than this host's 1 slot(s)",
+    )
+    _assert_one_clear_line(
+        _elasticctl("run", "--max-restarts", "-1", "--", "true", env=env), "--max-restarts must be at least 0"
+    )
+    _assert_one_clear_line(
+        _elasticctl("run", "--restart-window", "0", "--", "true", env=env), "--restart-window must be a positive number"
+    )
+    _assert_one_clear_line(
+        _elasticctl("run", "--checkpoint-interval", "0", "--", "true", env=env),
+        "--checkpoint-interval must be a positive number",
+    )
+    _assert_one_clear_line(
+        _elasticctl("local", "--checkpoint-interval", "-1", "--", "true", env=env),
+        "--checkpoint-interval must be a positive number",
+    )
     _assert_one_clear_line(_elasticctl("run", "--checkpoint-dir", "/etc/hostname", "--", "true", env=env), "is a file")
     _assert_one_clear_line(_elasticctl("nonsense", env=env), "No such command")
 
@@ -145,7 +187,9 @@ def test_a_second_local_control_plane_is_refused_clearly(cluster: Cluster) -> No
         ("rendezvous", "restore_round", {"round": 3, "hosts": [["h", [0]]], "pids": "none"}),
     ],
 )
-def test_a_malformed_restore_is_refused_and_changes_nothing(cluster: Cluster, service: str, msg_type: str, body: dict[str, object]) -> None:
+def test_a_malformed_restore_is_refused_and_changes_nothing(
+    cluster: Cluster, service: str, msg_type: str, body: dict[str, object]
+) -> None:
     def held() -> object:
         reply = cluster.call(service, "hosts" if service == "discovery" else "status")
         return (reply["all"], reply["available"]) if service == "discovery" else reply

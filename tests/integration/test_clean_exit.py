@@ -45,10 +45,14 @@ def training_pids(cluster: Cluster) -> list[int]:
     [(HOROVOD, 1, False), (HOROVOD, 0, True), (ELASTIC, 1, True), (ELASTIC, 0, False)],
     ids=["horovod-standby", "horovod-reset", "elastic-standby-reset", "elastic"],
 )
-def test_every_worker_of_a_finished_job_exits_0(cluster: Cluster, tmp_path: Path, command: list[str], standby: int, reset: bool) -> None:
+def test_every_worker_of_a_finished_job_exits_0(
+    cluster: Cluster, tmp_path: Path, command: list[str], standby: int, reset: bool
+) -> None:
     for host in HOSTS:
         cluster.start_agent(host, 2, ["--standby", str(standby)] if standby else None)
-    job = cluster.submit("--min-np", "2", "--", *command, *(["--log-dir", str(tmp_path / "train")] if command is ELASTIC else []))
+    job = cluster.submit(
+        "--min-np", "2", "--", *command, *(["--log-dir", str(tmp_path / "train")] if command is ELASTIC else [])
+    )
     killed = []
     if reset:
         victim = wait_for(lambda: training_pids(cluster), 60, "4 workers training")[-1]

@@ -61,7 +61,13 @@ class Output:
 def elasticctl_piped(cluster: Cluster, *args: str) -> Iterator[tuple[subprocess.Popen[str], Output]]:
     """`elasticctl ARGS` with its output on a pipe (not a terminal); killed on the way out if still running."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "elasticctl.main", *args], env=cluster.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        [sys.executable, "-m", "elasticctl.main", *args],
+        env=cluster.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     assert process.stdout is not None
     try:
@@ -82,13 +88,27 @@ def _stop_with_ctrl_c(process: subprocess.Popen[str], output: Output) -> None:
 def test_run_rides_through_a_ten_second_registry_outage(cluster: Cluster) -> None:
     cluster.start_agent("host-1", 1)
     log_dir = cluster.workdir / "events"
-    job = cluster.submit("--", sys.executable, "tests/workers/counter.py", "--batches", "150", "--step-delay", "0.05", "--log-dir", str(log_dir))
+    job = cluster.submit(
+        "--",
+        sys.executable,
+        "tests/workers/counter.py",
+        "--batches",
+        "150",
+        "--step-delay",
+        "0.05",
+        "--log-dir",
+        str(log_dir),
+    )
     wait_for(lambda: any(e["event"] == "commit" for e in read_events(log_dir)), 60, "the job to commit")
     registry = cluster.processes["registry"]
     stopped_at = time.monotonic()
     registry.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: UNREACHABLE in cluster.output("elasticctl-run"), OUTAGE - 1, "elasticctl run to say the control plane is unreachable")
+        wait_for(
+            lambda: UNREACHABLE in cluster.output("elasticctl-run"),
+            OUTAGE - 1,
+            "elasticctl run to say the control plane is unreachable",
+        )
         assert job.poll() is None, cluster.output("elasticctl-run")
         time.sleep(max(0.0, stopped_at + OUTAGE - time.monotonic()))  # the outage is the subject: it lasts 10 s
     finally:
@@ -115,7 +135,9 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
     cluster.start_agent("host-1", 1)
     job = cluster.submit("--", sys.executable, "-c", "import libworker as e; e.init(); e.barrier()")
     assert cluster.wait_job_end(job, 60) == 0, cluster.output("elasticctl-run")
-    wait_for(lambda: "job_finished" in cluster.elasticctl("events").stdout, 15, "the notifier to have the job_finished event")
+    wait_for(
+        lambda: "job_finished" in cluster.elasticctl("events").stdout, 15, "the notifier to have the job_finished event"
+    )
 
     history = cluster.elasticctl("events")
     assert history.returncode == 0, history.stderr
@@ -131,7 +153,14 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
     with elasticctl_piped(cluster, "events", "--follow") as (process, output):
         wait_for(lambda: "job_finished" in output.text(), 15, "events --follow to print the history")
         assert cluster.elasticctl("drain", "host-1").returncode == 0
-        drained = wait_for(lambda: next((line for line in output.lines if " hosts_updated added=false removed=true changed=-host-1" in line), None), 15, "the drain's event")
+        drained = wait_for(
+            lambda: next(
+                (line for line in output.lines if " hosts_updated added=false removed=true changed=-host-1" in line),
+                None,
+            ),
+            15,
+            "the drain's event",
+        )
         _stop_with_ctrl_c(process, output)
     assert _seq_and_type(drained)[0] > seqs[-1], drained
 
@@ -139,19 +168,42 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["status", "--watch", "--interval", "0"], "elasticctl: --interval must be a positive number of seconds (got 0)"),
+        (
+            ["status", "--watch", "--interval", "0"],
+            "elasticctl: --interval must be a positive number of seconds (got 0)",
+        ),
         (["status", "--interval", "2"], "elasticctl: --interval needs --watch"),
         (["events", "--since", "-5"], "elasticctl: --since must be at least 0 (got -5)"),
-        (["events", "--follow", "--since", "many"], "elasticctl: Invalid value for '--since': 'many' is not a valid integer."),
+        (
+            ["events", "--follow", "--since", "many"],
+            "elasticctl: Invalid value for '--since': 'many' is not a valid integer.",
+        ),
     ],
 )
 def test_bad_values_of_the_follow_options_are_one_line_exit_2(args: list[str], line: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "elasticctl.main", *args], env=_clean_env(), cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticctl.main", *args],
+        env=_clean_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert (result.returncode, result.stderr.splitlines(), result.stdout) == (2, [line], "")
 
 
 def test_events_follow_needs_the_notifier_when_it_starts() -> None:
     port = free_ports(1)[0]
     env = _clean_env(ELASTIC_NOTIFIER_ENDPOINT=f"tcp://127.0.0.1:{port}")
-    result = subprocess.run([sys.executable, "-m", "elasticctl.main", "events", "--follow"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
-    assert (result.returncode, result.stderr.splitlines()) == (1, [f"elasticctl: cannot reach the notifier at tcp://127.0.0.1:{port}: is the control plane up? (no reply)"])
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticctl.main", "events", "--follow"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (result.returncode, result.stderr.splitlines()) == (
+        1,
+        [f"elasticctl: cannot reach the notifier at tcp://127.0.0.1:{port}: is the control plane up? (no reply)"],
+    )

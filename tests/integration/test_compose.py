@@ -36,7 +36,12 @@ PORT_OF = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 
 EVENTS_PORT = 5554
 # The Prometheus port each service serves on (its --metrics-port).
 METRICS_PORT_OF = {"discovery": 9550, "rendezvous": 9551, "registry": 9552, "notifier": 9553}
-PUBLISHED = {"discovery": {5550, 9550}, "rendezvous": {5551, 9551}, "registry": {5552, 9552}, "notifier": {5553, EVENTS_PORT, 9553}}
+PUBLISHED = {
+    "discovery": {5550, 9550},
+    "rendezvous": {5551, 9551},
+    "registry": {5552, 9552},
+    "notifier": {5553, EVENTS_PORT, 9553},
+}
 ENDPOINT_VARS = {
     "ELASTIC_DISCOVERY_ENDPOINT": ("discovery", 5550),
     "ELASTIC_RENDEZVOUS_ENDPOINT": ("rendezvous", 5551),
@@ -108,7 +113,9 @@ def rewrite_port(argv: list[str], port_map: dict[int, int]) -> list[str]:
     return out
 
 
-def local_environment(compose_env: dict[str, str], port_map: dict[int, int], state_dir: Path | None = None) -> dict[str, str]:
+def local_environment(
+    compose_env: dict[str, str], port_map: dict[int, int], state_dir: Path | None = None
+) -> dict[str, str]:
     """The compose environment on this machine: loopback, free ports, no keys, the state volume as `state_dir`;
     nothing inherited from ELASTIC_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_")}
@@ -242,7 +249,9 @@ def test_depends_on_healthy_where_it_matters(compose: dict[str, Any]) -> None:
 
 # -- the commands, run locally -------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[int, int]]]:
+def running(
+    compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, str], dict[int, int]]]:
     """Start every compose command locally in depends_on order, each healthy before its dependents."""
     services = compose["services"]
     logs = tmp_path_factory.mktemp("compose-logs")
@@ -271,7 +280,9 @@ def running(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -
             except Unreachable:
                 stop(procs[name])
                 output = log_path.read_text(errors="replace")
-                pytest.fail(f"{name} did not answer ping within {START_DEADLINE}s (exit {procs[name].returncode}):\n{output}")
+                pytest.fail(
+                    f"{name} did not answer ping within {START_DEADLINE}s (exit {procs[name].returncode}):\n{output}"
+                )
             assert body == {"service": name}
         yield endpoints, port_map
         for name, proc in procs.items():
@@ -293,13 +304,16 @@ def test_every_service_answers_ping(running: tuple[dict[str, str], dict[int, int
 def test_every_service_serves_metrics(running: tuple[dict[str, str], dict[int, int]]) -> None:
     _, port_map = running
     for name in SERVICES:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port_map[METRICS_PORT_OF[name]]}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port_map[METRICS_PORT_OF[name]]}/metrics", timeout=5
+        ) as response:
             text = response.read().decode()
         pings = [
             sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "elastic_messages_total" and sample.labels == {"service": name, "type": "ping", "outcome": "handled"}
+            if sample.name == "elastic_messages_total"
+            and sample.labels == {"service": name, "type": "ping", "outcome": "handled"}
         ]
         assert pings and pings[0] >= 1, name
 

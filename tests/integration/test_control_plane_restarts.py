@@ -23,7 +23,16 @@ LONG_BATCHES = 2400  # 48 s at least: the job outlives a 30 s outage, or five re
 def start_job(cluster: Cluster, log_dir: Path, batches: int = BATCHES) -> subprocess.Popen[bytes]:
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 1)
-    job = [sys.executable, "tests/workers/counter.py", "--batches", str(batches), "--step-delay", "0.02", "--log-dir", str(log_dir)]
+    job = [
+        sys.executable,
+        "tests/workers/counter.py",
+        "--batches",
+        str(batches),
+        "--step-delay",
+        "0.02",
+        "--log-dir",
+        str(log_dir),
+    ]
     return cluster.submit("--min-np", "2", "--", *job)
 
 
@@ -45,20 +54,35 @@ def kill_and_restart(cluster: Cluster, log_dir: Path, killed: tuple[str, ...]) -
     assert (job["job"], job["job_key"], job["state"]) == (before["job"], before["job_key"], "running"), job
     after_restart = committed(log_dir)
     wait_for(lambda: committed(log_dir) >= after_restart + 10, 30, "training to go on after the restart")
-    wait_for(lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"} == {"host-1", "host-2"}, 30, "both agents active in discovery")
+    wait_for(
+        lambda: (
+            {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}
+            == {"host-1", "host-2"}
+        ),
+        30,
+        "both agents active in discovery",
+    )
     job = cluster.job()
-    assert (job["round"], job["resets"]) == (before["round"], before["resets"]), f"no reset for the outage of {killed}: {before} -> {job}"
+    assert (job["round"], job["resets"]) == (before["round"], before["resets"]), (
+        f"no reset for the outage of {killed}: {before} -> {job}"
+    )
 
 
 def kill_a_worker_and_see_it_recovered(cluster: Cluster, log_dir: Path) -> None:
     before = cluster.job()
     os.kill(worker_pid(cluster, "host-2", 0), signal.SIGKILL)
-    wait_for(lambda: (j := cluster.job())["resets"] > before["resets"] and j["state"] == "running" and j["size"] == 2, 90, "the job back at full size")
+    wait_for(
+        lambda: (j := cluster.job())["resets"] > before["resets"] and j["state"] == "running" and j["size"] == 2,
+        90,
+        "the job back at full size",
+    )
     at_recovery = committed(log_dir)
     wait_for(lambda: committed(log_dir) >= at_recovery + 10, 30, "training after the reset")
 
 
-def test_each_service_then_all_four_killed_and_restarted_mid_job_cost_no_reset_and_no_commit(cluster: Cluster, tmp_path: Path) -> None:
+def test_each_service_then_all_four_killed_and_restarted_mid_job_cost_no_reset_and_no_commit(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     log_dir = tmp_path / "train"
     run = start_job(cluster, log_dir, LONG_BATCHES)
     wait_for(lambda: committed(log_dir) >= 20 and cluster.job()["state"] == "running", 60, "the job to train")
@@ -77,13 +101,21 @@ def test_the_registry_refuses_a_state_directory_it_cannot_read(tmp_path: Path) -
     state_dir.mkdir()
     (state_dir / "registry.sqlite3").write_bytes(b"this is not a database" * 100)
     env = {**os.environ, "ELASTIC_REGISTRY_ENDPOINT": f"tcp://127.0.0.1:{free_ports(1)[0]}"}
-    result = subprocess.run([sys.executable, "-m", "services.registry", "--state-dir", str(state_dir)], env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.registry", "--state-dir", str(state_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "registry.sqlite3" in lines[0], result.stderr
 
 
-def test_workers_train_through_30s_without_a_registry_and_elasticctl_run_follows_the_job_to_its_end(cluster: Cluster, tmp_path: Path) -> None:
+def test_workers_train_through_30s_without_a_registry_and_elasticctl_run_follows_the_job_to_its_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     log_dir = tmp_path / "train"
     run = start_job(cluster, log_dir, LONG_BATCHES)
     wait_for(lambda: committed(log_dir) >= 20 and cluster.job()["state"] == "running", 60, "the job to train")
@@ -91,7 +123,11 @@ def test_workers_train_through_30s_without_a_registry_and_elasticctl_run_follows
     cluster.processes["registry"].send_signal(signal.SIGKILL)
     cluster.processes["registry"].wait(timeout=10)
     down_since = time.monotonic()
-    wait_for(lambda: "control plane unreachable, retrying" in cluster.output("elasticctl-run"), 20, "elasticctl run to see the outage")
+    wait_for(
+        lambda: "control plane unreachable, retrying" in cluster.output("elasticctl-run"),
+        20,
+        "elasticctl run to see the outage",
+    )
     progress = []
     while time.monotonic() - down_since < 30:  # the outage is the subject: 30 s, training checked every 5 s
         progress.append(committed(log_dir))
@@ -102,5 +138,7 @@ def test_workers_train_through_30s_without_a_registry_and_elasticctl_run_follows
     assert cluster.wait_job_end(run, 180) == 0, cluster.output("elasticctl-run")
     assert_finished_exactly(log_dir, batches=LONG_BATCHES)
     out = cluster.output("elasticctl-run")
-    assert out.count("control plane unreachable, retrying") == 1 and out.count("control plane reachable again") == 1, out
+    assert out.count("control plane unreachable, retrying") == 1 and out.count("control plane reachable again") == 1, (
+        out
+    )
     assert cluster.job()["resets"] == 0

@@ -35,14 +35,16 @@ while server.availability(key, "")["state"] == "starting" and time.monotonic() <
     server.check()
 availability = server.availability(key, "")
 server.prepare(key)  # a key given up on is not started again
-print(json.dumps({"availability": availability, "events": [e["event"] for e in log.events], "reasons": [e.get("reason") for e in log.events],
-                  "running": server.zygote is not None}))
+events, reasons = [e["event"] for e in log.events], [e.get("reason") for e in log.events]
+print(json.dumps({"availability": availability, "events": events, "reasons": reasons, "running": bool(server.zygote)}))
 server.close()
 """
 
 
 def prepare(python: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", PREPARE, python], cwd=REPO, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [sys.executable, "-c", PREPARE, python], cwd=REPO, capture_output=True, text=True, timeout=180
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -63,7 +65,9 @@ def test_a_virtualenv_without_torch_is_unavailable_once_with_the_import_error(tm
     assert found["availability"]["state"] == "unavailable", found
     reason = found["availability"]["reason"]
     assert reason.startswith("the fork server exited with code 1: ModuleNotFoundError: No module named "), reason
-    assert found["events"] == ["fork_server_starting", "fork_server_unavailable"], "not started again: it would fail the same way"
+    assert found["events"] == ["fork_server_starting", "fork_server_unavailable"], (
+        "not started again: it would fail the same way"
+    )
     assert not found["running"]
 
 

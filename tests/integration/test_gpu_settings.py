@@ -20,9 +20,21 @@ time.sleep(120)
 
 
 def test_slots_default_to_the_gpus_the_agent_sees(cluster: Cluster) -> None:
-    cluster.spawn("agent-gpu-host", [sys.executable, "-m", "agent.main", "--host", "gpu-host"], {**cluster.env, "CUDA_VISIBLE_DEVICES": "0,1,2"})
-    cluster.spawn("agent-cpu-host", [sys.executable, "-m", "agent.main", "--host", "cpu-host"], {**cluster.env, "CUDA_VISIBLE_DEVICES": ""})
-    available = wait_for(lambda: (hosts := dict(cluster.call("discovery", "hosts")["available"])) and len(hosts) == 2 and hosts, 20, "both agents to register")
+    cluster.spawn(
+        "agent-gpu-host",
+        [sys.executable, "-m", "agent.main", "--host", "gpu-host"],
+        {**cluster.env, "CUDA_VISIBLE_DEVICES": "0,1,2"},
+    )
+    cluster.spawn(
+        "agent-cpu-host",
+        [sys.executable, "-m", "agent.main", "--host", "cpu-host"],
+        {**cluster.env, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    available = wait_for(
+        lambda: (hosts := dict(cluster.call("discovery", "hosts")["available"])) and len(hosts) == 2 and hosts,
+        20,
+        "both agents to register",
+    )
     assert available == {"gpu-host": [0, 1, 2], "cpu-host": [0]}
 
 

@@ -18,15 +18,37 @@ def test_horovod_script_trains_and_survives_kill_9_of_a_worker(cluster: Cluster,
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *SCRIPT, "--epochs", "4", "--fp16-allreduce", "--step-delay", "0.05", "--log-dir", str(log_dir))
-    wait_for(lambda: any(e["event"] == "commit" and e["size"] == 4 for e in read_events(log_dir)), 90, "commits at world size 4")
-    wait_for(lambda: "standby_waiting" in cluster.output("agent-host-2"), 60, "host-2's standby (the fork server's default) waiting in init()")
+    job = cluster.submit(
+        "--min-np",
+        "2",
+        "--",
+        *SCRIPT,
+        "--epochs",
+        "4",
+        "--fp16-allreduce",
+        "--step-delay",
+        "0.05",
+        "--log-dir",
+        str(log_dir),
+    )
+    wait_for(
+        lambda: any(e["event"] == "commit" and e["size"] == 4 for e in read_events(log_dir)),
+        90,
+        "commits at world size 4",
+    )
+    wait_for(
+        lambda: "standby_waiting" in cluster.output("agent-host-2"),
+        60,
+        "host-2's standby (the fork server's default) waiting in init()",
+    )
     os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
     assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
     output = cluster.output("agent-host-1")
     assert re.search(r"parameters identical on all [34] ranks: True", output), output
     assert "standby_admitted" in cluster.output("agent-host-2")
-    assert sizes_in_order(read_events(log_dir))[0] == 4, "the standby took the crashed slot: the job went on at full size"
+    assert sizes_in_order(read_events(log_dir))[0] == 4, (
+        "the standby took the crashed slot: the job went on at full size"
+    )
     losses = [float(v) for v in re.findall(r"Loss: ([0-9.]+)", output)]
     assert len(losses) >= 3 and losses[-1] < losses[0], losses
     epochs = sorted({e["epoch"] for e in read_events(log_dir) if e["event"] == "epoch"})
@@ -46,7 +68,19 @@ def test_horovod_script_with_adasum_on_two_ranks(cluster: Cluster, tmp_path: Pat
 def test_the_per_parameter_allreduce_idiom_still_trains(cluster: Cluster, tmp_path: Path) -> None:
     cluster.start_agent("host-1", 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "2", "--samples", "256", "--per-parameter-allreduce", "--log-dir", str(log_dir))
+    job = cluster.submit(
+        "--min-np",
+        "2",
+        "--",
+        *JOB,
+        "--epochs",
+        "2",
+        "--samples",
+        "256",
+        "--per-parameter-allreduce",
+        "--log-dir",
+        str(log_dir),
+    )
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     done = [e for e in read_events(log_dir) if e["event"] == "done"]
     assert len(done) == 2 and all(e["identical"] for e in done)
@@ -54,7 +88,9 @@ def test_the_per_parameter_allreduce_idiom_still_trains(cluster: Cluster, tmp_pa
     assert len(losses) == 2 and losses[1] < losses[0], losses
 
 
-def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_their_own(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_their_own(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     """3 hosts x 1 slot; the even ranks form a process set. Rank 2 is SIGKILLed: the round of 2 holds only rank 0
     in the set, and when the restarted worker is back the set is ranks 0 and 2 again. The script's own
     `state.commits` counts its steps through every reset, untouched by the library's commit counter. HOROVOD_RANK
@@ -64,7 +100,18 @@ def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_thei
     log_dir = tmp_path / "train"
     # Spawned workers: a forked replacement is often back before the survivors re-form, and this test needs the
     # round of 2 in between.
-    job = cluster.submit("--min-np", "2", "--no-fork-server", "--", sys.executable, "tests/workers/process_sets.py", "--steps", "600", "--log-dir", str(log_dir))
+    job = cluster.submit(
+        "--min-np",
+        "2",
+        "--no-fork-server",
+        "--",
+        sys.executable,
+        "tests/workers/process_sets.py",
+        "--steps",
+        "600",
+        "--log-dir",
+        str(log_dir),
+    )
 
     def steps_at(size: int, after: float = 0.0) -> list[dict]:
         return [e for e in read_events(log_dir) if e["event"] == "step" and e["size"] == size and e["time"] > after]
@@ -88,4 +135,6 @@ def test_a_process_set_follows_every_round_and_a_users_commits_attribute_is_thei
             assert e["set_sum"] == len(members) and e["set_rank"] == members.index(e["rank"]), e
         assert (e["horovod_rank"], e["horovod_size"]) == (str(e["rank"]), str(e["size"])), e
         if e["round"] == 1:
-            assert e["rank_before_init"] == str(e["rank"]), "the agent sets HOROVOD_RANK before a worker of a known slot starts"
+            assert e["rank_before_init"] == str(e["rank"]), (
+                "the agent sets HOROVOD_RANK before a worker of a known slot starts"
+            )

@@ -21,7 +21,9 @@ def _registry_pid(cluster: Cluster) -> int:
     raise AssertionError("no registry process")
 
 
-def test_local_runs_the_example_on_four_workers_rides_through_its_registry_s_death_and_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_local_runs_the_example_on_four_workers_rides_through_its_registry_s_death_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
     """The registry `elasticctl local` started is SIGKILLed once four workers train: local starts it again (as
     compose's `restart:` would), and the job finishes as if nothing happened."""
     cluster = Cluster(tmp_path)
@@ -43,8 +45,26 @@ def test_local_runs_the_example_on_four_workers_rides_through_its_registry_s_dea
     watcher.start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "2", "--", sys.executable, "examples/train.py", "--epochs", "12"],
-            env=cluster.env, cwd=REPO, capture_output=True, text=True, timeout=240,
+            [
+                sys.executable,
+                "-m",
+                "elasticctl.main",
+                "local",
+                "--hosts",
+                "2",
+                "--slots",
+                "2",
+                "--",
+                sys.executable,
+                "examples/train.py",
+                "--epochs",
+                "12",
+            ],
+            env=cluster.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
     finally:
         stop.set()
@@ -85,7 +105,11 @@ def test_status_during_a_job_shows_round_workers_and_hosts(cluster: Cluster) -> 
     cluster.start_agent("host-1", 2)
     cluster.start_agent("host-2", 1)
     job = cluster.submit("--", sys.executable, "examples/train.py", "--epochs", "200")
-    view = wait_for(lambda: (v := cluster.status()) and sum(w["state"] == "RUNNING" for w in v["workers"]) == 3 and v, 60, "3 running workers")
+    view = wait_for(
+        lambda: (v := cluster.status()) and sum(w["state"] == "RUNNING" for w in v["workers"]) == 3 and v,
+        60,
+        "3 running workers",
+    )
     assert view["job"]["state"] == "running" and view["job"]["size"] == 3
     table = cluster.elasticctl("status").stdout
     assert "host-1" in table and "RUNNING" in table and "world size 3" in table
@@ -102,7 +126,11 @@ def test_after_a_success_workers_that_never_exit_are_stopped(cluster: Cluster) -
     assert cluster.wait_job_end(job, 60) == 0
     assert "still running were stopped" in cluster.output("elasticctl-run")
     wait_for(lambda: not cluster.leftover_workers(), 15, "the lingering worker to be stopped")
-    wait_for(lambda: '"event": "worker_exited_after_job_end"' in cluster.output("registry"), 15, "the registry to log the stopped worker's exit as after the job's end")
+    wait_for(
+        lambda: '"event": "worker_exited_after_job_end"' in cluster.output("registry"),
+        15,
+        "the registry to log the stopped worker's exit as after the job's end",
+    )
     assert "worker_failed" not in cluster.output("registry")
 
 
@@ -111,7 +139,10 @@ def test_a_script_started_through_a_shell_that_does_not_exec_ends_its_job(cluste
     the process that joins the round is its child. The job must still end when they exit, and a failure must
     still name the rank."""
     cluster.start_agent("host-1", 2)
-    script = "import sys, libworker as e; e.init(); failing = len(sys.argv) > 1; sys.exit(3) if failing and e.rank() == 1 else e.barrier(); sys.exit(int(failing))"
+    script = (
+        "import sys, libworker as e; e.init(); failing = len(sys.argv) > 1; sys.exit(3) if failing and e.rank() == 1 "
+        "else e.barrier(); sys.exit(int(failing))"
+    )
     wrapped = f"{sys.executable} -c '{script}' \"$@\"; status=$?; exit $status"
     job = cluster.submit("--min-np", "2", "--", "sh", "-c", wrapped, "sh")
     assert cluster.wait_job_end(job, 60) == 0, cluster.output("elasticctl-run")

@@ -93,9 +93,14 @@ def common_junk(known_types: tuple[str, ...]) -> Junk:
         if kind == 4:
             return _request(f"no-such-type-{rng.randrange(1 << 30)}", {"x": rng.randbytes(100)}, msg_id, sender)
         if kind == 5:
-            return [_header(rng.choice(known_types), msg_id, sender, reply=True), msgpack.packb({"forged": rng.randbytes(200)})]
+            return [
+                _header(rng.choice(known_types), msg_id, sender, reply=True),
+                msgpack.packb({"forged": rng.randbytes(200)}),
+            ]
         if kind == 6:
-            return _request(rng.choice(known_types), {"host": rng.randrange(100), "spec": rng.randbytes(64)}, msg_id, sender)
+            return _request(
+                rng.choice(known_types), {"host": rng.randrange(100), "spec": rng.randbytes(64)}, msg_id, sender
+            )
         return _request(rng.choice(known_types), {"blob": rng.randbytes(rng.randrange(8_000, 32_000))}, msg_id, sender)
 
     return make
@@ -107,7 +112,9 @@ def rendezvous_junk(rng: random.Random, n: int) -> Frames:
     if n % 8 == 0:
         return _request("kv_get", {"key": f"never-set/{n}"}, msg_id, sender)
     if n % 8 == 1:
-        return _request("rank_and_size", {"host": f"junk-host-{n}", "local_rank": n % 8, "after_round": 0, "pid": n}, msg_id, sender)
+        return _request(
+            "rank_and_size", {"host": f"junk-host-{n}", "local_rank": n % 8, "after_round": 0, "pid": n}, msg_id, sender
+        )
     if n % 8 == 2:
         return _request("kv_set", {"key": f"junk/{n}"}, msg_id, sender, raw=(rng.randbytes(rng.randrange(1, 20_000)),))
     return common_junk(("kv_set", "kv_get", "rank_and_size", "new_round", "forget"))(rng, n)
@@ -209,13 +216,16 @@ class Flood:
         assert not waiting, f"{self.endpoint}: no answer to {sorted(waiting)} within {FENCE_TIMEOUT:g}s"
 
     def oversized(self) -> None:
-        """One message over MAX_MESSAGE_BYTES (refused with `too_large`), one frame over what libzmq reads (peer dropped)."""
+        """One message over MAX_MESSAGE_BYTES (refused with `too_large`), one frame over what libzmq reads (peer
+        dropped)."""
         polite, dropped = self._dealer(), self._dealer()
         try:
             polite.send_multipart([_header("ping", "big", "junk"), msgpack.packb({}), bytes(MAX_MESSAGE_BYTES + 1)])
             assert polite.poll(FENCE_TIMEOUT * 1000), f"{self.endpoint}: no answer to an oversized message"
             assert decode(polite.recv_multipart()).body.get("error") == "too_large"
-            dropped.send_multipart([_header("ping", "huge", "junk"), msgpack.packb({}), bytes(HARD_MAX_MESSAGE_BYTES + 1)])
+            dropped.send_multipart(
+                [_header("ping", "huge", "junk"), msgpack.packb({}), bytes(HARD_MAX_MESSAGE_BYTES + 1)]
+            )
         finally:
             polite.close()
             dropped.close()
@@ -235,8 +245,11 @@ class Measured:
     seconds: float
 
     def __str__(self) -> str:
-        return (f"RSS {self.before / 2**20:5.1f} MB -> {self.after / 2**20:5.1f} MB ({(self.after - self.before) / 2**20:+5.1f} MB), "
-                f"peak {self.peak / 2**20:5.1f} MB, {self.seconds:4.1f} s")
+        return (
+            f"RSS {self.before / 2**20:5.1f} MB -> {self.after / 2**20:5.1f} MB "
+            f"({(self.after - self.before) / 2**20:+5.1f} MB), "
+            f"peak {self.peak / 2**20:5.1f} MB, {self.seconds:4.1f} s"
+        )
 
 
 class PeakRss:
@@ -286,7 +299,13 @@ def subscription_junk(rng: random.Random, n: int) -> Frames:
     if kind == 4:
         return [b"\x00" + rng.randbytes(rng.randrange(1, 128))]
     if kind == 5:
-        forged = encode(Message(type="round", body={"seq": n, "incarnation": "forged", "blob": rng.randbytes(rng.randrange(1, 500))}, sender="notifier"))
+        forged = encode(
+            Message(
+                type="round",
+                body={"seq": n, "incarnation": "forged", "blob": rng.randbytes(rng.randrange(1, 500))},
+                sender="notifier",
+            )
+        )
         return [EVENT_TOPIC, *forged]
     return [bytes([rng.randrange(2, 256)]) + rng.randbytes(rng.randrange(1, 200))]
 
@@ -323,7 +342,13 @@ class Storm:
         """From new peers, forged events larger than a frame to the events socket may be."""
         rng = random.Random(-1)
         for _ in range(STORM_PEERS):
-            forged = encode(Message(type="round", body={"seq": 10**9, "incarnation": "forged", "blob": rng.randbytes(2000)}, sender="notifier"))
+            forged = encode(
+                Message(
+                    type="round",
+                    body={"seq": 10**9, "incarnation": "forged", "blob": rng.randbytes(2000)},
+                    sender="notifier",
+                )
+            )
             self._socket(zmq.XSUB).send_multipart([EVENT_TOPIC, *forged])
 
     def fence(self) -> None:
@@ -335,7 +360,9 @@ class Storm:
         for peer in waiting:
             poller.register(peer, zmq.POLLIN)
         while waiting:
-            assert time.monotonic() < deadline, f"no event reached {len(waiting)} storm peer(s) within {FENCE_TIMEOUT:g}s"
+            assert time.monotonic() < deadline, (
+                f"no event reached {len(waiting)} storm peer(s) within {FENCE_TIMEOUT:g}s"
+            )
             for peer in waiting:
                 peer.send(b"\x01" + EVENT_TOPIC)
             for peer, _ in poller.poll(300):
@@ -360,12 +387,18 @@ def flood_events(ctx: zmq.Context, cluster: Cluster) -> Measured:
     try:
         storm.send(0, WARM_UP)
         storm.fence()
-        assert "events_socket_rebound" not in cluster.output("notifier"), "the warm-up alone reached the notifier's bound"
+        assert "events_socket_rebound" not in cluster.output("notifier"), (
+            "the warm-up alone reached the notifier's bound"
+        )
         before = rss_bytes(pid)
         with PeakRss(pid) as peak:
             storm.send(WARM_UP, JUNK_PER_SOCKET)
             storm.forge()
-            wait_for(lambda: "events_socket_rebound" in cluster.output("notifier"), FENCE_TIMEOUT, "the notifier to cut the storm")
+            wait_for(
+                lambda: "events_socket_rebound" in cluster.output("notifier"),
+                FENCE_TIMEOUT,
+                "the notifier to cut the storm",
+            )
             storm.close()
             after = settled_rss_bytes(pid, before)
     finally:
@@ -396,9 +429,19 @@ def test_every_socket_stays_bounded_under_junk(cluster: Cluster, ctx: zmq.Contex
     cluster.start_agent("host-1")
     pids = {name: process.pid for name, process in cluster.processes.items()}
     targets: list[tuple[str, str, int, Junk]] = [
-        ("discovery", cluster.endpoints.discovery, pids["discovery"], common_junk(("register", "heartbeat", "hosts", "drain", "slots"))),
+        (
+            "discovery",
+            cluster.endpoints.discovery,
+            pids["discovery"],
+            common_junk(("register", "heartbeat", "hosts", "drain", "slots")),
+        ),
         ("rendezvous", cluster.endpoints.rendezvous, pids["rendezvous"], rendezvous_junk),
-        ("registry", cluster.endpoints.registry, pids["registry"], common_junk(("submit", "job", "worker_exited", "cancel"))),
+        (
+            "registry",
+            cluster.endpoints.registry,
+            pids["registry"],
+            common_junk(("submit", "job", "worker_exited", "cancel")),
+        ),
         ("notifier", cluster.endpoints.notifier, pids["notifier"], notifier_junk),
         ("agent", agent_endpoint(Path(cluster.env["ELASTIC_RUN_DIR"]), "host-1"), pids["agent-host-1"], agent_junk),
     ]
@@ -408,5 +451,9 @@ def test_every_socket_stays_bounded_under_junk(cluster: Cluster, ctx: zmq.Contex
         print(f"{name:16} {measured}")
     for service in ("discovery", "rendezvous", "registry", "notifier"):
         assert cluster.call(service, "ping") == {"service": service}
-    grown = {name: f"{(m.after - m.before) / 2**20:+.1f} MB" for name, m in results.items() if m.after - m.before >= RSS_GROWTH_LIMIT}
+    grown = {
+        name: f"{(m.after - m.before) / 2**20:+.1f} MB"
+        for name, m in results.items()
+        if m.after - m.before >= RSS_GROWTH_LIMIT
+    }
     assert not grown, f"resident memory grew by {RSS_GROWTH_LIMIT / 2**20:g} MB or more: {grown}"

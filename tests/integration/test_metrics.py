@@ -25,7 +25,11 @@ def scrape(port: int) -> Samples:
     """Every sample served on `port`, by (name, labels)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
@@ -46,15 +50,25 @@ def test_services_and_agent_serve_their_metrics_during_a_job(tmp_path: Path) -> 
         job = cluster.submit("--", *COUNTER_JOB)
 
         agent = wait_for(
-            lambda: (s := scrape(agent_port)) and value(s, "elastic_agent_workers", host="host-1", state="running") == 2
-            and value(s, "elastic_agent_workers", host="host-1", state="standby") == 1 and s,
-            60, "the agent's metrics to show 2 running workers and the fork server's default standby",
+            lambda: (
+                (s := scrape(agent_port))
+                and value(s, "elastic_agent_workers", host="host-1", state="running") == 2
+                and value(s, "elastic_agent_workers", host="host-1", state="standby") == 1
+                and s
+            ),
+            60,
+            "the agent's metrics to show 2 running workers and the fork server's default standby",
         )
         assert handled(agent, "agent", "rank_and_size") >= 2
-        assert value(agent, "elastic_client_requests_in_flight", service="agent", endpoint=cluster.endpoints.discovery) is not None
+        assert (
+            value(agent, "elastic_client_requests_in_flight", service="agent", endpoint=cluster.endpoints.discovery)
+            is not None
+        )
         assert value(agent, "elastic_parked_requests", service="agent") is not None
         commits = wait_for(
-            lambda: value(scrape(agent_port), "elastic_commit_seconds_count", host="host-1"), 30, "the snapshot writer's commit times"
+            lambda: value(scrape(agent_port), "elastic_commit_seconds_count", host="host-1"),
+            30,
+            "the snapshot writer's commit times",
         )
         assert commits >= 1
         assert cluster.wait_job_end(job, 60) == 0, cluster.output("elasticctl-run")
@@ -67,7 +81,8 @@ def test_services_and_agent_serve_their_metrics_during_a_job(tmp_path: Path) -> 
 
         discovery = wait_for(
             lambda: (s := scrape(port["discovery"])) and value(s, "elastic_discovery_hosts", state="active") == 1 and s,
-            10, "discovery's metrics to show 1 active host",
+            10,
+            "discovery's metrics to show 1 active host",
         )
         assert handled(discovery, "discovery", "heartbeat") > 0
         assert value(discovery, "elastic_discovery_heartbeats_total", status="ok") > 0
@@ -123,19 +138,31 @@ def _taken_port() -> tuple[socket.socket, int]:
 @pytest.mark.parametrize(
     ("command", "port", "expected"),
     [
-        (["-m", "services.rendezvous"], "70000", "rendezvous: --metrics-port='70000': port 70000 is out of range (1-65535)"),
+        (
+            ["-m", "services.rendezvous"],
+            "70000",
+            "rendezvous: --metrics-port='70000': port 70000 is out of range (1-65535)",
+        ),
         (["-m", "services.registry"], "metrics", "registry: --metrics-port='metrics': not a port number"),
         (["-m", "services.discovery"], "taken", f"discovery: {IN_USE}"),
         (["-m", "agent.main", "--host", "host-1", "--slots", "1"], "taken", f"elastic-agent: {IN_USE}"),
     ],
     ids=["out-of-range", "not-a-number", "taken", "taken-by-the-agent"],
 )
-def test_a_bad_metrics_port_stops_the_process_with_one_line(tmp_path: Path, command: list[str], port: str, expected: str) -> None:
+def test_a_bad_metrics_port_stops_the_process_with_one_line(
+    tmp_path: Path, command: list[str], port: str, expected: str
+) -> None:
     cluster = Cluster(tmp_path)
     listener, taken = _taken_port()
     try:
         port = str(taken) if port == "taken" else port
-        result = subprocess.run([sys.executable, *command, "--metrics-port", port], env=cluster.env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [sys.executable, *command, "--metrics-port", port],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         listener.close()
     assert result.returncode == 2, result.stderr

@@ -59,11 +59,31 @@ def _log_events(cluster: Cluster, name: str, event: str) -> list[dict[str, Any]]
 @pytest.mark.parametrize(
     ("args", "env", "line"),
     [
-        (["status"], {"ELASTIC_REGISTRY_ENDPOINT": "not-an-endpoint"}, "ELASTIC_REGISTRY_ENDPOINT='not-an-endpoint': not an endpoint (want tcp://HOST:PORT or ipc://PATH)"),
-        (["drain", "host-1"], {"ELASTIC_DISCOVERY_ENDPOINT": BAD_PORT}, f"ELASTIC_DISCOVERY_ENDPOINT='{BAD_PORT}': port 70000 is out of range (1-65535)"),
-        (["status", "--control", "tcp://10.0.0.1:5550"], {}, "--control='tcp://10.0.0.1:5550': 'tcp://10.0.0.1:5550' is not a host name or an IP address"),
-        (["run", "--", "true"], {"ELASTIC_CONTROL": "a b"}, "ELASTIC_CONTROL='a b': 'a b' is not a host name or an IP address"),
-        (["local", "--hosts", "1", "--", "true"], {"ELASTIC_EVENTS_ENDPOINT": "udp://127.0.0.1:5554"}, "ELASTIC_EVENTS_ENDPOINT='udp://127.0.0.1:5554': scheme 'udp' is not supported (want tcp://HOST:PORT or ipc://PATH)"),
+        (
+            ["status"],
+            {"ELASTIC_REGISTRY_ENDPOINT": "not-an-endpoint"},
+            "ELASTIC_REGISTRY_ENDPOINT='not-an-endpoint': not an endpoint (want tcp://HOST:PORT or ipc://PATH)",
+        ),
+        (
+            ["drain", "host-1"],
+            {"ELASTIC_DISCOVERY_ENDPOINT": BAD_PORT},
+            f"ELASTIC_DISCOVERY_ENDPOINT='{BAD_PORT}': port 70000 is out of range (1-65535)",
+        ),
+        (
+            ["status", "--control", "tcp://10.0.0.1:5550"],
+            {},
+            "--control='tcp://10.0.0.1:5550': 'tcp://10.0.0.1:5550' is not a host name or an IP address",
+        ),
+        (
+            ["run", "--", "true"],
+            {"ELASTIC_CONTROL": "a b"},
+            "ELASTIC_CONTROL='a b': 'a b' is not a host name or an IP address",
+        ),
+        (
+            ["local", "--hosts", "1", "--", "true"],
+            {"ELASTIC_EVENTS_ENDPOINT": "udp://127.0.0.1:5554"},
+            "ELASTIC_EVENTS_ENDPOINT='udp://127.0.0.1:5554': scheme 'udp' is not supported (want tcp://HOST:PORT or ipc://PATH)",
+        ),
     ],
 )
 def test_cli_bad_endpoint_is_one_line_exit_2(args: list[str], env: dict[str, str], line: str) -> None:
@@ -73,7 +93,9 @@ def test_cli_bad_endpoint_is_one_line_exit_2(args: list[str], env: dict[str, str
 
 def test_cli_says_a_control_host_does_not_resolve() -> None:
     result = _run(["-m", "elasticctl.main", "status", "--control", "not-a-host.invalid"], _clean_env())
-    _assert_one_line(result, "elasticctl: cannot reach the control plane: not-a-host.invalid does not resolve", exit_code=1)
+    _assert_one_line(
+        result, "elasticctl: cannot reach the control plane: not-a-host.invalid does not resolve", exit_code=1
+    )
 
 
 # -- services ------------------------------------------------------------------------------------
@@ -95,7 +117,9 @@ def test_a_bad_value_in_the_compose_environment_stops_the_service() -> None:
 
 def test_a_bad_bind_host_stops_the_service() -> None:
     result = _run(["-m", "services.notifier"], _clean_env(ELASTIC_BIND="0.0.0.0:5553"))
-    _assert_one_line(result, "notifier: ELASTIC_BIND='0.0.0.0:5553': '0.0.0.0:5553' is not a host name or an IP address")
+    _assert_one_line(
+        result, "notifier: ELASTIC_BIND='0.0.0.0:5553': '0.0.0.0:5553' is not a host name or an IP address"
+    )
 
 
 # -- the agent -----------------------------------------------------------------------------------
@@ -103,12 +127,22 @@ def test_a_bad_bind_host_stops_the_service() -> None:
     ("args", "env", "line"),
     [
         (["--control", "not a host"], {}, "--control='not a host': 'not a host' is not a host name or an IP address"),
-        ([], {"ELASTIC_CONTROL": "host:5550"}, "ELASTIC_CONTROL='host:5550': 'host:5550' is not a host name or an IP address"),
-        ([], {"ELASTIC_NOTIFIER_ENDPOINT": BAD_PORT}, f"ELASTIC_NOTIFIER_ENDPOINT='{BAD_PORT}': port 70000 is out of range (1-65535)"),
+        (
+            [],
+            {"ELASTIC_CONTROL": "host:5550"},
+            "ELASTIC_CONTROL='host:5550': 'host:5550' is not a host name or an IP address",
+        ),
+        (
+            [],
+            {"ELASTIC_NOTIFIER_ENDPOINT": BAD_PORT},
+            f"ELASTIC_NOTIFIER_ENDPOINT='{BAD_PORT}': port 70000 is out of range (1-65535)",
+        ),
     ],
 )
 def test_agent_refuses_a_bad_endpoint(tmp_path: Path, args: list[str], env: dict[str, str], line: str) -> None:
-    result = _run(["-m", "agent.main", "--host", "h", "--slots", "1", *args], _clean_env(ELASTIC_RUN_DIR=str(tmp_path), **env))
+    result = _run(
+        ["-m", "agent.main", "--host", "h", "--slots", "1", *args], _clean_env(ELASTIC_RUN_DIR=str(tmp_path), **env)
+    )
     _assert_one_line(result, f"elastic-agent: {line}")
 
 
@@ -116,13 +150,21 @@ def test_agent_warns_once_then_says_when_a_late_control_plane_answers(tmp_path: 
     cluster = Cluster(tmp_path)
     try:
         cluster.spawn("agent-host-1", [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1"])
-        (warning,) = wait_for(lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning")
+        (warning,) = wait_for(
+            lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning"
+        )
         assert warning["level"] == "warning" and warning["reason"] == "no reply"
         assert warning["endpoints"] == cluster.endpoints.values()
         cluster.start_services()
-        (recovery,) = wait_for(lambda: _log_events(cluster, "agent-host-1", "control_plane_reachable"), 10, "the agent's recovery line")
+        (recovery,) = wait_for(
+            lambda: _log_events(cluster, "agent-host-1", "control_plane_reachable"), 10, "the agent's recovery line"
+        )
         assert recovery["endpoint"] == cluster.endpoints.discovery and recovery["silent_s"] >= warning["silent_s"]
-        wait_for(lambda: [h for h in cluster.call("discovery", "hosts")["all"] if h["host"] == "host-1"], 10, "the agent to register")
+        wait_for(
+            lambda: [h for h in cluster.call("discovery", "hosts")["all"] if h["host"] == "host-1"],
+            10,
+            "the agent to register",
+        )
         assert len(_log_events(cluster, "agent-host-1", "control_plane_unreachable")) == 1
     finally:
         cluster.close()
@@ -132,8 +174,14 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     env = {k: v for k, v in cluster.env.items() if not k.endswith("_ENDPOINT")}
     try:
-        cluster.spawn("agent-host-1", [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1", "--control", "not-a-host.invalid"], env=env)
-        (warning,) = wait_for(lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning")
+        cluster.spawn(
+            "agent-host-1",
+            [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1", "--control", "not-a-host.invalid"],
+            env=env,
+        )
+        (warning,) = wait_for(
+            lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning"
+        )
         assert warning["reason"] == "not-a-host.invalid does not resolve"
         assert "tcp://not-a-host.invalid:5550" in warning["endpoints"]
         assert cluster.processes["agent-host-1"].poll() is None
@@ -144,13 +192,21 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
 def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     endpoint = agent_endpoint(tmp_path / "run", "host-1")
-    worker = f"import time; from bus.agent_link import AgentLink; AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
+    worker = (
+        f"import time; from bus.agent_link import AgentLink; AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
+    )
     try:
         cluster.spawn("worker", [sys.executable, "-c", worker])
-        warning = re.compile(rf"^libworker: no word from the agent at {re.escape(endpoint)} for \d+s; still trying", re.M)
+        warning = re.compile(
+            rf"^libworker: no word from the agent at {re.escape(endpoint)} for \d+s; still trying", re.M
+        )
         wait_for(lambda: warning.search(cluster.output("worker")), 20, "the worker's warning")
         cluster.spawn("agent-host-1", [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1"])
-        wait_for(lambda: f"libworker: the agent at {endpoint} answers again after" in cluster.output("worker"), 10, "the worker's recovery line")
+        wait_for(
+            lambda: f"libworker: the agent at {endpoint} answers again after" in cluster.output("worker"),
+            10,
+            "the worker's recovery line",
+        )
         assert len(warning.findall(cluster.output("worker"))) == 1
     finally:
         cluster.close()
@@ -163,9 +219,13 @@ def test_sigkill_of_elasticctl_local_leaves_none_of_its_processes(tmp_path: Path
     cluster = Cluster(tmp_path, {key: value})
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     try:
-        local = cluster.spawn("local", [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--", *sleeper])
+        local = cluster.spawn(
+            "local", [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--", *sleeper]
+        )
         wait_for(lambda: len(cluster.leftover_workers()) == 2, 30, "both workers of the job to run")
-        assert len(processes_with_env(marker)) == 1 + len(SERVICES) + 2 + 2 + 2, "elasticctl, the services, 2 agents, their fork servers, 2 workers"
+        assert len(processes_with_env(marker)) == 1 + len(SERVICES) + 2 + 2 + 2, (
+            "elasticctl, the services, 2 agents, their fork servers, 2 workers"
+        )
         local.send_signal(signal.SIGKILL)
         local.wait()
         wait_for(lambda: not processes_with_env(marker), 5, "every process of elasticctl local to exit")

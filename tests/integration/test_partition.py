@@ -59,20 +59,59 @@ def test_a_partitioned_host_is_lost_then_rejoins_after_cooldown(tmp_path: Path, 
         cluster.start_services()
         cluster.env["GLOO_SOCKET_IFNAME"] = namespace["host_if"]
         cluster.start_agent("host-1", 2, ["--advertise-addr", HOST_IP])
-        remote = {f"ELASTIC_{name.upper()}_ENDPOINT": value.replace("127.0.0.1", HOST_IP) for name, value in vars(cluster.endpoints).items()}
+        remote = {
+            f"ELASTIC_{name.upper()}_ENDPOINT": value.replace("127.0.0.1", HOST_IP)
+            for name, value in vars(cluster.endpoints).items()
+        }
         ns_env = {**cluster.env, **remote, "GLOO_SOCKET_IFNAME": namespace["ns_if"]}
         cluster.spawn(
             "agent-host-2",
-            ["ip", "netns", "exec", namespace["ns"], sys.executable, "-m", "agent.main", "--host", "host-2", "--slots", "2", "--advertise-addr", NS_IP],
+            [
+                "ip",
+                "netns",
+                "exec",
+                namespace["ns"],
+                sys.executable,
+                "-m",
+                "agent.main",
+                "--host",
+                "host-2",
+                "--slots",
+                "2",
+                "--advertise-addr",
+                NS_IP,
+            ],
             env=ns_env,
         )
-        wait_for(lambda: any(h["host"] == "host-2" for h in cluster.call("discovery", "hosts")["all"]), 20, "host-2 to register from its namespace")
+        wait_for(
+            lambda: any(h["host"] == "host-2" for h in cluster.call("discovery", "hosts")["all"]),
+            20,
+            "host-2 to register from its namespace",
+        )
         log_dir = tmp_path / "train"
-        job = cluster.submit("--min-np", "2", "--blacklist-cooldown", "3", "3", "--", *JOB, "--epochs", "6", "--step-delay", "0.03", "--log-dir", str(log_dir))
+        job = cluster.submit(
+            "--min-np",
+            "2",
+            "--blacklist-cooldown",
+            "3",
+            "3",
+            "--",
+            *JOB,
+            "--epochs",
+            "6",
+            "--step-delay",
+            "0.03",
+            "--log-dir",
+            str(log_dir),
+        )
         wait_for_size(log_dir, 4)
 
         _ip("link", "set", namespace["host_if"], "down")
-        wait_for(lambda: next(h for h in cluster.status()["hosts"] if h["host"] == "host-2")["state"] == "lost", 0.6 + 3.0, "host-2 lost")
+        wait_for(
+            lambda: next(h for h in cluster.status()["hosts"] if h["host"] == "host-2")["state"] == "lost",
+            0.6 + 3.0,
+            "host-2 lost",
+        )
         cut_at = max(e["time"] for e in steps(log_dir))
         wait_for_size(log_dir, 2, after=cut_at, timeout=30)
 

@@ -29,13 +29,35 @@ HELD_ASIDE_MAX = 20 + 10  # the harness's collective timeout, and a margin
 
 
 def start_agent_with_fd_limit(cluster: Cluster, host: str, slots: int) -> None:
-    cluster.spawn(f"agent-{host}", ["sh", "-c", f'ulimit -n {FD_LIMIT} && exec "$0" "$@"', sys.executable, "-m", "agent.main", "--host", host, "--slots", str(slots)])
-    wait_for(lambda: any(h["host"] == host for h in cluster.call("discovery", "hosts")["all"]), 20, f"agent {host} to register")
+    cluster.spawn(
+        f"agent-{host}",
+        [
+            "sh",
+            "-c",
+            f'ulimit -n {FD_LIMIT} && exec "$0" "$@"',
+            sys.executable,
+            "-m",
+            "agent.main",
+            "--host",
+            host,
+            "--slots",
+            str(slots),
+        ],
+    )
+    wait_for(
+        lambda: any(h["host"] == host for h in cluster.call("discovery", "hosts")["all"]),
+        20,
+        f"agent {host} to register",
+    )
 
 
 def resources(pid: int) -> tuple[int, int]:
     fds = len(os.listdir(f"/proc/{pid}/fd"))
-    threads = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Threads:"))
+    threads = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("Threads:")
+    )
     return fds, threads
 
 
@@ -53,12 +75,18 @@ def settled(pid: int, baseline: tuple[int, int], within: float) -> tuple[int, in
 
 
 def fd_limit(pid: int) -> int:
-    line = next(line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max open files"))
+    line = next(
+        line for line in Path(f"/proc/{pid}/limits").read_text().splitlines() if line.startswith("Max open files")
+    )
     return int(line.split()[3])
 
 
 def running_pids(cluster: Cluster, host: str) -> list[int]:
-    return [int(w["pid"]) for w in cluster.call("registry", "status")["workers"] if w["host"] == host and w["state"] == "RUNNING" and w["pid"]]
+    return [
+        int(w["pid"])
+        for w in cluster.call("registry", "status")["workers"]
+        if w["host"] == host and w["state"] == "RUNNING" and w["pid"]
+    ]
 
 
 def reset_count(cluster: Cluster) -> int:
@@ -66,21 +94,54 @@ def reset_count(cluster: Cluster) -> int:
 
 
 @pytest.mark.parametrize("resets", [20, pytest.param(200, marks=pytest.mark.slow)])
-def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(cluster: Cluster, tmp_path: Path, resets: int) -> None:
+def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(
+    cluster: Cluster, tmp_path: Path, resets: int
+) -> None:
     for host, slots in (("host-1", 1), ("host-2", 1), ("host-3", 2)):
         start_agent_with_fd_limit(cluster, host, slots)
     log_dir = tmp_path / "train"
     job = cluster.submit(
-        "--min-np", "2", "--blacklist-cooldown", "0", "0", "--max-restarts", "100000", "--restart-window", "0.001",
-        "--", *JOB, "--epochs", "100000", "--samples", "256", "--log-dir", str(log_dir),
+        "--min-np",
+        "2",
+        "--blacklist-cooldown",
+        "0",
+        "0",
+        "--max-restarts",
+        "100000",
+        "--restart-window",
+        "0.001",
+        "--",
+        *JOB,
+        "--epochs",
+        "100000",
+        "--samples",
+        "256",
+        "--log-dir",
+        str(log_dir),
     )
     wait_for_size(log_dir, FULL_SIZE)
     survivor = running_pids(cluster, "host-1")[0]
     assert fd_limit(survivor) == FD_LIMIT
 
     def at_full_size_after(reset: int) -> tuple[int, int]:
-        wait_for(lambda: reset_count(cluster) >= reset and cluster.call("registry", "job")["size"] == FULL_SIZE and len(running_pids(cluster, "host-3")) == 2, 60, f"full size after reset {reset}")
-        latest = wait_for(lambda: [e for e in steps(log_dir) if e["pid"] == survivor and e["round"] == cluster.call("registry", "job")["round"]], 30, "the survivor training in the current round")
+        wait_for(
+            lambda: (
+                reset_count(cluster) >= reset
+                and cluster.call("registry", "job")["size"] == FULL_SIZE
+                and len(running_pids(cluster, "host-3")) == 2
+            ),
+            60,
+            f"full size after reset {reset}",
+        )
+        latest = wait_for(
+            lambda: [
+                e
+                for e in steps(log_dir)
+                if e["pid"] == survivor and e["round"] == cluster.call("registry", "job")["round"]
+            ],
+            30,
+            "the survivor training in the current round",
+        )
         assert latest[-1]["size"] == FULL_SIZE
         return resources(survivor)
 
@@ -99,7 +160,11 @@ def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(cluster: Clus
     kill_until(4)
     # Kills can come faster than commits: the first sample waits until the survivor has written its host snapshot's
     # two slots, which it keeps mapped from then on (a descriptor and the mapping's own, each).
-    wait_for(lambda: sum(e["event"] == "commit" and e["pid"] == survivor for e in read_events(log_dir)) >= 2, 60, "the survivor's first two commits")
+    wait_for(
+        lambda: sum(e["event"] == "commit" and e["pid"] == survivor for e in read_events(log_dir)) >= 2,
+        60,
+        "the survivor's first two commits",
+    )
     baseline = at_full_size_after(4)
     kill_until(resets)
     at_full_size_after(resets)

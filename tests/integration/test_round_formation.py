@@ -33,7 +33,13 @@ from testing.harness import REPO, free_ports
 def test_a_survivor_of_a_round_that_failed_to_form_forms_the_next_with_a_fresh_replacement() -> None:
     port = free_ports(1)[0]
     worker = [sys.executable, "tests/workers/form_round.py", str(port)]
-    run = {"cwd": REPO, "env": {**os.environ, "PYTHONPATH": str(REPO)}, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    run = {
+        "cwd": REPO,
+        "env": {**os.environ, "PYTHONPATH": str(REPO)},
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT,
+        "text": True,
+    }
     survivor = subprocess.Popen([*worker, "0", "2", "1"], **run)
     replacement = subprocess.Popen([*worker, "1", "2"], **run)
     try:
@@ -66,7 +72,9 @@ def test_a_round_whose_peer_died_before_arriving_stops_forming_at_the_abort(roun
     assert world.poisoned
 
 
-def test_an_abort_that_overtook_the_joins_answer_still_ends_the_round_it_was_for(round_3_of_2_ranks: dist.Store) -> None:
+def test_an_abort_that_overtook_the_joins_answer_still_ends_the_round_it_was_for(
+    round_3_of_2_ranks: dist.Store,
+) -> None:
     world.round = 2
     world.abort_round(3)
     world.abort_round(1)

@@ -20,8 +20,17 @@ from testing.harness import REPO, free_ports
 
 def test_survivors_leave_a_round_with_a_pending_collective_at_once_and_drop_its_group_once_it_ends() -> None:
     port = free_ports(1)[0]
-    run = {"cwd": REPO, "env": {**os.environ, "PYTHONPATH": str(REPO)}, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-    ranks = [subprocess.Popen([sys.executable, "tests/workers/leave_with_pending_work.py", str(port), str(rank)], **run) for rank in range(3)]
+    run = {
+        "cwd": REPO,
+        "env": {**os.environ, "PYTHONPATH": str(REPO)},
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT,
+        "text": True,
+    }
+    ranks = [
+        subprocess.Popen([sys.executable, "tests/workers/leave_with_pending_work.py", str(port), str(rank)], **run)
+        for rank in range(3)
+    ]
     try:
         outputs = [process.communicate(timeout=90)[0] for process in ranks]
     finally:

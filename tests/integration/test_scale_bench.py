@@ -29,7 +29,12 @@ def test_scale_bench_small() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", MARKER: token}
     process = subprocess.Popen(
         [sys.executable, "bench/scale.py", "--hosts", str(HOSTS), "--slots", str(SLOTS)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     try:
         output, _ = process.communicate(timeout=120)

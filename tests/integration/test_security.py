@@ -21,7 +21,12 @@ from tests.integration.training import JOB, assert_training_invariants, steps, w
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    result = subprocess.run([sys.executable, "-m", "elasticctl.main", "keys", "generate", str(tmp_path / "keys")], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticctl.main", "keys", "generate", str(tmp_path / "keys")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     return tmp_path / "keys"
 
@@ -61,7 +66,9 @@ def test_only_an_authorised_key_gets_an_answer(tmp_path: Path, keys: Path) -> No
 def test_services_refuse_a_public_bind_without_keys(tmp_path: Path) -> None:
     env = {**os.environ, "ELASTIC_BIND": "0.0.0.0"}
     env.pop("ELASTIC_KEYS", None)
-    result = subprocess.run([sys.executable, "-m", "services.registry"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.registry"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2
     assert "refusing to bind tcp://0.0.0.0" in result.stderr and "Traceback" not in result.stderr
 
@@ -76,13 +83,21 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
         assert stat.S_IMODE(socket_path.stat().st_mode) & 0o077 == 0
         assert stat.S_IMODE(socket_path.parent.stat().st_mode) & 0o077 == 0
         log_dir = tmp_path / "train"
-        job = cluster.submit("--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir))
+        job = cluster.submit(
+            "--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir)
+        )
         wait_for_size(log_dir, 4)
         victim = worker_pid(cluster, "host-2", 1)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: any(e["host"] == "host-2" and e["pid"] != victim and e["size"] == 4 and e["time"] > killed_at for e in steps(log_dir)), 60,
-                 "host-2's slot 1 training again in a new process")
+        wait_for(
+            lambda: any(
+                e["host"] == "host-2" and e["pid"] != victim and e["size"] == 4 and e["time"] > killed_at
+                for e in steps(log_dir)
+            ),
+            60,
+            "host-2's slot 1 training again in a new process",
+        )
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
         wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")

@@ -36,7 +36,9 @@ def agent_slots(cluster: Cluster) -> list[Path]:
 def start(cluster: Cluster, log_dir: Path, *options: str) -> subprocess.Popen[bytes]:
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 1)
-    return cluster.submit("--min-np", "2", "--max-restarts", "3", *options, "--", *COUNTER_JOB, "--log-dir", str(log_dir))
+    return cluster.submit(
+        "--min-np", "2", "--max-restarts", "3", *options, "--", *COUNTER_JOB, "--log-dir", str(log_dir)
+    )
 
 
 def assert_finished_exactly(log_dir: Path, ranks: int = 2, batches: int = BATCHES) -> None:
@@ -62,7 +64,9 @@ def test_every_worker_killed_at_once_resumes_from_the_snapshots_with_no_batch_lo
         entries = events(log_dir, "enter")
         resumed = [e for e in entries if e["pid"] not in victims]
         assert len({e["batch"] for e in resumed}) == 1, resumed
-        assert last_before <= resumed[0]["batch"] <= last_before + 1, "resumed at the newest commit (a kill may cut off the log line of the last one)"
+        assert last_before <= resumed[0]["batch"] <= last_before + 1, (
+            "resumed at the newest commit (a kill may cut off the log line of the last one)"
+        )
         assert_finished_exactly(log_dir)
         status = cluster.status()
         assert status["job"]["resumed_from"] == resumed[0]["batch"]
@@ -79,7 +83,11 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         first.start_services()
         log_dir = tmp_path / "train-1"
         start(first, log_dir, "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0.2")
-        wait_for(lambda: (files := checkpoint_files(checkpoints)) and int(files[0].stem.split("-")[1]) >= 60, 90, "a checkpoint of commit 60")
+        wait_for(
+            lambda: (files := checkpoint_files(checkpoints)) and int(files[0].stem.split("-")[1]) >= 60,
+            90,
+            "a checkpoint of commit 60",
+        )
         status = first.status()
         assert all(h["snapshot"]["commit"] >= 1 for h in status["hosts"]), status["hosts"]
     finally:
@@ -96,7 +104,9 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         second.start_services()
         log_dir = tmp_path / "train-2"
         job = start(second, log_dir, "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0.2")
-        assert not [p for p in orphans if p.exists()], "the next agent on the host removes the slots a killed agent left"
+        assert not [p for p in orphans if p.exists()], (
+            "the next agent on the host removes the slots a killed agent left"
+        )
         assert second.wait_job_end(job, 120) == 0, second.output("elasticctl-run")
         first_entry = events(log_dir, "enter")[0]
         assert newest <= first_entry["batch"] <= killed_at and first_entry["batch"] > 0

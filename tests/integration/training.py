@@ -37,7 +37,11 @@ def sizes_in_order(events: list[dict[str, Any]]) -> list[int]:
 
 
 def wait_for_size(log_dir: Path, size: int, after: float = 0.0, timeout: float = 90.0) -> None:
-    wait_for(lambda: any(e["size"] == size and e["time"] > after for e in steps(log_dir)), timeout, f"steps at world size {size}")
+    wait_for(
+        lambda: any(e["size"] == size and e["time"] > after for e in steps(log_dir)),
+        timeout,
+        f"steps at world size {size}",
+    )
 
 
 def assert_training_invariants(log_dir: Path) -> None:
@@ -50,7 +54,9 @@ def assert_training_invariants(log_dir: Path) -> None:
             assert event["step"] >= last_commit, f"committed step went back from {last_commit} to {event['step']}"
             last_commit = event["step"]
         if event["event"] == "enter":
-            assert event["step"] >= last_commit, f"round {event['round']} resumed at step {event['step']} before commit {last_commit}"
+            assert event["step"] >= last_commit, (
+                f"round {event['round']} resumed at step {event['step']} before commit {last_commit}"
+            )
     entries: dict[int, set[str]] = defaultdict(set)
     for event in events:
         if event["event"] == "enter":
@@ -72,13 +78,30 @@ def assert_training_invariants(log_dir: Path) -> None:
 
 
 def start_training(
-    cluster: Cluster, tmp_path: Path, *options: str, hosts: tuple[str, ...] = ("host-1", "host-2"), epochs: int = 3, step_delay: float = 0.02
+    cluster: Cluster,
+    tmp_path: Path,
+    *options: str,
+    hosts: tuple[str, ...] = ("host-1", "host-2"),
+    epochs: int = 3,
+    step_delay: float = 0.02,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Agents with 2 slots each, then the elastic example with --min-np 2; returns once every slot trains."""
     for host in hosts:
         cluster.start_agent(host, 2)
     log_dir = tmp_path / "train"
-    job = cluster.submit("--min-np", "2", *options, "--", *JOB, "--epochs", str(epochs), "--step-delay", str(step_delay), "--log-dir", str(log_dir))
+    job = cluster.submit(
+        "--min-np",
+        "2",
+        *options,
+        "--",
+        *JOB,
+        "--epochs",
+        str(epochs),
+        "--step-delay",
+        str(step_delay),
+        "--log-dir",
+        str(log_dir),
+    )
     wait_for_size(log_dir, 2 * len(hosts))
     return job, log_dir
 

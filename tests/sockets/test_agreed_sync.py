@@ -67,8 +67,8 @@ def test_the_newest_commit_wins_and_equal_commits_skip_the_broadcast() -> None:
 
 def _sync_users_commits() -> tuple[int, bool, int, int]:
     """Rank 0 holds library commit 3 and the user's `commits=0`; every other rank holds commit 1, a larger user's
-    `commits` and the user's `live_ahead=True`. Return (commits, live_ahead, the library's counter, the root the sync came from) after the
-    agreed sync."""
+    `commits` and the user's `live_ahead=True`. Return (commits, live_ahead, the library's counter, the root the sync
+    came from) after the agreed sync."""
     import torch
     import torch.distributed as dist
 
@@ -78,7 +78,9 @@ def _sync_users_commits() -> tuple[int, bool, int, int]:
 
     rank = dist.get_rank()
     model = torch.nn.Linear(2, 1)
-    state = elastic.TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), commits=100 * rank, live_ahead=rank > 0)
+    state = elastic.TorchState(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), commits=100 * rank, live_ahead=rank > 0
+    )
     state._commits = 3 if rank == 0 else 1
     world.holds_state = True
     synced_from = _record_syncs(state)

@@ -84,10 +84,14 @@ def _build(kind: str) -> torch.nn.Module:
 
 def _batch(kind: str, rank: int, step: int, part: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     width_in, width_out = (16, 4) if kind == "mlp" else (8, 8)
-    return _randn("x", kind, rank, step, part, shape=(6, width_in)), _randn("y", kind, rank, step, part, shape=(6, width_out))
+    return _randn("x", kind, rank, step, part, shape=(6, width_in)), _randn(
+        "y", kind, rank, step, part, shape=(6, width_out)
+    )
 
 
-def _loss(model: torch.nn.Module, kind: str, rank: int, step: int, part: int = 0, use_extra: bool = False) -> torch.Tensor:
+def _loss(
+    model: torch.nn.Module, kind: str, rank: int, step: int, part: int = 0, use_extra: bool = False
+) -> torch.Tensor:
     x, y = _batch(kind, rank, step, part)
     return F.mse_loss(model(x, use_extra), y)
 
@@ -128,8 +132,16 @@ class _SGD:
                 p.add_(buf, alpha=-LR)
 
 
-def _reference_training(size: int, kind: str = "mlp", *, steps: int = STEPS, passes: int = 1, total: bool = False,
-                        clip: float | None = None, extra_on: int | None = None) -> list[torch.Tensor]:
+def _reference_training(
+    size: int,
+    kind: str = "mlp",
+    *,
+    steps: int = STEPS,
+    passes: int = 1,
+    total: bool = False,
+    clip: float | None = None,
+    extra_on: int | None = None,
+) -> list[torch.Tensor]:
     """One model trained on the average (or sum) over ranks of each rank's local gradient, computed here."""
     model = _build(kind)
     params = list(model.parameters())
@@ -251,7 +263,13 @@ def _body_three() -> dict[str, Any]:
 def _allreduce(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     x = _randn("allreduce", rank, shape=(5, 3))
     r: dict[str, Any] = {"input": x.clone()}
-    for name, op in [("sum", hvd.Sum), ("average", hvd.Average), ("min", hvd.Min), ("max", hvd.Max), ("product", hvd.Product)]:
+    for name, op in [
+        ("sum", hvd.Sum),
+        ("average", hvd.Average),
+        ("min", hvd.Min),
+        ("max", hvd.Max),
+        ("product", hvd.Product),
+    ]:
         r[name] = hvd.allreduce(x, op=op)
     r["default"] = hvd.allreduce(x)
     r["str_sum"], r["str_mean"] = hvd.allreduce(x, op="sum"), hvd.allreduce(x, op="mean")
@@ -283,8 +301,11 @@ def _allreduce(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["async_inplace_is_input"] = hvd.synchronize(hvd.allreduce_async_(async_inplace, op=hvd.Sum)) is async_inplace
     r["async_inplace"] = async_inplace
 
-    grouped = [_randn("grouped", rank, 0, shape=(4,)), _randn("grouped", rank, 1, shape=(2, 3), dtype=torch.float64),
-               _randn("grouped", rank, 2, shape=(3, 2, 2))]
+    grouped = [
+        _randn("grouped", rank, 0, shape=(4,)),
+        _randn("grouped", rank, 1, shape=(2, 3), dtype=torch.float64),
+        _randn("grouped", rank, 2, shape=(3, 2, 2)),
+    ]
     r["grouped_input"] = [g.clone() for g in grouped]
     r["grouped_sum"] = hvd.grouped_allreduce(grouped, op=hvd.Sum, name="tests.grouped")
     r["grouped_average"] = hvd.grouped_allreduce(grouped)
@@ -316,9 +337,13 @@ def _adasum(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["orthogonal"] = hvd.allreduce(orthogonal, op=hvd.Adasum)
     same = _randn("adasum-same", shape=(7,), dtype=torch.float64)
     r["same"] = hvd.allreduce(same, op=hvd.Adasum)
-    r["grouped"] = hvd.grouped_allreduce([_randn("adasum-g", rank, 0, shape=(6,), dtype=torch.float64),
-                                          _randn("adasum-g", rank, 1, shape=(2, 3), dtype=torch.float64) * (rank + 1)],
-                                         op=hvd.Adasum)
+    r["grouped"] = hvd.grouped_allreduce(
+        [
+            _randn("adasum-g", rank, 0, shape=(6,), dtype=torch.float64),
+            _randn("adasum-g", rank, 1, shape=(2, 3), dtype=torch.float64) * (rank + 1),
+        ],
+        op=hvd.Adasum,
+    )
     return r
 
 
@@ -344,12 +369,16 @@ class _ScaleCompressor:
 def _compression(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     x = _randn("fp16", rank, shape=(64,))
     x64 = _randn("fp16", rank, 64, shape=(3, 5), dtype=torch.float64)
-    r: dict[str, Any] = {"fp16_sum": hvd.allreduce(x, compression=hvd.Compression.fp16, op=hvd.Sum),
-                         "fp16_average": hvd.allreduce(x, compression=hvd.Compression.fp16),
-                         "fp16_float64": hvd.allreduce(x64, compression=hvd.Compression.fp16, op=hvd.Sum),
-                         "fp16_grouped": hvd.grouped_allreduce([x, x64], compression=hvd.Compression.fp16, op=hvd.Sum),
-                         "none": hvd.allreduce(x, compression=hvd.Compression.none, op=hvd.Sum)}
-    r["fp16_dtypes"] = [str(r[k].dtype) for k in ("fp16_sum", "fp16_average", "fp16_float64")] + [str(t.dtype) for t in r["fp16_grouped"]]
+    r: dict[str, Any] = {
+        "fp16_sum": hvd.allreduce(x, compression=hvd.Compression.fp16, op=hvd.Sum),
+        "fp16_average": hvd.allreduce(x, compression=hvd.Compression.fp16),
+        "fp16_float64": hvd.allreduce(x64, compression=hvd.Compression.fp16, op=hvd.Sum),
+        "fp16_grouped": hvd.grouped_allreduce([x, x64], compression=hvd.Compression.fp16, op=hvd.Sum),
+        "none": hvd.allreduce(x, compression=hvd.Compression.none, op=hvd.Sum),
+    }
+    r["fp16_dtypes"] = [str(r[k].dtype) for k in ("fp16_sum", "fp16_average", "fp16_float64")] + [
+        str(t.dtype) for t in r["fp16_grouped"]
+    ]
     _ScaleCompressor.calls.update(compress=0, decompress=0)
     _ScaleCompressor.contexts.clear()
     r["user"] = hvd.allreduce(x, compression=_ScaleCompressor, op=hvd.Sum)
@@ -369,20 +398,27 @@ def _collectives(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["broadcast_async_is_input"] = hvd.synchronize(hvd.broadcast_async_(async_inplace, root_rank=1)) is async_inplace
     r["broadcast_async_inplace"] = async_inplace
     r["broadcast_async"] = hvd.synchronize(hvd.broadcast_async(x, root_rank=1))
-    r["bad_roots"] = [_raises(ValueError, lambda: hvd.broadcast(x, root_rank=size)),
-                      _raises(ValueError, lambda: hvd.broadcast_(x.clone(), root_rank=-1)),
-                      _raises(ValueError, lambda: hvd.broadcast_object("x", root_rank=size))]
+    r["bad_roots"] = [
+        _raises(ValueError, lambda: hvd.broadcast(x, root_rank=size)),
+        _raises(ValueError, lambda: hvd.broadcast_(x.clone(), root_rank=-1)),
+        _raises(ValueError, lambda: hvd.broadcast_object("x", root_rank=size)),
+    ]
 
     r["allgather"] = hvd.allgather(_randn("allgather", rank, shape=(rank + 1, 3)))
-    r["grouped_allgather"] = hvd.grouped_allgather([_randn("allgather", rank, shape=(rank + 1, 3)),
-                                                    torch.full((2 - rank % 2,), rank, dtype=torch.int64)])
+    r["grouped_allgather"] = hvd.grouped_allgather(
+        [_randn("allgather", rank, shape=(rank + 1, 3)), torch.full((2 - rank % 2,), rank, dtype=torch.int64)]
+    )
 
     rows = 2 * size
     table = torch.stack([torch.full((2,), 100.0 * rank + row) for row in range(rows)])
     r["alltoall"] = hvd.alltoall(table)
     r["alltoall_returns_tensor"] = isinstance(r["alltoall"], torch.Tensor)
     splits = [(rank + 2 * j) % 3 for j in range(size)]
-    uneven = torch.stack([torch.tensor([100.0 * rank + row, rank]) for row in range(sum(splits))]) if sum(splits) else torch.zeros(0, 2)
+    uneven = (
+        torch.stack([torch.tensor([100.0 * rank + row, rank]) for row in range(sum(splits))])
+        if sum(splits)
+        else torch.zeros(0, 2)
+    )
     result = hvd.alltoall(uneven, splits=torch.tensor(splits, dtype=torch.int32))
     r["alltoall_splits_is_pair"] = isinstance(result, tuple) and len(result) == 2
     r["alltoall_splits"], r["alltoall_received_splits"] = result[0], result[1]
@@ -398,8 +434,10 @@ def _collectives(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["after_join"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
 
     r["process_set_global"] = hvd.allreduce(x, op=hvd.Sum, process_set=hvd.global_process_set)
-    r["process_set"] = [_raises(ValueError, lambda: hvd.allreduce(x, process_set=hvd.ProcessSet([0]))),
-                        _raises(ValueError, lambda: hvd.broadcast(x, 0, process_set=hvd.ProcessSet([0])))]
+    r["process_set"] = [
+        _raises(ValueError, lambda: hvd.allreduce(x, process_set=hvd.ProcessSet([0]))),
+        _raises(ValueError, lambda: hvd.broadcast(x, 0, process_set=hvd.ProcessSet([0]))),
+    ]
     evens = hvd.add_process_set([k for k in range(hvd.size()) if k % 2 == 0])
     r["evens"] = hvd.allreduce(x, op=hvd.Sum, process_set=evens).numpy() if evens.included() else None
     r["evens_rank"], r["evens_size"] = evens.rank(), evens.size()
@@ -408,8 +446,19 @@ def _collectives(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     return r
 
 
-def _train(hvd: Any, rank: int, kind: str = "mlp", *, steps: int = STEPS, passes: int = 1, clip: float | None = None,
-           extra_on: int | None = None, threshold: str | None = None, groups: str | None = None, **wrap: Any) -> dict[str, Any]:
+def _train(
+    hvd: Any,
+    rank: int,
+    kind: str = "mlp",
+    *,
+    steps: int = STEPS,
+    passes: int = 1,
+    clip: float | None = None,
+    extra_on: int | None = None,
+    threshold: str | None = None,
+    groups: str | None = None,
+    **wrap: Any,
+) -> dict[str, Any]:
     """Train with a DistributedOptimizer as a user would; the final parameters and the number of buckets."""
     model = _build(kind)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -421,7 +470,9 @@ def _train(hvd: Any, rank: int, kind: str = "mlp", *, steps: int = STEPS, passes
     if threshold is not None:
         os.environ["ELASTIC_FUSION_THRESHOLD"] = threshold
     try:
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes, **wrap)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), backward_passes_per_step=passes, **wrap
+        )
     finally:
         if saved is None:
             os.environ.pop("ELASTIC_FUSION_THRESHOLD", None)
@@ -442,8 +493,11 @@ def _train(hvd: Any, rank: int, kind: str = "mlp", *, steps: int = STEPS, passes
                 with opt.skip_synchronize():
                     opt.step()
     buckets = getattr(getattr(opt, "_reducer", None), "buckets", None)
-    return {"params": [p.detach().clone() for p in model.parameters()], "buckets": None if buckets is None else len(buckets),
-            "norms": norms}
+    return {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "buckets": None if buckets is None else len(buckets),
+        "norms": norms,
+    }
 
 
 OPTIMIZER_VARIANTS: dict[str, dict[str, Any]] = {
@@ -482,9 +536,13 @@ def _optimizer_misc(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     # order on different ranks would show as wrong numbers rather than as a gloo abort.
     r["unused_per_parameter"] = _train(hvd, rank, "branchy", extra_on=0, threshold="0")
     model = _build("mlp")
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM), named_parameters=model.named_parameters()
+    )
     r["isinstance_sgd"] = isinstance(opt, torch.optim.SGD)
-    r["isinstance_adam"] = isinstance(hvd.DistributedOptimizer(torch.optim.Adam(_build("mlp").parameters())), torch.optim.Adam)
+    r["isinstance_adam"] = isinstance(
+        hvd.DistributedOptimizer(torch.optim.Adam(_build("mlp").parameters())), torch.optim.Adam
+    )
     _loss(model, "mlp", rank, 0).backward()
     r["zero_grad_before_step"] = _raises(AssertionError, opt.zero_grad)
     opt.step()  # finishes the reduction the backward started, on every rank alike
@@ -508,16 +566,22 @@ def _optimizer_misc(hvd: Any, rank: int, size: int) -> dict[str, Any]:
 
 def _optimizer_state_of(opt: torch.optim.Optimizer) -> dict[str, Any]:
     state = opt.state_dict()
-    return {"state": {pid: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
-                      for pid, entry in state["state"].items()},
-            "groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]}
+    return {
+        "state": {
+            pid: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entry.items()}
+            for pid, entry in state["state"].items()
+        },
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]],
+    }
 
 
 @_section
 def _optimizer_state(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r: dict[str, Any] = {}
     model = _build("mlp")
-    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1), betas=(0.9, 0.99 - 0.01 * rank), weight_decay=0.001 * rank)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=0.01 * (rank + 1), betas=(0.9, 0.99 - 0.01 * rank), weight_decay=0.001 * rank
+    )
     for step in range(rank + 1):  # states differ: different data, lr and number of steps
         opt.zero_grad()
         _loss(model, "mlp", rank, step).backward()
@@ -541,8 +605,10 @@ def _optimizer_state(hvd: Any, rank: int, size: int) -> dict[str, Any]:
     r["fresh"] = _optimizer_state_of(fresh)
     r["fresh_params_unchanged"] = all(torch.equal(a, b) for a, b in zip(fresh_params, fresh_model.parameters()))
     r["fresh_grads_zero"] = all(p.grad is not None and not p.grad.any() for p in fresh_model.parameters())
-    wrapped = hvd.DistributedOptimizer(torch.optim.SGD(fresh_model.parameters(), lr=0.1 * (rank + 1), momentum=0.5 + 0.1 * rank),
-                                       named_parameters=fresh_model.named_parameters())
+    wrapped = hvd.DistributedOptimizer(
+        torch.optim.SGD(fresh_model.parameters(), lr=0.1 * (rank + 1), momentum=0.5 + 0.1 * rank),
+        named_parameters=fresh_model.named_parameters(),
+    )
     hvd.broadcast_optimizer_state(wrapped, root_rank=0)
     r["fresh_wrapped"] = _optimizer_state_of(wrapped)
     return r
@@ -604,7 +670,12 @@ def three() -> list[dict[str, Any]]:
 
 def _results(outcomes: list[dict[str, Any]], section: str) -> list[Any]:
     """One section's results, rank by rank (tensors back as torch tensors); fails with the rank's traceback."""
-    errors = [f"rank {rank}:\n{value}" for rank, out in enumerate(outcomes) for status, value in [out[section]] if status != "ok"]
+    errors = [
+        f"rank {rank}:\n{value}"
+        for rank, out in enumerate(outcomes)
+        for status, value in [out[section]]
+        if status != "ok"
+    ]
     assert not errors, "\n".join(errors)
     return [_unpack(out[section][1]) for out in outcomes]
 
@@ -622,7 +693,9 @@ def _all_close(results: list[torch.Tensor], expected: torch.Tensor, rtol: float 
             raise AssertionError(f"rank {rank}: {exc}") from None
 
 
-def _params_close(results: list[list[torch.Tensor]], expected: list[torch.Tensor], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def _params_close(
+    results: list[list[torch.Tensor]], expected: list[torch.Tensor], rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
     for rank, params in enumerate(results):
         assert len(params) == len(expected)
         for index, (actual, want) in enumerate(zip(params, expected)):
@@ -636,14 +709,29 @@ def test_allreduce_ops(world: tuple[int, list[dict[str, Any]]]) -> None:
     size, outcomes = world
     res = _results(outcomes, "allreduce")
     xs = torch.stack([_randn("allreduce", rank, shape=(5, 3)) for rank in range(size)])
-    expected = {"sum": xs.sum(0), "average": xs.mean(0), "min": xs.min(0).values, "max": xs.max(0).values, "product": xs.prod(0),
-                "default": xs.mean(0), "str_sum": xs.sum(0), "str_mean": xs.mean(0), "named": xs.sum(0)}
+    expected = {
+        "sum": xs.sum(0),
+        "average": xs.mean(0),
+        "min": xs.min(0).values,
+        "max": xs.max(0).values,
+        "product": xs.prod(0),
+        "default": xs.mean(0),
+        "str_sum": xs.sum(0),
+        "str_mean": xs.mean(0),
+        "named": xs.sum(0),
+    }
     for name, want in expected.items():
         _all_close([r[name] for r in res], want)
     for rank, r in enumerate(res):
         assert torch.equal(r["input_after"], xs[rank]), "allreduce changed its input"
-    _all_close([r["int64_sum"] for r in res], sum(torch.arange(6, dtype=torch.int64).reshape(2, 3) * (k + 1) + k for k in range(size)))
-    _all_close([r["int32_sum"] for r in res], sum(torch.arange(6, dtype=torch.int32).reshape(2, 3) * (k + 1) + k for k in range(size)))
+    _all_close(
+        [r["int64_sum"] for r in res],
+        sum(torch.arange(6, dtype=torch.int64).reshape(2, 3) * (k + 1) + k for k in range(size)),
+    )
+    _all_close(
+        [r["int32_sum"] for r in res],
+        sum(torch.arange(6, dtype=torch.int32).reshape(2, 3) * (k + 1) + k for k in range(size)),
+    )
     _all_close([r["int64_max"] for r in res], torch.arange(6, dtype=torch.int64).reshape(2, 3) * size + size - 1)
     _all_close([r["scalar_sum"] for r in res], torch.tensor(size * (size + 1) / 2))
 
@@ -676,8 +764,14 @@ def test_allreduce_scaling_in_place_and_async(world: tuple[int, list[dict[str, A
 def test_grouped_allreduce_mixed_shapes_and_dtypes(world: tuple[int, list[dict[str, Any]]]) -> None:
     size, outcomes = world
     res = _results(outcomes, "allreduce")
-    inputs = [[_randn("grouped", rank, 0, shape=(4,)), _randn("grouped", rank, 1, shape=(2, 3), dtype=torch.float64),
-               _randn("grouped", rank, 2, shape=(3, 2, 2))] for rank in range(size)]
+    inputs = [
+        [
+            _randn("grouped", rank, 0, shape=(4,)),
+            _randn("grouped", rank, 1, shape=(2, 3), dtype=torch.float64),
+            _randn("grouped", rank, 2, shape=(3, 2, 2)),
+        ]
+        for rank in range(size)
+    ]
     for index in range(3):
         stacked = torch.stack([inputs[rank][index] for rank in range(size)])
         _all_close([r["grouped_sum"][index] for r in res], stacked.sum(0))
@@ -686,7 +780,9 @@ def test_grouped_allreduce_mixed_shapes_and_dtypes(world: tuple[int, list[dict[s
     for rank, r in enumerate(res):
         assert r["grouped_dtypes"] == ["torch.float32", "torch.float64", "torch.float32"]
         for before, after, original in zip(r["grouped_input"], r["grouped_input_after"], inputs[rank]):
-            assert torch.equal(before, original) and torch.equal(after, original), "grouped_allreduce changed its inputs"
+            assert torch.equal(before, original) and torch.equal(after, original), (
+                "grouped_allreduce changed its inputs"
+            )
 
 
 def test_adasum_allreduce(world: tuple[int, list[dict[str, Any]]]) -> None:
@@ -699,7 +795,9 @@ def test_adasum_allreduce(world: tuple[int, list[dict[str, Any]]]) -> None:
     matrices = [_randn("adasum-matrix", rank, shape=(3, 4), dtype=torch.float64) for rank in range(size)]
     _all_close([r["matrix"] for r in res], _adasum_tree(matrices), rtol=1e-12, atol=1e-12)
     # It is not just the average or the sum: the test data makes the coefficients matter.
-    assert not torch.allclose(_adasum_tree(vs), torch.stack(vs).mean(0)) and not torch.allclose(_adasum_tree(vs), torch.stack(vs).sum(0))
+    assert not torch.allclose(_adasum_tree(vs), torch.stack(vs).mean(0)) and not torch.allclose(
+        _adasum_tree(vs), torch.stack(vs).sum(0)
+    )
     orthogonal = []
     for rank in range(size):
         v = torch.zeros(2 * size, dtype=torch.float64)
@@ -708,17 +806,26 @@ def test_adasum_allreduce(world: tuple[int, list[dict[str, Any]]]) -> None:
     _all_close([r["orthogonal"] for r in res], torch.stack(orthogonal).sum(0), rtol=1e-12, atol=1e-12)
     _all_close([r["same"] for r in res], _randn("adasum-same", shape=(7,), dtype=torch.float64), rtol=1e-12, atol=1e-12)
     for r in res[1:]:
-        assert torch.equal(r["float64"], res[0]["float64"]) and torch.equal(r["float32"], res[0]["float32"]), "ranks differ"
+        assert torch.equal(r["float64"], res[0]["float64"]) and torch.equal(r["float32"], res[0]["float32"]), (
+            "ranks differ"
+        )
 
 
 def test_adasum_grouped_allreduce_is_per_tensor(world: tuple[int, list[dict[str, Any]]]) -> None:
     size, outcomes = world
     res = _results(outcomes, "adasum")
-    inputs = [[_randn("adasum-g", rank, 0, shape=(6,), dtype=torch.float64),
-               _randn("adasum-g", rank, 1, shape=(2, 3), dtype=torch.float64) * (rank + 1)] for rank in range(size)]
+    inputs = [
+        [
+            _randn("adasum-g", rank, 0, shape=(6,), dtype=torch.float64),
+            _randn("adasum-g", rank, 1, shape=(2, 3), dtype=torch.float64) * (rank + 1),
+        ]
+        for rank in range(size)
+    ]
     per_tensor = [_adasum_tree([inputs[rank][index] for rank in range(size)]) for index in range(2)]
     fused = _adasum_tree([torch.cat([t.reshape(-1) for t in inputs[rank]]) for rank in range(size)])
-    assert not torch.allclose(torch.cat([t.reshape(-1) for t in per_tensor]), fused), "test data cannot tell per-tensor from fused"
+    assert not torch.allclose(torch.cat([t.reshape(-1) for t in per_tensor]), fused), (
+        "test data cannot tell per-tensor from fused"
+    )
     for index in range(2):
         _all_close([r["grouped"][index] for r in res], per_tensor[index], rtol=1e-12, atol=1e-12)
 
@@ -752,7 +859,9 @@ def test_broadcast(world: tuple[int, list[dict[str, Any]]]) -> None:
     for name in ("broadcast", "broadcast_inplace", "broadcast_async_inplace", "broadcast_async"):
         _all_close([r[name] for r in res], root)
     for rank, r in enumerate(res):
-        assert torch.equal(r["broadcast_input_after"], _randn("broadcast", rank, shape=(4, 2))), "broadcast changed its input"
+        assert torch.equal(r["broadcast_input_after"], _randn("broadcast", rank, shape=(4, 2))), (
+            "broadcast changed its input"
+        )
         assert r["broadcast_inplace_is_input"] and r["broadcast_async_is_input"]
         assert all(outcome.startswith("ValueError") for outcome in r["bad_roots"]), r["bad_roots"]
 
@@ -763,7 +872,10 @@ def test_allgather_alltoall_reducescatter(world: tuple[int, list[dict[str, Any]]
     gathered = torch.cat([_randn("allgather", rank, shape=(rank + 1, 3)) for rank in range(size)])
     _all_close([r["allgather"] for r in res], gathered)
     _all_close([r["grouped_allgather"][0] for r in res], gathered)
-    _all_close([r["grouped_allgather"][1] for r in res], torch.cat([torch.full((2 - k % 2,), k, dtype=torch.int64) for k in range(size)]))
+    _all_close(
+        [r["grouped_allgather"][1] for r in res],
+        torch.cat([torch.full((2 - k % 2,), k, dtype=torch.int64) for k in range(size)]),
+    )
 
     splits = [[(src + 2 * j) % 3 for j in range(size)] for src in range(size)]
     scattered = torch.stack([_randn("reducescatter", rank, shape=(2 * size + 1, 3)) for rank in range(size)])
@@ -821,7 +933,11 @@ def test_distributed_optimizer_matches_averaged_gradient_training(pair: tuple[in
     assert not any(torch.allclose(p, q) for p, q in zip(average, initial)), "the reference did not train"
     buckets = {name: res[0][name]["buckets"] for name in ("average", "fusion_zero", "fusion_small")}
     if None not in buckets.values():  # the thresholds really split the model differently
-        assert buckets["average"] == 1 and buckets["fusion_zero"] == len(initial) and 1 < buckets["fusion_small"] < len(initial), buckets
+        assert (
+            buckets["average"] == 1
+            and buckets["fusion_zero"] == len(initial)
+            and 1 < buckets["fusion_small"] < len(initial)
+        ), buckets
 
 
 def test_distributed_optimizer_synchronize_clip_skip_synchronize(pair: tuple[int, list[dict[str, Any]]]) -> None:
@@ -849,7 +965,9 @@ def test_distributed_optimizer_unused_parameter_on_some_ranks(pair: tuple[int, l
     _params_close([r["unused"]["params"] for r in res], _reference_training(size, "branchy", extra_on=0))
 
 
-def test_distributed_optimizer_unused_parameter_one_bucket_per_parameter(pair: tuple[int, list[dict[str, Any]]]) -> None:
+def test_distributed_optimizer_unused_parameter_one_bucket_per_parameter(
+    pair: tuple[int, list[dict[str, Any]]],
+) -> None:
     size, outcomes = pair
     res = _results(outcomes, "optimizer_misc")
     assert res[0]["unused_per_parameter"]["buckets"] in (None, 3)
@@ -861,19 +979,24 @@ def test_adasum_distributed_optimizer(pair: tuple[int, list[dict[str, Any]]]) ->
     res = _results(outcomes, "optimizer")
     expected = _reference_adasum_training(size)
     _params_close([r["adasum"]["params"] for r in res], expected)
-    assert not all(torch.allclose(p, q, atol=1e-4) for p, q in zip(expected, _reference_training(size))), \
+    assert not all(torch.allclose(p, q, atol=1e-4) for p, q in zip(expected, _reference_training(size))), (
         "Adasum and averaging agree on this data: the test cannot tell them apart"
+    )
 
 
 def _assert_same_state(actual: dict[str, Any], expected: dict[str, Any], label: str) -> None:
-    assert actual["groups"] == expected["groups"], f"{label}: hyper-parameters differ: {actual['groups']} vs {expected['groups']}"
+    assert actual["groups"] == expected["groups"], (
+        f"{label}: hyper-parameters differ: {actual['groups']} vs {expected['groups']}"
+    )
     assert sorted(actual["state"]) == sorted(expected["state"]), f"{label}: parameters with state differ"
     for pid, entry in expected["state"].items():
         assert sorted(actual["state"][pid]) == sorted(entry), f"{label}: state keys of parameter {pid} differ"
         for key, value in entry.items():
             got = actual["state"][pid][key]
             if isinstance(value, torch.Tensor):
-                assert got.dtype == value.dtype and torch.equal(got, value), f"{label}: state {key} of parameter {pid} differs"
+                assert got.dtype == value.dtype and torch.equal(got, value), (
+                    f"{label}: state {key} of parameter {pid} differs"
+                )
             else:
                 assert got == value, f"{label}: state {key} of parameter {pid} differs"
 
@@ -883,7 +1006,9 @@ def test_broadcast_optimizer_state(pair: tuple[int, list[dict[str, Any]]]) -> No
     res = _results(outcomes, "optimizer_state")
     root = res[0]["before"]
     assert res[1]["before"]["groups"][0]["lr"] != root["groups"][0]["lr"]
-    assert not torch.equal(res[1]["before"]["state"][0]["exp_avg"], root["state"][0]["exp_avg"]), "states did not differ before"
+    assert not torch.equal(res[1]["before"]["state"][0]["exp_avg"], root["state"][0]["exp_avg"]), (
+        "states did not differ before"
+    )
     assert res[1]["before"]["state"][0]["step"].item() == 2 and root["state"][0]["step"].item() == 1
     for rank, r in enumerate(res):
         _assert_same_state(r["after"], root, f"rank {rank} after broadcast_optimizer_state")

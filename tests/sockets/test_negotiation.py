@@ -79,8 +79,10 @@ def test_a_mismatch_raises_on_every_rank_and_the_next_collective_works(size: int
             assert out[label].startswith("CollectiveMismatchError: Mismatched"), (rank, label, out[label])
             assert out[f"{label}.next"] == expected_next, (rank, label)
     first = outcomes[0]
-    assert first["shape"] == ("CollectiveMismatchError: Mismatched allreduce tensor shapes: rank 0 has [17, 17], rank 1 has [18, 18]"
-                              + (", rank 2 has [19, 19]" if size == 3 else ""))
+    assert first["shape"] == (
+        "CollectiveMismatchError: Mismatched allreduce tensor shapes: rank 0 has [17, 17], rank 1 has [18, 18]"
+        + (", rank 2 has [19, 19]" if size == 3 else "")
+    )
     assert "data types" in first["dtype"] and "int32" in first["dtype"] and "float32" in first["dtype"]
     assert "reduction operation" in first["op"] and "Sum" in first["op"] and "Max" in first["op"]
     assert "root ranks" in first["root"]
@@ -135,7 +137,9 @@ def _dtypes_body(dtypes: list[str]) -> dict[str, Any]:
         if dtype in ("int32", "int64", "int16", "float16", "float32", "float64"):
             out[f"{dtype}/prescale"] = _numpy(hvd.allreduce(mine, op=hvd.Sum, prescale_factor=0.37))
             out[f"{dtype}/postscale"] = _numpy(hvd.allreduce(mine, op=hvd.Sum, postscale_factor=2.5))
-        out[f"{dtype}/grouped"] = [_numpy(t) for t in hvd.grouped_allreduce([mine, _value(dtype, rank, (2,))], op=hvd.Max)]
+        out[f"{dtype}/grouped"] = [
+            _numpy(t) for t in hvd.grouped_allreduce([mine, _value(dtype, rank, (2,))], op=hvd.Max)
+        ]
     return out
 
 
@@ -177,22 +181,39 @@ def test_every_dtype_on_every_op_matches_a_single_process_reference(size: int) -
         tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-6, "float64": 1e-12}.get(dtype, 0)
         for rank, out in enumerate(outcomes):
             for op in ("sum", "min", "max", "product") + (("average",) if dtype != "bool" else ()):
-                np.testing.assert_allclose(out[f"{dtype}/allreduce/{op}"].astype(np.float64), _numpy(_reduced(values, op)).astype(np.float64),
-                                           rtol=tol, err_msg=f"{dtype} {op} rank {rank}")
+                np.testing.assert_allclose(
+                    out[f"{dtype}/allreduce/{op}"].astype(np.float64),
+                    _numpy(_reduced(values, op)).astype(np.float64),
+                    rtol=tol,
+                    err_msg=f"{dtype} {op} rank {rank}",
+                )
             np.testing.assert_array_equal(out[f"{dtype}/broadcast"], _numpy(values[-1]))
-            np.testing.assert_array_equal(out[f"{dtype}/allgather"], _numpy(torch.cat([v[: r + 1] for r, v in enumerate(values)])))
+            np.testing.assert_array_equal(
+                out[f"{dtype}/allgather"], _numpy(torch.cat([v[: r + 1] for r, v in enumerate(values)]))
+            )
             rows = [_value(dtype, r, (size * 2, 3)) for r in range(size)]
-            np.testing.assert_array_equal(out[f"{dtype}/alltoall"], _numpy(torch.cat([row[2 * rank : 2 * rank + 2] for row in rows])))
+            np.testing.assert_array_equal(
+                out[f"{dtype}/alltoall"], _numpy(torch.cat([row[2 * rank : 2 * rank + 2] for row in rows]))
+            )
             if dtype != "bool":
-                np.testing.assert_allclose(out[f"{dtype}/reducescatter"].astype(np.float64),
-                                           _numpy(_reduced(rows, "sum")[2 * rank : 2 * rank + 2]).astype(np.float64), rtol=tol)
+                np.testing.assert_allclose(
+                    out[f"{dtype}/reducescatter"].astype(np.float64),
+                    _numpy(_reduced(rows, "sum")[2 * rank : 2 * rank + 2]).astype(np.float64),
+                    rtol=tol,
+                )
             if f"{dtype}/prescale" in out:
                 pre = _reduced([_scaled(v, 0.37) for v in values], "sum")
                 post = _scaled(_reduced(values, "sum"), 2.5)
-                np.testing.assert_allclose(out[f"{dtype}/prescale"].astype(np.float64), _numpy(pre).astype(np.float64), rtol=tol)
-                np.testing.assert_allclose(out[f"{dtype}/postscale"].astype(np.float64), _numpy(post).astype(np.float64), rtol=tol)
+                np.testing.assert_allclose(
+                    out[f"{dtype}/prescale"].astype(np.float64), _numpy(pre).astype(np.float64), rtol=tol
+                )
+                np.testing.assert_allclose(
+                    out[f"{dtype}/postscale"].astype(np.float64), _numpy(post).astype(np.float64), rtol=tol
+                )
             small = [_value(dtype, r, (2,)) for r in range(size)]
-            np.testing.assert_array_equal(out[f"{dtype}/grouped"][1].astype(np.float64), _numpy(_reduced(small, "max")).astype(np.float64))
+            np.testing.assert_array_equal(
+                out[f"{dtype}/grouped"][1].astype(np.float64), _numpy(_reduced(small, "max")).astype(np.float64)
+            )
 
 
 def _users_own_compression() -> Any:
@@ -219,8 +240,9 @@ def _join_body(batches_per_rank: list[int], users_compression: bool = False) -> 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     compression = _users_own_compression() if users_compression else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                         compression=compression)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=compression
+    )
     for step in range(batches_per_rank[rank]):
         generator = torch.Generator().manual_seed(1000 * rank + step)
         x, y = torch.randn(4, 6, generator=generator), torch.randn(4, 2, generator=generator)
@@ -237,8 +259,12 @@ def _join_body(batches_per_rank: list[int], users_compression: bool = False) -> 
         except RuntimeError as exc:
             gathered_while_joined = str(exc)
         first = hvd.join()
-    return {"last": last, "first": first, "gathered_while_joined": gathered_while_joined,
-            "params": [p.detach().numpy().copy() for p in model.parameters()]}
+    return {
+        "last": last,
+        "first": first,
+        "gathered_while_joined": gathered_while_joined,
+        "params": [p.detach().numpy().copy() for p in model.parameters()],
+    }
 
 
 def _reference_join_training(batches_per_rank: list[int]) -> list[np.ndarray]:
@@ -267,11 +293,21 @@ def _reference_join_training(batches_per_rank: list[int]) -> list[np.ndarray]:
     return [p.detach().numpy().copy() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("batches_per_rank, users_compression", [
-    ([3, 5], False), ([5, 2, 4], False), ([1, 3], False), ([4, 4], False), ([2, 2, 4], False),
-    ([3, 5], True), ([5, 2, 4], True),  # steps agreed on one by one: the data cannot be trusted to count joins
-])
-def test_join_with_uneven_batches_under_distributed_optimizer(batches_per_rank: list[int], users_compression: bool) -> None:
+@pytest.mark.parametrize(
+    "batches_per_rank, users_compression",
+    [
+        ([3, 5], False),
+        ([5, 2, 4], False),
+        ([1, 3], False),
+        ([4, 4], False),
+        ([2, 2, 4], False),
+        ([3, 5], True),
+        ([5, 2, 4], True),  # steps agreed on one by one: the data cannot be trusted to count joins
+    ],
+)
+def test_join_with_uneven_batches_under_distributed_optimizer(
+    batches_per_rank: list[int], users_compression: bool
+) -> None:
     size = len(batches_per_rank)
     outcomes = run_ranks(size, _join_body, batches_per_rank, users_compression, timeout=120)
     reference = _reference_join_training(batches_per_rank)
@@ -296,7 +332,9 @@ def _metric_then_step_body(batches_per_rank: list[int]) -> dict[str, Any]:
     rank = hvd.rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
     ranks_training = []
     for step in range(batches_per_rank[rank]):
         ranks_training.append(hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="ranks_training").item())
@@ -305,7 +343,11 @@ def _metric_then_step_body(batches_per_rank: list[int]) -> dict[str, Any]:
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()
         optimizer.step()
-    return {"last": hvd.join(), "ranks_training": ranks_training, "params": [p.detach().numpy().copy() for p in model.parameters()]}
+    return {
+        "last": hvd.join(),
+        "ranks_training": ranks_training,
+        "params": [p.detach().numpy().copy() for p in model.parameters()],
+    }
 
 
 def test_a_rank_that_joins_serves_the_metric_the_others_log_before_their_next_step() -> None:
@@ -334,8 +376,12 @@ def _collectives_per_step_body(op_name: str = "Average", users_compression: bool
     dist.all_reduce = counting_all_reduce
     model = torch.nn.Linear(6, 2)
     compression = _users_own_compression() if users_compression else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                         op=getattr(hvd, op_name), compression=compression)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        op=getattr(hvd, op_name),
+        compression=compression,
+    )
     per_step = []
     for _ in range(4):
         before = issued[0]
@@ -368,8 +414,15 @@ def _process_set_body() -> dict[str, Any]:
         mismatch = type(exc).__name__
     whole = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum)
     assert mine.rank_in(rank) == mine.rank() and evens.rank_in(1) is None
-    return {"summed": summed.item(), "gathered": gathered.tolist(), "rank_in_set": mine.rank(), "set_size": mine.size(),
-            "included": (evens.included(), odds.included()), "mismatch": mismatch, "whole": whole.item()}
+    return {
+        "summed": summed.item(),
+        "gathered": gathered.tolist(),
+        "rank_in_set": mine.rank(),
+        "set_size": mine.size(),
+        "included": (evens.included(), odds.included()),
+        "mismatch": mismatch,
+        "whole": whole.item(),
+    }
 
 
 def test_process_sets_run_their_own_collectives() -> None:
@@ -414,7 +467,10 @@ def test_mismatch_messages_name_each_rank() -> None:
 
     a = Signature("allreduce", (TensorSpec("float32", (17, 17)),), op=0)
     b = Signature("allreduce", (TensorSpec("float32", (18, 17)),), op=0)
-    assert mismatch({0: a, 1: b, 2: a}) == "Mismatched allreduce tensor shapes: ranks 0, 2 have [17, 17], rank 1 has [18, 17]"
+    assert (
+        mismatch({0: a, 1: b, 2: a})
+        == "Mismatched allreduce tensor shapes: ranks 0, 2 have [17, 17], rank 1 has [18, 17]"
+    )
     assert mismatch({0: a, 1: a}) is None
 
 
@@ -464,7 +520,9 @@ def test_gradients_flow_through_collectives_and_the_optimizer_handles_sparse_gra
     torch.manual_seed(0)
     initial = torch.nn.Linear(2, 1, bias=False).weight.detach().flatten().numpy()
     for rank, out in enumerate(outcomes):
-        assert out["allreduce_grad"] == [0.0, float(size), 2.0 * size], "the gradient of a sum is the sum of the gradients"
+        assert out["allreduce_grad"] == [0.0, float(size), 2.0 * size], (
+            "the gradient of a sum is the sum of the gradients"
+        )
         assert out["allgather_grad"] == [[1.0, 1.0]] * (rank + 1), "each rank gets its rows of the averaged gradient"
         assert out["broadcast_grad"] == ([1.0] * 4 if rank == 0 else [0.0] * 4)
         assert out["sparse"] == [0.0, float(sum(range(1, size + 1))), 0.0]
@@ -487,7 +545,9 @@ def _step_after_a_failed_step_body() -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
 
     def step() -> None:
         optimizer.zero_grad()

@@ -21,7 +21,8 @@ from testing.harness import wait_for
 
 SERVE_A_STORE = (
     "import sys, time; import torch.distributed as dist; "
-    "store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); print(store.port, flush=True); time.sleep(300)"
+    "store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); print(store.port, "
+    "flush=True); time.sleep(300)"
 )
 
 

@@ -83,13 +83,17 @@ def test_a_reconnecting_subscriber_catches_up_in_order_exactly_once(notifier: No
         publisher.close()
 
 
-def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previous_host(rendezvous: RendezvousService) -> None:
+def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previous_host(
+    rendezvous: RendezvousService,
+) -> None:
     admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
     answers: dict[tuple[str, int], Any] = {}
 
     def join(host: str, local_rank: int) -> None:
         client = Client(rendezvous.endpoint, f"worker-{host}-{local_rank}", timeout=1.0, deadline=10.0)
-        answers[(host, local_rank)] = client.request("rank_and_size", {"host": host, "local_rank": local_rank, "after_round": 0, "pid": 1000 + local_rank}).body
+        answers[(host, local_rank)] = client.request(
+            "rank_and_size", {"host": host, "local_rank": local_rank, "after_round": 0, "pid": 1000 + local_rank}
+        ).body
         client.close()
 
     try:
@@ -103,7 +107,9 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         for t in threads:
             t.join(timeout=5)
         assert sorted((s, a["rank"], a["size"], a["cross_rank"]) for s, a in answers.items()) == [
-            (("a", 0), 0, 3, 0), (("a", 1), 1, 3, 0), (("b", 0), 2, 3, 1)
+            (("a", 0), 0, 3, 0),
+            (("a", 1), 1, 3, 0),
+            (("b", 0), 2, 3, 1),
         ]
         with pytest.raises(ServiceError) as refused:
             admin.request("new_round", {"hosts": [["c", 2]], "min_np": 1, "max_np": None, "hosts_timestamp": 2.0})
@@ -120,13 +126,19 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         admin.close()
 
 
-def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_replaced(rendezvous: RendezvousService) -> None:
+def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_replaced(
+    rendezvous: RendezvousService,
+) -> None:
     admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
     try:
-        first = admin.request("new_round", {"hosts": [["a", 1], ["b", 1]], "min_np": 1, "hosts_timestamp": 1.0, "round": 1}).body
+        first = admin.request(
+            "new_round", {"hosts": [["a", 1], ["b", 1]], "min_np": 1, "hosts_timestamp": 1.0, "round": 1}
+        ).body
         again = admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 1}).body
         assert first == again == {"round": 1, "size": 2, "hosts": [["a", [0]], ["b", [0]]], "hosts_timestamp": 1.0}
-        replaced = admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 2, "replaces": 1}).body
+        replaced = admin.request(
+            "new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 2, "replaces": 1}
+        ).body
         assert replaced["round"] == 2 and replaced["hosts"] == [["a", [0]]]
         with pytest.raises(ServiceError) as stale:
             admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 1})
@@ -134,7 +146,9 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
         joined = admin.request("rank_and_size", {"host": "a", "local_rank": 0, "after_round": 0, "pid": 1}).body
         assert joined["round"] == 2 and joined["size"] == 1
         with pytest.raises(ServiceError) as released:
-            admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2})
+            admin.request(
+                "new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2}
+            )
         assert released.value.code == "released"
         assert admin.request("status", {"parked_after": 2, "pids": False}).body["pids"] == []
     finally:
@@ -143,10 +157,14 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
 
 @pytest.fixture
 def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
-    yield from _serve(DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0)))  # type: ignore[misc]
+    yield from _serve(
+        DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
+    )  # type: ignore[misc]
 
 
-def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(notifier: NotifierService, discovery: DiscoveryService) -> None:
+def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(
+    notifier: NotifierService, discovery: DiscoveryService
+) -> None:
     """Discovery coalesces changes (one hosts_updated per window, not one per host), and the diffs, applied in
     version order from the list announced at configure, give the list `hosts` says was announced."""
     events = notifier.events.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -173,7 +191,11 @@ def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_ho
         hosts: list[tuple[str, tuple[int, ...]]] = []
         for update in updates:
             whole = update.get("hosts")
-            hosts = [(n, tuple(s)) for n, s in whole] if whole is not None else apply_diff(hosts, HostsDiff(update["set"], update["remove"]))
+            hosts = (
+                [(n, tuple(s)) for n, s in whole]
+                if whole is not None
+                else apply_diff(hosts, HostsDiff(update["set"], update["remove"]))
+            )
         assert hosts == [(n, tuple(s)) for n, s in announced["published"]]
         assert len(hosts) == 199 and "h007" not in dict(hosts)
     finally:
@@ -181,18 +203,30 @@ def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_ho
         sub.close()
 
 
-def test_discovery_keeps_each_agents_fork_server_report_and_refuses_a_malformed_one(discovery: DiscoveryService) -> None:
+def test_discovery_keeps_each_agents_fork_server_report_and_refuses_a_malformed_one(
+    discovery: DiscoveryService,
+) -> None:
     agent = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
     try:
         why = "the fork server exited with code 1: ModuleNotFoundError: No module named 'torch'"
-        agent.request("register", {"host": "h1", "slots": 1, "incarnation": "i", "fork_server": {"state": "starting", "reason": ""}})
-        agent.request("heartbeat", {"host": "h1", "incarnation": "i", "fork_server": {"state": "unavailable", "reason": why}})
+        agent.request(
+            "register",
+            {"host": "h1", "slots": 1, "incarnation": "i", "fork_server": {"state": "starting", "reason": ""}},
+        )
+        agent.request(
+            "heartbeat", {"host": "h1", "incarnation": "i", "fork_server": {"state": "unavailable", "reason": why}}
+        )
         agent.request("register", {"host": "h2", "slots": 1, "incarnation": "i"})
         shown = {h["host"]: h["fork_server"] for h in agent.request("hosts").body["all"]}
-        assert shown == {"h1": {"state": "unavailable", "reason": why}, "h2": None}, "an agent that reports none shows none"
+        assert shown == {"h1": {"state": "unavailable", "reason": why}, "h2": None}, (
+            "an agent that reports none shows none"
+        )
         for bad in ({"state": "warm"}, {"state": "ready", "reason": 3}, "ready", ["ready"]):
             with pytest.raises(ServiceError, match="fork_server"):
                 agent.request("heartbeat", {"host": "h1", "incarnation": "i", "fork_server": bad})
-        assert {h["host"]: h["fork_server"] for h in agent.request("hosts").body["all"]}["h1"] == {"state": "unavailable", "reason": why}, "kept"
+        assert {h["host"]: h["fork_server"] for h in agent.request("hosts").body["all"]}["h1"] == {
+            "state": "unavailable",
+            "reason": why,
+        }, "kept"
     finally:
         agent.close()

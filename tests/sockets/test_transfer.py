@@ -25,8 +25,22 @@ from snapshot.tree import split
 from testing.ranks import run_ranks
 
 ROOT, SMALL_CAP = 1, 777
-DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.float16, torch.bfloat16,
-          torch.float32, torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn]
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+]
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -60,17 +74,30 @@ def _root_state() -> dict[str, Any]:
         "optimizer": optimizer.state_dict(),
         "epoch": 3,
         "plain": ["text", (2.5, None), {"nested": True}],
-        "dtypes": {str(dtype): {"full": _random_bits(dtype, (3, 5), seed), "scalar": _random_bits(dtype, (), seed + 100),
-                                "empty": _random_bits(dtype, (0, 3), seed)} for seed, dtype in enumerate(DTYPES)},
-        "layouts": {"transposed": grid.t(), "strided": grid[::2, 1::2], "expanded": torch.tensor([1.0, 2.0]).expand(3, 2),
-                    "conjugate": _random_bits(torch.complex64, (4,), 7).conj()},
+        "dtypes": {
+            str(dtype): {
+                "full": _random_bits(dtype, (3, 5), seed),
+                "scalar": _random_bits(dtype, (), seed + 100),
+                "empty": _random_bits(dtype, (0, 3), seed),
+            }
+            for seed, dtype in enumerate(DTYPES)
+        },
+        "layouts": {
+            "transposed": grid.t(),
+            "strided": grid[::2, 1::2],
+            "expanded": torch.tensor([1.0, 2.0]).expand(3, 2),
+            "conjugate": _random_bits(torch.complex64, (4,), 7).conj(),
+        },
     }
 
 
 def _encode(tree: Any) -> tuple[Any, list[tuple[str, tuple[int, ...], bytes]], list[bool]]:
     """(skeleton, (dtype, shape, raw bytes) per tensor, contiguity per tensor): bit-level content, picklable."""
     skeleton, tensors = split(tree)
-    encoded = [(str(t.dtype), tuple(t.shape), t.resolve_conj().reshape(-1).view(torch.uint8).numpy().tobytes()) for t in tensors]
+    encoded = [
+        (str(t.dtype), tuple(t.shape), t.resolve_conj().reshape(-1).view(torch.uint8).numpy().tobytes())
+        for t in tensors
+    ]
     return skeleton, encoded, [t.is_contiguous() for t in tensors]
 
 
@@ -198,7 +225,9 @@ def test_a_small_cap_splits_groups_and_tensors_into_several_buffers(pair: list[d
     assert max(len(raw) for _, _, raw in root["state"][1]) > SMALL_CAP, "no tensor is larger than the cap"
     expected = _small_buffers(root["state"])
     for rank, out in enumerate(pair):
-        assert out["split_buffers"] == expected, f"rank {rank}: buffers of {out['split_buffers']} bytes, expected {expected}"
+        assert out["split_buffers"] == expected, (
+            f"rank {rank}: buffers of {out['split_buffers']} bytes, expected {expected}"
+        )
         if rank != ROOT:
             _assert_same(out["split_state"], root["state"], f"rank {rank}, cap {SMALL_CAP}")
 
@@ -213,7 +242,9 @@ def test_trees_without_tensor_bytes_send_no_buffers(pair: list[dict[str, Any]]) 
 def test_the_result_loads_into_a_fresh_model_and_optimizer(pair: list[dict[str, Any]]) -> None:
     root = pair[ROOT]
     assert root["loaded"][1], "nothing was loaded"
-    assert any(shape == () and dtype == "torch.float32" for dtype, shape, _ in root["loaded"][1]), "Adam's 0-dim step is missing"
+    assert any(shape == () and dtype == "torch.float32" for dtype, shape, _ in root["loaded"][1]), (
+        "Adam's 0-dim step is missing"
+    )
     for rank, out in _receivers(pair):
         assert not out["fresh_had_state"], f"rank {rank}: the fresh optimizer already had state"
         _assert_same(out["loaded"], root["loaded"], f"rank {rank}, loaded")

@@ -1,4 +1,5 @@
-"""The agent's slot book (agent/slots.py), without processes: crash, back-off, give-up and return, standbys, warm-up, drain."""
+"""The agent's slot book (agent/slots.py), without processes: crash, back-off, give-up and return, standbys, warm-up,
+drain."""
 
 from __future__ import annotations
 

@@ -200,8 +200,13 @@ def test_slot_ids_and_counts_agree_without_holes():
 
 
 def test_a_slot_exports_torchruns_and_horovodruns_variables() -> None:
-    env = round_environment(SlotInfo(hostname="host-2", rank=5, local_rank=1, cross_rank=2, size=8, local_size=2, cross_size=4))
+    env = round_environment(
+        SlotInfo(hostname="host-2", rank=5, local_rank=1, cross_rank=2, size=8, local_size=2, cross_size=4)
+    )
     assert env["RANK"] == env["HOROVOD_RANK"] == "5" and env["WORLD_SIZE"] == env["HOROVOD_SIZE"] == "8"
-    assert env["LOCAL_RANK"] == env["HOROVOD_LOCAL_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == env["HOROVOD_LOCAL_SIZE"] == "2"
+    assert (
+        env["LOCAL_RANK"] == env["HOROVOD_LOCAL_RANK"] == "1"
+        and env["LOCAL_WORLD_SIZE"] == env["HOROVOD_LOCAL_SIZE"] == "2"
+    )
     assert env["GROUP_RANK"] == env["HOROVOD_CROSS_RANK"] == "2" and env["HOROVOD_CROSS_SIZE"] == "4"
     assert env["HOROVOD_HOSTNAME"] == "host-2" and env["HOROVOD_CONTROLLER"] == "gloo"

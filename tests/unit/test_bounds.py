@@ -107,7 +107,14 @@ class Replies:
         self.by_id[reply.id] = reply
 
 
-def request(service: Service, msg_type: str, body: dict[str, Any], msg_id: str, sender: str = "peer", raw: tuple[bytes, ...] = ()) -> None:
+def request(
+    service: Service,
+    msg_type: str,
+    body: dict[str, Any],
+    msg_id: str,
+    sender: str = "peer",
+    raw: tuple[bytes, ...] = (),
+) -> None:
     service._dispatch(b"route", encode(Message(type=msg_type, body=body, id=msg_id, sender=sender, raw=raw)))
 
 
@@ -167,7 +174,9 @@ def rendezvous(tmp_path: Path) -> Iterator[RendezvousService]:
     service.close()
 
 
-def test_kv_refuses_long_keys_large_values_and_keys_past_the_most_it_keeps(rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kv_refuses_long_keys_large_values_and_keys_past_the_most_it_keeps(
+    rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(rendezvous_module, "MAX_KV_KEYS", 2)
     replies = Replies(rendezvous)
     request(rendezvous, "kv_set", {"key": "k" * (rendezvous_module.MAX_KV_KEY_BYTES + 1)}, "long", raw=(b"v",))
@@ -178,12 +187,20 @@ def test_kv_refuses_long_keys_large_values_and_keys_past_the_most_it_keeps(rende
     request(rendezvous, "kv_set", {"key": "c"}, "c", raw=(b"3",))
     request(rendezvous, "kv_set", {"key": "a"}, "a-again", raw=(b"4",))
     assert {i: r.body.get("error") for i, r in replies.by_id.items()} == {
-        "long": "key_too_long", "long-get": "key_too_long", "big": "value_too_large", "a": None, "b": None, "c": "too_many_keys", "a-again": None,
+        "long": "key_too_long",
+        "long-get": "key_too_long",
+        "big": "value_too_large",
+        "a": None,
+        "b": None,
+        "c": "too_many_keys",
+        "a-again": None,
     }
     assert rendezvous.kv == {"a": b"4", "b": b"2"}
 
 
-def test_kv_refuses_lookups_past_the_most_that_may_wait(rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kv_refuses_lookups_past_the_most_that_may_wait(
+    rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(rendezvous_module, "MAX_KV_WAITERS", 2)
     replies = Replies(rendezvous)
     for n in range(3):
@@ -195,7 +212,9 @@ def test_kv_refuses_lookups_past_the_most_that_may_wait(rendezvous: RendezvousSe
     assert "get3" not in replies.by_id, "an answered lookup frees its place"
 
 
-def test_lookups_still_waiting_are_refused_when_their_round_is_dropped_or_the_job_reset(rendezvous: RendezvousService) -> None:
+def test_lookups_still_waiting_are_refused_when_their_round_is_dropped_or_the_job_reset(
+    rendezvous: RendezvousService,
+) -> None:
     replies = Replies(rendezvous)
     for n in (1, 2):
         request(rendezvous, "new_round", {"hosts": [["h", 1]], "min_np": 1}, f"round{n}", sender="registry")

@@ -1,4 +1,5 @@
-"""snapshot/copying.py: the native and pure-Python paths give the same checksums and bytes; bounds; tensor bytes; the fallback warning."""
+"""snapshot/copying.py: the native and pure-Python paths give the same checksums and bytes; bounds; tensor bytes; the
+fallback warning."""
 
 from __future__ import annotations
 
@@ -73,7 +74,11 @@ def test_gaps_keep_the_destination_bytes_and_sources_cross_chunks(path: tuple[Co
     length = 3 * CHUNK + 17
     before = _random(length, seed=1)
     dst = before.copy()
-    pieces = [(CHUNK - 5, _random(10, 2)), (100, _random(CHUNK - 200, 3)), (2 * CHUNK + 1, _random(CHUNK + 10, 4))]  # unordered on purpose
+    pieces = [
+        (CHUNK - 5, _random(10, 2)),
+        (100, _random(CHUNK - 200, 3)),
+        (2 * CHUNK + 1, _random(CHUNK + 10, 4)),
+    ]  # unordered on purpose
     crc = copy(dst, [(offset, memoryview(src)) for offset, src in pieces], length)
     expected = before.copy()
     for offset, src in pieces:
@@ -122,7 +127,9 @@ def test_one_flipped_byte_changes_the_checksum(path: tuple[Copy, Checksum]) -> N
     [([(-1, b"a")], 10), ([(10, b"a")], 10), ([(9, b"ab")], 10), ([(0, b"abc"), (2, b"x")], 10), ([], 11), ([], -1)],
     ids=["negative", "at-end", "past-end", "overlap", "length-past-buffer", "negative-length"],
 )
-def test_bad_offsets_and_lengths_raise(path: tuple[Copy, Checksum], sources: list[tuple[int, bytes]], length: int) -> None:
+def test_bad_offsets_and_lengths_raise(
+    path: tuple[Copy, Checksum], sources: list[tuple[int, bytes]], length: int
+) -> None:
     copy, check = path
     dst = bytearray(10)
     with pytest.raises(ValueError):
@@ -132,7 +139,9 @@ def test_bad_offsets_and_lengths_raise(path: tuple[Copy, Checksum], sources: lis
         check(bytes(10), 11)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.int64, torch.uint8, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.int64, torch.uint8, torch.complex64]
+)
 def test_tensor_bytes_are_the_tensors_memory(dtype: torch.dtype) -> None:
     tensor = torch.arange(12).reshape(3, 4).to(dtype)
     view = copying.tensor_bytes(tensor)
@@ -167,7 +176,10 @@ def test_fallback_warns_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
 def test_importing_does_not_import_torch() -> None:
     """The agent checksums snapshots and must not import torch."""
     probe = "import sys, snapshot.copying; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
 
 
 def test_register_pinned_is_false_without_cuda() -> None:

@@ -7,7 +7,9 @@ from services.registry.reports import FAILURE, READY, SUCCESS, SlotReport
 
 
 def report(rank: int, state: str, exit_code: int | None = None, reason: str = "", failed_order: int = 0) -> SlotReport:
-    return SlotReport(rank=rank, state=state, pid=1000 + rank, exit_code=exit_code, reason=reason, failed_order=failed_order)
+    return SlotReport(
+        rank=rank, state=state, pid=1000 + rank, exit_code=exit_code, reason=reason, failed_order=failed_order
+    )
 
 
 # -- success -------------------------------------------------------------------------------------
@@ -173,14 +175,21 @@ def test_ready_only_resumes_without_blacklist():
 
 
 def test_a_crash_whose_agent_restarts_the_slot_resumes_without_blacklisting_its_host():
-    reports = {("a", 0): SlotReport(0, READY), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True), ("c", 0): SlotReport(2, FAILURE, exit_code=1)}
+    reports = {
+        ("a", 0): SlotReport(0, READY),
+        ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True),
+        ("c", 0): SlotReport(2, FAILURE, exit_code=1),
+    }
     decision = decide(reports, resets=0, reset_limit=None)
     assert decision.action == "resume"
     assert decision.blacklist == ["c"]
 
 
 def test_every_worker_crashing_with_no_snapshot_still_fails_the_job_even_when_their_slots_restart():
-    reports = {("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    reports = {
+        ("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True),
+        ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True),
+    }
     assert decide(reports, resets=0, reset_limit=None).action == "fail"
 
 
@@ -188,7 +197,10 @@ def test_every_worker_crashing_with_no_snapshot_still_fails_the_job_even_when_th
 
 
 def all_crashed() -> dict:
-    return {("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    return {
+        ("a", 0): SlotReport(0, FAILURE, exit_code=-9, host_stays=True),
+        ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True),
+    }
 
 
 def test_every_worker_failing_resumes_from_the_newest_snapshot_as_a_reset():
@@ -213,7 +225,10 @@ def test_the_reset_limit_still_holds_for_a_resume_from_a_snapshot():
 
 
 def test_a_resume_from_a_snapshot_still_blacklists_hosts_that_do_not_stay():
-    reports = {("a", 0): SlotReport(0, FAILURE, exit_code=1), ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True)}
+    reports = {
+        ("a", 0): SlotReport(0, FAILURE, exit_code=1),
+        ("b", 0): SlotReport(1, FAILURE, exit_code=-9, host_stays=True),
+    }
     decision = decide(reports, resets=0, reset_limit=None, newest_snapshot=7)
     assert (decision.action, decision.blacklist) == ("resume", ["a"])
 
@@ -230,8 +245,10 @@ def test_every_worker_failing_on_hosts_given_up_fails_as_in_horovod_even_with_a_
 
 
 def test_in_torchrun_mode_every_worker_failing_is_a_restart_not_the_jobs_end() -> None:
-    reports = {("host-1", 0): SlotReport(rank=0, state=FAILURE, exit_code=1, failed_order=2, host_stays=True),
-               ("host-2", 0): SlotReport(rank=1, state=FAILURE, exit_code=-9, failed_order=1, host_stays=True)}
+    reports = {
+        ("host-1", 0): SlotReport(rank=0, state=FAILURE, exit_code=1, failed_order=2, host_stays=True),
+        ("host-2", 0): SlotReport(rank=1, state=FAILURE, exit_code=-9, failed_order=1, host_stays=True),
+    }
     assert decide(reports, resets=0, reset_limit=None).action == "fail"
     assert decide(reports, resets=0, reset_limit=None, torchrun=True).action == "resume"
     assert decide(reports, resets=2, reset_limit=3, torchrun=True).action == "resume"

@@ -15,7 +15,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:5550", "tcp://discovery:1", "tcp://node-7.example.org:65535", "tcp://[::1]:5550", "ipc:///tmp/agent.sock"])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp://127.0.0.1:5550",
+        "tcp://discovery:1",
+        "tcp://node-7.example.org:65535",
+        "tcp://[::1]:5550",
+        "ipc:///tmp/agent.sock",
+    ],
+)
 def test_good_endpoints_pass(endpoint: str) -> None:
     assert check_endpoint("ELASTIC_REGISTRY_ENDPOINT", endpoint) == endpoint
 
@@ -78,7 +87,13 @@ def test_from_env_defaults_and_overrides(monkeypatch: pytest.MonkeyPatch) -> Non
     assert endpoints.discovery == "tcp://control.example:5550"
     assert endpoints.events == "tcp://10.0.0.9:6000"
     assert Endpoints.from_env("::1").registry == "tcp://[::1]:5552"
-    assert endpoints.values() == [endpoints.discovery, endpoints.rendezvous, endpoints.registry, endpoints.notifier, endpoints.events]
+    assert endpoints.values() == [
+        endpoints.discovery,
+        endpoints.rendezvous,
+        endpoints.registry,
+        endpoints.notifier,
+        endpoints.events,
+    ]
 
 
 def test_tcp_endpoint_brackets_ipv6() -> None:
@@ -93,5 +108,11 @@ def test_timing_names_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unresolved_hosts_are_named_once() -> None:
-    endpoints = ["tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551", "tcp://127.0.0.1:5552", "tcp://[::1]:5553", "ipc:///tmp/x.sock"]
+    endpoints = [
+        "tcp://not-a-host.invalid:5550",
+        "tcp://not-a-host.invalid:5551",
+        "tcp://127.0.0.1:5552",
+        "tcp://[::1]:5553",
+        "ipc:///tmp/x.sock",
+    ]
     assert unresolved_hosts(endpoints) == ["not-a-host.invalid"]

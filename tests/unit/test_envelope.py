@@ -140,7 +140,9 @@ def test_header_not_a_map_is_malformed(value):
     assert "header" in err.message
 
 
-@pytest.mark.parametrize("version", [0, 2, VERSION + 1, "1", None, _MISSING], ids=["0", "2", "next", "str", "nil", "missing"])
+@pytest.mark.parametrize(
+    "version", [0, 2, VERSION + 1, "1", None, _MISSING], ids=["0", "2", "next", "str", "nil", "missing"]
+)
 def test_wrong_version_is_version(version):
     assert wire_error([header(v=version), pack({})]).code == "version"
 

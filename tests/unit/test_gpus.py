@@ -18,7 +18,10 @@ from elasticctl.local import agent_devices, default_local_slots
 from libworker import devices
 
 REPO = Path(__file__).resolve().parents[2]
-SMI_OUTPUT = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n  MIG 1g.10gb Device 0: (UUID: MIG-bbbb)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-cccc)\n"
+SMI_OUTPUT = (
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n  MIG 1g.10gb Device 0: (UUID: MIG-bbbb)\nGPU 1: NVIDIA H100 "
+    "80GB HBM3 (UUID: GPU-cccc)\n"
+)
 
 
 def fake_nvidia_smi(directory: Path, body: str) -> Path:
@@ -81,24 +84,38 @@ def test_slots_default_to_one_per_gpu_and_more_need_sharing() -> None:
     check_slots(4, 0, share_gpus=False)
     check_slots(2, 2, share_gpus=False)
     check_slots(4, 1, share_gpus=True)
-    with pytest.raises(ValueError, match=r"--slots 3 is more than this host's 2 GPU\(s\); lower --slots or pass --share-gpus"):
+    with pytest.raises(
+        ValueError, match=r"--slots 3 is more than this host's 2 GPU\(s\); lower --slots or pass --share-gpus"
+    ):
         check_slots(3, 2, share_gpus=False)
 
 
 def run_agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-m", "agent.main", *args], env=environ, cwd=REPO, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "agent.main", *args], env=environ, cwd=REPO, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_the_agent_refuses_more_slots_than_gpus_in_one_line() -> None:
     result = run_agent("--host", "h1", "--slots", "3", CUDA_VISIBLE_DEVICES="0,1")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["elastic-agent: --slots 3 is more than this host's 2 GPU(s); lower --slots or pass --share-gpus to run several workers per GPU"]
+    assert result.stderr.strip().splitlines() == [
+        "elastic-agent: --slots 3 is more than this host's 2 GPU(s); lower --slots or pass --share-gpus to run "
+        "several workers per GPU"
+    ]
 
 
 def test_the_agent_imports_no_torch() -> None:
     probe = "import sys, agent.main; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -152,14 +169,22 @@ def test_shared_gpus_are_bound_round_robin(fake_cuda: list[int], monkeypatch: py
     assert fake_cuda == [0, 1, 0, 1]
 
 
-def test_a_local_rank_without_a_gpu_of_its_own_is_a_clear_error(fake_cuda: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_rank_without_a_gpu_of_its_own_is_a_clear_error(
+    fake_cuda: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ELASTIC_LOCAL_RANK", "2")
-    with pytest.raises(RuntimeError, match=r"local rank 2 has no GPU of its own: this host has 2 GPU\(s\); lower the agent's --slots or start it with --share-gpus"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"local rank 2 has no GPU of its own: this host has 2 GPU\(s\); lower the agent's --slots or start it "
+        r"with --share-gpus",
+    ):
         devices.bind_device()
     assert fake_cuda == []
 
 
-def test_nothing_is_bound_outside_an_agent_or_without_cuda(fake_cuda: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nothing_is_bound_outside_an_agent_or_without_cuda(
+    fake_cuda: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ELASTIC_LOCAL_RANK", "0")
     monkeypatch.delenv("ELASTIC_AGENT")
     devices.bind_device()

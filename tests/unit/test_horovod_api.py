@@ -27,7 +27,12 @@ SyncBatchNorm
 
 MODULE_PATHS = {
     "libworker.mpi_ops": ["allreduce", "synchronize", "Average", "Adasum", "global_process_set"],
-    "libworker.functions": ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"],
+    "libworker.functions": [
+        "broadcast_parameters",
+        "broadcast_optimizer_state",
+        "broadcast_object",
+        "allgather_object",
+    ],
     "libworker.compression": ["Compression", "Compressor", "NoneCompressor", "FP16Compressor"],
     "libworker.optimizer": ["DistributedOptimizer"],
     "libworker.elastic": ["run", "State", "ObjectState", "TorchState", "ElasticSampler"],
@@ -169,14 +174,18 @@ def test_distributed_optimizer_refuses_bad_arguments(one_rank_world: None) -> No
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="must be unique"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=[("w", model.weight), ("w", model.bias)])
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=[("w", model.weight), ("w", model.bias)]
+        )
     with pytest.raises(ValueError, match="were not named"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=[("w", model.weight)])
 
 
 def test_distributed_optimizer_is_the_wrapped_optimizer_and_restores_after_a_failed_step(one_rank_world: None) -> None:
     model = torch.nn.Linear(2, 1)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters()
+    )
     assert isinstance(optimizer, torch.optim.SGD)
     state = hvd.elastic.TorchState(model, optimizer, batch=0)
     model(torch.ones(1, 2)).sum().backward()

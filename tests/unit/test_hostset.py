@@ -485,7 +485,14 @@ def test_parse_zero_slots_is_allowed():
         ("a\nb:1.5\n", 2),
         ("a:2:3\n", 1),
     ],
-    ids=["non_numeric_slots", "empty_slots", "empty_name_after_comment_and_blank", "negative_slots", "float_slots", "two_colons"],
+    ids=[
+        "non_numeric_slots",
+        "empty_slots",
+        "empty_name_after_comment_and_blank",
+        "negative_slots",
+        "float_slots",
+        "two_colons",
+    ],
 )
 def test_parse_bad_line_raises_value_error_with_line_number(text, line):
     with pytest.raises(ValueError, match=rf"\bline {line}\b"):
@@ -564,9 +571,16 @@ def test_restored_marks_wait_for_their_host_and_keep_newer_decisions() -> None:
 
     hs = make(("a", 2), now=0.0)
     hs.blacklist("a", 0.0, "newer decision")
-    hs.restore({"a": Mark(draining=True, blacklisted=True, until=50.0, count=1, reason="old"), "b": Mark(blacklisted=True, until=30.0, count=2, reason="crash")})
+    hs.restore(
+        {
+            "a": Mark(draining=True, blacklisted=True, until=50.0, count=1, reason="old"),
+            "b": Mark(blacklisted=True, until=30.0, count=2, reason="crash"),
+        }
+    )
     a = hs.hosts["a"]
-    assert a.draining and a.blacklist_reason == "newer decision" and a.blacklisted_until != 50.0, "a record's own blacklist wins"
+    assert a.draining and a.blacklist_reason == "newer decision" and a.blacklisted_until != 50.0, (
+        "a record's own blacklist wins"
+    )
     assert "b" not in hs.hosts and "b" in hs.pending_marks
     hs.register("b", 2, "b-inc1", 1.0)
     b = hs.hosts["b"]

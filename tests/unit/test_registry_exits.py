@@ -18,7 +18,10 @@ def test_exit_code_zero_is_a_success():
 
 
 def test_a_signal_after_the_script_ended_is_a_success():
-    assert exit_report(exit_code=-11, after_script_end=True).success() == "its script ended, then it died of signal 11 in interpreter teardown"
+    assert (
+        exit_report(exit_code=-11, after_script_end=True).success()
+        == "its script ended, then it died of signal 11 in interpreter teardown"
+    )
 
 
 @pytest.mark.parametrize("body", [{"exit_code": 1, "after_script_end": True}, {"exit_code": -9}, {"exit_code": None}])

@@ -22,29 +22,66 @@ SPEC = JobSpec.parse({"command": ["python", "train.py"], "min_np": 2, "max_np": 
 
 # What the registry saved before the job became one record (its `_saved_state` and `_reports_text`), to the letter.
 OLDER_JOB = {
-    "agents": {"host-1": "agent:a", "host-2": "agent:b"}, "exit_code": None, "failure_seen_at": None, "first_report_at": 1_699_999_990.0,
-    "history": [{"action": "resume", "reason": "hosts changed", "round": 1}], "host_marks": {}, "job_id": 3, "job_key": "9f321f4bd5314360",
-    "reason": "", "resets": 1, "resumed_from": 0, "retired_pids": [7, 8], "round": 2, "round_hosts": [["host-1", [0, 1]], ["host-2", [0]]],
-    "round_hosts_timestamp": 1_700_000_000.5, "snapshot_commits": {"host-1": 40},
+    "agents": {"host-1": "agent:a", "host-2": "agent:b"},
+    "exit_code": None,
+    "failure_seen_at": None,
+    "first_report_at": 1_699_999_990.0,
+    "history": [{"action": "resume", "reason": "hosts changed", "round": 1}],
+    "host_marks": {},
+    "job_id": 3,
+    "job_key": "9f321f4bd5314360",
+    "reason": "",
+    "resets": 1,
+    "resumed_from": 0,
+    "retired_pids": [7, 8],
+    "round": 2,
+    "round_hosts": [["host-1", [0, 1]], ["host-2", [0]]],
+    "round_hosts_timestamp": 1_700_000_000.5,
+    "snapshot_commits": {"host-1": 40},
     "spec": {
-        "checkpoint_dir": None, "checkpoint_interval": 30.0, "command": ["python", "train.py"], "cooldown": [60.0, 600.0], "cwd": "",
-        "discovery_script": None, "elastic_timeout": 600.0, "env": {"A": "1"}, "hung_timeout": 120.0, "max_np": 4, "max_restarts": 3,
-        "min_np": 2, "reset_limit": 3, "restart_window": 60.0,
+        "checkpoint_dir": None,
+        "checkpoint_interval": 30.0,
+        "command": ["python", "train.py"],
+        "cooldown": [60.0, 600.0],
+        "cwd": "",
+        "discovery_script": None,
+        "elastic_timeout": 600.0,
+        "env": {"A": "1"},
+        "hung_timeout": 120.0,
+        "max_np": 4,
+        "max_restarts": 3,
+        "min_np": 2,
+        "reset_limit": 3,
+        "restart_window": 60.0,
     },
-    "state": "running", "waiting_since": 1_699_999_980.0,
+    "state": "running",
+    "waiting_since": 1_699_999_980.0,
 }
 OLDER_REPORTS = (
     '[{"host":"host-1","local_rank":0,"rank":0,"state":"RUNNING","pid":101,"exit_code":null,"reason":"","failed_order":0,"host_stays":false},'
     '{"host":"host-1","local_rank":1,"rank":1,"state":"READY","pid":102,"exit_code":null,"reason":"","failed_order":0,"host_stays":false},'
-    '{"host":"host-2","local_rank":0,"rank":2,"state":"FAILURE","pid":103,"exit_code":1,"reason":"exited with code 1","failed_order":1,"host_stays":false}]'
+    '{"host":"host-2","local_rank":0,"rank":2,"state":"FAILURE","pid":103,"exit_code":1,'
+    '"reason":"exited with code 1","failed_order":1,"host_stays":false}]'
 )
 
 
 def running_job() -> Job:
     """A job in its second round: one worker running, one re-joined, one crashed."""
     job = Job.submitted(SPEC, 3, now=440.0)
-    job.begin_round(1, [["host-1", [0, 1]], ["host-2", [0]]], 1_699_999_900.0, {"host-1": "agent:a", "host-2": "agent:b"}, replacing=False)
-    job.begin_round(2, [["host-1", [0, 1]], ["host-2", [0]]], 1_700_000_000.5, {"host-1": "agent:a", "host-2": "agent:b"}, replacing=False)
+    job.begin_round(
+        1,
+        [["host-1", [0, 1]], ["host-2", [0]]],
+        1_699_999_900.0,
+        {"host-1": "agent:a", "host-2": "agent:b"},
+        replacing=False,
+    )
+    job.begin_round(
+        2,
+        [["host-1", [0, 1]], ["host-2", [0]]],
+        1_700_000_000.5,
+        {"host-1": "agent:a", "host-2": "agent:b"},
+        replacing=False,
+    )
     job.reports.record_started(("host-1", 0), 101)
     job.reports.record_rejoined(("host-1", 1), 102)
     job.reports.record_failure(("host-2", 0), "exited with code 1", pid=103, exit_code=1)
@@ -78,19 +115,30 @@ def test_instants_keep_their_age_across_a_restart() -> None:
     assert LOADED_AT.local - loaded.waiting_since == SAVED_AT.local - job.waiting_since + away
     assert LOADED_AT.local - loaded.failure_seen_at == SAVED_AT.local - job.failure_seen_at + away
     shift = (LOADED_AT.local - SAVED_AT.local) - away
-    moved = {"waiting_since": job.waiting_since + shift, "first_report_at": job.first_report_at + shift, "failure_seen_at": job.failure_seen_at + shift}
+    moved = {
+        "waiting_since": job.waiting_since + shift,
+        "first_report_at": job.first_report_at + shift,
+        "failure_seen_at": job.failure_seen_at + shift,
+    }
     assert loaded == replace(job, **moved), "nothing else changes"
 
 
 def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
     job = Job.from_saved(OLDER_JOB, json.loads(OLDER_REPORTS), SAVED_AT)
     assert (job.job_id, job.state, job.round, job.resets, job.spec) == (3, RUNNING_JOB, 2, 1, SPEC)
-    assert job.reports[("host-2", 0)] == SlotReport(rank=2, state=FAILURE, pid=103, exit_code=1, reason="exited with code 1", failed_order=1)
+    assert job.reports[("host-2", 0)] == SlotReport(
+        rank=2, state=FAILURE, pid=103, exit_code=1, reason="exited with code 1", failed_order=1
+    )
     assert job.reports.counts()[RUNNING] == 1 and job.reports.counts()[READY] == 1
     assert list(job.reports.retired_pids) == [7, 8]
     assert (job.first_report_at, job.waiting_since, job.failure_seen_at) == (490.0, 480.0, None)
-    newer_fields = {"failure_resets": 0, "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True}}
-    assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, "and is saved again to the letter, with the fields it predates"
+    newer_fields = {
+        "failure_resets": 0,
+        "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True},
+    }
+    assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
+        "and is saved again to the letter, with the fields it predates"
+    )
     assert job.reports.to_saved() == OLDER_REPORTS
 
 
@@ -153,13 +201,32 @@ def test_the_summary_answers_job() -> None:
     job = running_job()
     job.finish(FAILED, "cancelled", 130)
     summary = job.summary()
-    assert (summary["job"], summary["state"], summary["exit_code"], summary["size"], summary["spec"]) == (3, FAILED, 130, 3, SPEC.to_dict())
+    assert (summary["job"], summary["state"], summary["exit_code"], summary["size"], summary["spec"]) == (
+        3,
+        FAILED,
+        130,
+        3,
+        SPEC.to_dict(),
+    )
 
 
 def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
     job = running_job()
     assert round_plan(job, size=3) == {
-        "round": 2, "hosts": [["host-1", [0, 1]], ["host-2", [0]]], "size": 3, "job": 3, "job_key": job.job_key,
-        "command": ["python", "train.py"], "cwd": "", "env": {"A": "1"}, "max_restarts": 3, "restart_window": 60.0,
-        "checkpoint_dir": None, "checkpoint_interval": 30.0, "mode": "horovod", "reset_limit": 3, "preload": (), "fork_server": True,
+        "round": 2,
+        "hosts": [["host-1", [0, 1]], ["host-2", [0]]],
+        "size": 3,
+        "job": 3,
+        "job_key": job.job_key,
+        "command": ["python", "train.py"],
+        "cwd": "",
+        "env": {"A": "1"},
+        "max_restarts": 3,
+        "restart_window": 60.0,
+        "checkpoint_dir": None,
+        "checkpoint_interval": 30.0,
+        "mode": "horovod",
+        "reset_limit": 3,
+        "preload": (),
+        "fork_server": True,
     }

@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from services.registry.reports import FAILURE, PENDING, READY, RETIRED_PIDS_KEPT, RUNNING, SUCCESS, ReportTable, SlotReport
+from services.registry.reports import (
+    FAILURE,
+    PENDING,
+    RETIRED_PIDS_KEPT,
+    RUNNING,
+    SUCCESS,
+    ReportTable,
+    SlotReport,
+)
 
 
 def round_of(*slots: tuple[str, int]) -> ReportTable:
@@ -63,8 +71,12 @@ def test_barrier_of_no_slots_is_not_complete():
 
 def test_a_crash_is_recorded_and_counted():
     table = started(("a", 0), ("b", 0), ("c", 0))
-    assert table.record_failure(("b", 0), "exited with code 3", pid=1001, exit_code=3) is True, "the round's first failure"
-    assert table[("b", 0)] == SlotReport(rank=1, state=FAILURE, pid=1001, exit_code=3, reason="exited with code 3", failed_order=1)
+    assert table.record_failure(("b", 0), "exited with code 3", pid=1001, exit_code=3) is True, (
+        "the round's first failure"
+    )
+    assert table[("b", 0)] == SlotReport(
+        rank=1, state=FAILURE, pid=1001, exit_code=3, reason="exited with code 3", failed_order=1
+    )
     assert table.record_failure(("a", 0), "host lost (missed heartbeats)") is False
     assert table[("a", 0)].pid == 1000, "a failure without a pid keeps the worker's"
     assert (table[("a", 0)].failed_order, table.count(FAILURE), table.count(RUNNING)) == (2, 2, 1)
@@ -81,7 +93,10 @@ def test_failures_on_a_host_are_described_in_rank_order():
     table = started(("a", 0), ("a", 1), ("b", 0))
     table.record_failure(("a", 1), "exited with code 2", exit_code=2)
     table.record_failure(("a", 0), "exited with code 1", exit_code=1)
-    assert table.failures_on(["a", "b"]) == {"a": ["rank 0 on a exited with code 1", "rank 1 on a exited with code 2"], "b": []}
+    assert table.failures_on(["a", "b"]) == {
+        "a": ["rank 0 on a exited with code 1", "rank 1 on a exited with code 2"],
+        "b": [],
+    }
 
 
 def test_silent_slots_are_the_pending_and_running_ones():
@@ -124,7 +139,17 @@ def test_the_dirty_flag_is_set_by_a_change_and_cleared_when_the_rows_are_taken()
     assert table.dirty
     rows = json.loads(table.to_saved())
     assert not table.dirty
-    assert rows[1] == {"host": "b", "local_rank": 0, "rank": 1, "state": FAILURE, "pid": 1001, "exit_code": 1, "reason": "exited with code 1", "failed_order": 1, "host_stays": False}
+    assert rows[1] == {
+        "host": "b",
+        "local_rank": 0,
+        "rank": 1,
+        "state": FAILURE,
+        "pid": 1001,
+        "exit_code": 1,
+        "reason": "exited with code 1",
+        "failed_order": 1,
+        "host_stays": False,
+    }
 
 
 def test_saved_rows_load_back_equal():

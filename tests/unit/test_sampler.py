@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from libworker.world import world
 from libworker.elastic.sampler import ElasticSampler
+from libworker.world import world
 
 N = 103
 DATASET = list(range(N))

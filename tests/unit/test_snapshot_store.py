@@ -24,8 +24,18 @@ def model_state(seed: int) -> dict:
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": seed, "names": ["a", ("b", 1)],
-            "odd": [torch.tensor(3.5, dtype=torch.bfloat16), torch.zeros(0, 3), torch.tensor([True, False]), torch.arange(6).reshape(2, 3).t()]}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "epoch": seed,
+        "names": ["a", ("b", 1)],
+        "odd": [
+            torch.tensor(3.5, dtype=torch.bfloat16),
+            torch.zeros(0, 3),
+            torch.tensor([True, False]),
+            torch.arange(6).reshape(2, 3).t(),
+        ],
+    }
 
 
 def assert_same(a, b) -> None:
@@ -148,7 +158,9 @@ def test_a_full_tmpfs_fails_the_commit_clearly_and_keeps_the_previous_snapshot(s
     layout.create(prefix)
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, {"w": torch.ones(1000)})
-    with pytest.raises(SnapshotError, match=r"cannot grow snapshot .* bytes free .*previous commit's snapshot is intact"):
+    with pytest.raises(
+        SnapshotError, match=r"cannot grow snapshot .* bytes free .*previous commit's snapshot is intact"
+    ):
         writer.write(2, {"w": torch.ones(2_000_000)})
     found = read_newest(slot_paths(prefix), "job-a", print)
     assert found.commit == 1 and torch.equal(found.tree["w"], torch.ones(1000))
@@ -188,7 +200,9 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(prefix: str, tmp_pa
     writer.close()
 
 
-def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slot_is_overwritten_next(prefix: str) -> None:
+def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slot_is_overwritten_next(
+    prefix: str,
+) -> None:
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(4, {"w": torch.zeros(3)})
     writer.write(4, {"w": torch.ones(3)})
@@ -198,12 +212,16 @@ def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slo
     writer.close()
 
 
-def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import snapshot.store as store_module
 
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, {"w": torch.ones(2)})
-    monkeypatch.setattr(store_module, "_tensor", lambda payload, *spec: (_ for _ in ()).throw(TypeError("unexpected spec")))
+    monkeypatch.setattr(
+        store_module, "_tensor", lambda payload, *spec: (_ for _ in ()).throw(TypeError("unexpected spec"))
+    )
     heard, reject = rejections()
     assert read_newest(slot_paths(prefix), "job-a", reject) is None
     assert "its metadata cannot be read by this version (TypeError: unexpected spec)" in heard[0][1]

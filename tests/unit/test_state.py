@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -91,8 +90,8 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_from_it(host_snapshot: str) -> None:
-    from snapshot.store import read_newest
     from snapshot.layout import slot_paths
+    from snapshot.store import read_newest
 
     model, optimizer, state = trained_state()
     step(model, optimizer)
@@ -141,7 +140,9 @@ def test_a_fresh_state_loads_a_snapshot_with_its_commit_counter(host_snapshot: s
     assert fresh.load_snapshot(found)
     assert (fresh._commits, fresh.epoch) == (5, 7)
     assert torch.equal(fresh_model.weight, model.weight)
-    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(
+        fresh_optimizer.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"]
+    )
 
 
 def test_the_writer_restores_the_state_it_was_synced_to_before_its_first_commit(host_snapshot: str) -> None:
@@ -169,7 +170,9 @@ def test_an_interrupt_between_commits_marks_the_live_state_ahead_of_the_last_com
     assert not state._live_ahead
 
 
-def test_a_worker_restored_from_its_host_goes_through_the_reset_the_others_did(host_snapshot: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_restored_from_its_host_goes_through_the_reset_the_others_did(
+    host_snapshot: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from libworker.elastic.runner import _restore_from_host
     from libworker.world import world
 
@@ -218,7 +221,10 @@ def test_a_torch_state_with_commits_round_trips_it_through_its_host_snapshot(hos
     "name", ["commit", "save", "restore", "sync", "reset", "register_reset_callbacks", "check_host_updates", "on_reset"]
 )
 def test_a_keyword_that_would_shadow_a_method_is_refused_at_once(kind: type[elastic.State], name: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{kind.__name__}\({name}=\.\.\.\): '{name}' is a method of {kind.__name__}; pick another name"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{kind.__name__}\({name}=\.\.\.\): '{name}' is a method of {kind.__name__}; pick another name",
+    ):
         kind(**{name: 1})
 
 

@@ -9,17 +9,53 @@ from elasticctl.status import render
 
 
 def host(name: str, snapshot: dict | None, checkpoint: dict | None, fork_server: dict | None = None) -> dict:
-    return {"host": name, "slots": 1, "state": "active", "down": [], "blacklisted": False, "snapshot": snapshot, "checkpoint": checkpoint,
-            "fork_server": fork_server}
+    return {
+        "host": name,
+        "slots": 1,
+        "state": "active",
+        "down": [],
+        "blacklisted": False,
+        "snapshot": snapshot,
+        "checkpoint": checkpoint,
+        "fork_server": fork_server,
+    }
 
 
 def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint() -> None:
     now = time.time()
     view = {
-        "job": {"job": 1, "state": "running", "round": 2, "size": 2, "resets": 1, "exit_code": None, "reason": "", "spec": {}, "resumed_from": 40},
+        "job": {
+            "job": 1,
+            "state": "running",
+            "round": 2,
+            "size": 2,
+            "resets": 1,
+            "exit_code": None,
+            "reason": "",
+            "spec": {},
+            "resumed_from": 40,
+        },
         "hosts": [
-            host("host-1", {"commit": 57, "bytes": 3 << 20, "written_at": now - 0.5}, {"commit": 50, "bytes": 3 << 20, "written_at": now - 4, "path": "/ckpt/host-1/commit-000000000050.snap"}),
-            host("host-2", None, {"commit": 45, "bytes": 3 << 20, "written_at": now - 9, "path": "/ckpt/host-2/commit-000000000045.snap"}),
+            host(
+                "host-1",
+                {"commit": 57, "bytes": 3 << 20, "written_at": now - 0.5},
+                {
+                    "commit": 50,
+                    "bytes": 3 << 20,
+                    "written_at": now - 4,
+                    "path": "/ckpt/host-1/commit-000000000050.snap",
+                },
+            ),
+            host(
+                "host-2",
+                None,
+                {
+                    "commit": 45,
+                    "bytes": 3 << 20,
+                    "written_at": now - 9,
+                    "path": "/ckpt/host-2/commit-000000000045.snap",
+                },
+            ),
         ],
         "workers": [],
         "history": [],
@@ -29,15 +65,29 @@ def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint()
     assert "resumed from the snapshot of commit 40 after every worker failed" in text
     row = next(line for line in text.splitlines() if line.startswith("host-1"))
     assert "commit 57, 3.0 MiB, 0.5s ago" in row
-    assert next(line for line in text.splitlines() if line.startswith("host-2")).split()[3:5] == ["-", "-"], "no fork server reported, no snapshot"
+    assert next(line for line in text.splitlines() if line.startswith("host-2")).split()[3:5] == ["-", "-"], (
+        "no fork server reported, no snapshot"
+    )
 
 
 def test_the_table_shows_each_hosts_fork_server_and_why_a_host_spawns() -> None:
     why = "the fork server exited with code 1: ModuleNotFoundError: No module named 'torch'"
     view = {
-        "job": {"job": 1, "state": "running", "round": 1, "size": 3, "resets": 0, "exit_code": None, "reason": "", "spec": {}},
-        "hosts": [host("host-1", None, None, {"state": "ready", "reason": ""}), host("host-2", None, None, {"state": "unavailable", "reason": why}),
-                  host("host-3", None, None, {"state": "starting", "reason": ""})],
+        "job": {
+            "job": 1,
+            "state": "running",
+            "round": 1,
+            "size": 3,
+            "resets": 0,
+            "exit_code": None,
+            "reason": "",
+            "spec": {},
+        },
+        "hosts": [
+            host("host-1", None, None, {"state": "ready", "reason": ""}),
+            host("host-2", None, None, {"state": "unavailable", "reason": why}),
+            host("host-3", None, None, {"state": "starting", "reason": ""}),
+        ],
         "workers": [],
         "history": [],
     }

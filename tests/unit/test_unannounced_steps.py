@@ -41,7 +41,10 @@ def test_a_step_a_joined_rank_served_turns_the_agreement_back_on() -> None:
 
 def test_an_uncached_or_changed_layout_a_gpu_step_or_a_process_set_is_agreed_on() -> None:
     assert _global_set().start_unannounced("optimizer.1", LAYOUT) is None
-    assert _global_set().start_unannounced("optimizer.0", Signature("optimizer", (TensorSpec("float32", (1002,)),), 0)) is None
+    assert (
+        _global_set().start_unannounced("optimizer.0", Signature("optimizer", (TensorSpec("float32", (1002,)),), 0))
+        is None
+    )
     on_gpu = Signature("optimizer", LAYOUT.tensors, 0, device="cuda")
     assert _global_set(on_gpu).start_unannounced("optimizer.0", on_gpu) is None
     process_set = _global_set()

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from bus.contract import WorkerEnv
 from bus.agent_link import _parent_of, worker_pid
+from bus.contract import WorkerEnv
 
 
 def test_the_parent_of_this_process_is_read_from_proc():
@@ -28,7 +28,9 @@ def test_behind_a_wrapper_the_worker_is_the_ancestor_the_agent_started(monkeypat
 
 
 @pytest.mark.parametrize("agent_pid", [None, "not-a-pid", str(2**22 + 1)])
-def test_without_the_agent_among_its_ancestors_a_process_is_itself(monkeypatch: pytest.MonkeyPatch, agent_pid: str | None):
+def test_without_the_agent_among_its_ancestors_a_process_is_itself(
+    monkeypatch: pytest.MonkeyPatch, agent_pid: str | None
+):
     if agent_pid is None:
         monkeypatch.delenv(WorkerEnv.AGENT_PID, raising=False)
     else:

@@ -9,9 +9,9 @@ import argparse
 import time
 
 import torch
+from train_elastic import EventLog
 
 import libworker as elastic
-from train_elastic import EventLog
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--batches", type=int, default=200)
@@ -25,7 +25,9 @@ torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 if args.mib:
     model.register_buffer("ballast", torch.zeros(args.mib << 18))
-optimizer = elastic.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
+optimizer = elastic.DistributedOptimizer(
+    torch.optim.Adam(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+)
 elastic.init()
 log = EventLog(args.log_dir)
 state = elastic.TorchState(model=model, optimizer=optimizer, batch=0, total=0)

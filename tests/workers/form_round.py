@@ -17,11 +17,23 @@ port, rank, round_number = (int(arg) for arg in sys.argv[1:4])
 store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=30), wait_for_workers=False)
 if len(sys.argv) > 4:
     try:
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"round/{sys.argv[4]}/", store), rank=rank, world_size=2, timeout=timedelta(seconds=1))
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"round/{sys.argv[4]}/", store),
+            rank=rank,
+            world_size=2,
+            timeout=timedelta(seconds=1),
+        )
         sys.exit("the round formed without its peer")
     except (RuntimeError, dist.DistError):
         release_process_group()
-dist.init_process_group("gloo", store=dist.PrefixStore(f"round/{round_number}/", store), rank=rank, world_size=2, timeout=timedelta(seconds=20))
+dist.init_process_group(
+    "gloo",
+    store=dist.PrefixStore(f"round/{round_number}/", store),
+    rank=rank,
+    world_size=2,
+    timeout=timedelta(seconds=20),
+)
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 print(f"allreduce gave {total.item():g}", flush=True)

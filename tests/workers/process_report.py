@@ -34,13 +34,24 @@ def umask() -> int:
 
 
 report = {
-    "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "cwd": os.getcwd(),
-    "argv": sys.argv, "name": __name__, "path0": sys.path[0], "env": dict(os.environ),
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "sid": os.getsid(0),
+    "pgid": os.getpgid(0),
+    "cwd": os.getcwd(),
+    "argv": sys.argv,
+    "name": __name__,
+    "path0": sys.path[0],
+    "env": dict(os.environ),
     "proc_cmdline": Path("/proc/self/cmdline").read_bytes().decode().split("\0")[:-1],
     "proc_environ": sorted(Path("/proc/self/environ").read_bytes().decode().split("\0")[:-1]),
     "signals": proc_status("SigBlk", "SigIgn", "SigCgt"),
-    "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK")},
-    "umask": umask(), "python_random": random.random(), "numpy_random": float(numpy.random.rand()),
+    "rlimits": {
+        name: resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK")
+    },
+    "umask": umask(),
+    "python_random": random.random(),
+    "numpy_random": float(numpy.random.rand()),
     "torch_threads": torch.get_num_threads(),
 }
 hvd.init()

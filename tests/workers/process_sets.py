@@ -7,9 +7,9 @@ import os
 import time
 
 import torch
+from train_elastic import EventLog
 
 import libworker as hvd
-from train_elastic import EventLog
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
@@ -28,10 +28,24 @@ state = hvd.elastic.ObjectState(step=0, commits=0)
 def train(state: hvd.elastic.ObjectState) -> None:
     while state.step < args.steps:
         world = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="world")
-        in_set = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=evens, name="evens") if evens.included() else None
-        log.write("step", step=state.step, commits=state.commits, world=world.item(), set_size=evens.size(),
-                  set_sum=None if in_set is None else in_set.item(), included=evens.included(), set_rank=evens.rank(),
-                  rank_before_init=rank_before_init, horovod_rank=os.environ["HOROVOD_RANK"], horovod_size=os.environ["HOROVOD_SIZE"])
+        in_set = (
+            hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, process_set=evens, name="evens")
+            if evens.included()
+            else None
+        )
+        log.write(
+            "step",
+            step=state.step,
+            commits=state.commits,
+            world=world.item(),
+            set_size=evens.size(),
+            set_sum=None if in_set is None else in_set.item(),
+            included=evens.included(),
+            set_rank=evens.rank(),
+            rank_before_init=rank_before_init,
+            horovod_rank=os.environ["HOROVOD_RANK"],
+            horovod_size=os.environ["HOROVOD_SIZE"],
+        )
         state.step += 1
         state.commits += 1
         state.commit()
