@@ -14,7 +14,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from testing.harness import Cluster, processes_with_env, read_events, wait_for, worker_pid
-from tests.integration.training import JOB, assert_training_invariants, host_row, steps, wait_for_size
+from tests.integration.training import (
+    JOB,
+    assert_training_invariants,
+    host_row,
+    no_stall_bound,
+    steps,
+    wait_for_size,
+)
 
 HOSTS = ("host-1", "host-2", "host-3")
 # These tests start agents with `--standby 0` unless they test standbys: a crashed slot restarts in place (the fork
@@ -88,8 +95,10 @@ def test_a_crashed_worker_costs_no_stall_and_its_slot_restarts_in_place(cluster:
         60,
         "host-3's replacement training at full size",
     )
-    times = rank0_step_times(log_dir, killed_at - 1.0)
-    assert longest_gap(times) < 1.0, f"the job stalled {longest_gap(times):.2f}s around the crash"
+    times, bound = rank0_step_times(log_dir, killed_at - 1.0), no_stall_bound()
+    assert longest_gap(times) < bound, (
+        f"the job stalled {longest_gap(times):.2f}s around the crash (bound {bound:.2f}s)"
+    )
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
     assert_one_process_per_rank(log_dir)
@@ -146,7 +155,10 @@ def test_a_standby_takes_the_crashed_slot_and_the_job_is_back_at_full_size_withi
         for e in steps(log_dir)
         if e["size"] == 3 and e["host"] == "host-2" and e["pid"] != victim and e["time"] > killed_at
     )
-    assert back_at - killed_at < 1.0, f"full size again {back_at - killed_at:.2f}s after the crash"
+    bound = no_stall_bound()
+    assert back_at - killed_at < bound, (
+        f"full size again {back_at - killed_at:.2f}s after the crash (bound {bound:.2f}s)"
+    )
     assert "standby_admitted" in cluster.output("agent-host-2")
     wait_for(
         lambda: cluster.output("agent-host-2").count("standby_started") >= 2,
@@ -201,8 +213,9 @@ def test_a_slot_that_crashes_on_every_start_backs_off_then_its_host_is_blacklist
     assert "crashed 3 times within 60s" in row["blacklist_reason"], row
     agent_log = cluster.output("agent-host-3")
     assert agent_log.count("slot_restarting") == 2 and "slot_given_up" in agent_log
-    times = rank0_step_times(log_dir, killed_at - 1.0)
-    assert longest_gap(times) < 1.0, f"the job stalled {longest_gap(times):.2f}s while host-3's slot crash-looped"
+    times, bound = rank0_step_times(log_dir, killed_at - 1.0), no_stall_bound()
+    stall = longest_gap(times)
+    assert stall < bound, f"the job stalled {stall:.2f}s while host-3's slot crash-looped (bound {bound:.2f}s)"
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     assert_training_invariants(log_dir)
     assert "crashed 3 times" in cluster.elasticctl("status").stdout

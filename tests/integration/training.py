@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,16 @@ def discovery_script(tmp_path: Path, hosts: list[str]) -> tuple[Path, Path]:
     script.write_text(f"#!/bin/sh\ncat {listing}\n")
     script.chmod(0o755)
     return script, listing
+
+
+def no_stall_bound() -> float:
+    """The longest pause a job may show around a fault that it must not wait out: 1 s on an idle machine, more when
+    this machine is loaded. What the bound tells apart is a job that waited for a fresh worker process (a whole
+    interpreter importing torch) from one that did not; so it is half of what importing torch costs right now,
+    measured, and never under 1 s."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True)
+    return max(1.0, 0.5 * (time.monotonic() - started))
 
 
 def steps(log_dir: Path) -> list[dict[str, Any]]:
