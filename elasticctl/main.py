@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +263,7 @@ def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bo
         view = gather(plane)
     finally:
         plane.close()
-    click.echo(as_json(view) if as_json_flag else render(view))
+    click.echo(as_json(view) if as_json_flag else render(view, time.time()))
 
 
 @cli.command()
