@@ -43,6 +43,7 @@ from typing import Any
 
 from bus.client import ServiceError, Unreachable, incarnation_id
 from bus.config import Endpoints, Timing
+from bus.jobspec import JobSpec, SpecError
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, handles
 from services.registry import metrics
@@ -58,7 +59,6 @@ from services.registry.hosts import (
     restarted_agents,
 )
 from services.registry.job import FAILED, RUNNING_JOB, SUCCEEDED, WAITING, Job, Now
-from services.registry.jobspec import JobSpec
 from services.registry.peers import Peer
 from services.registry.plan import round_plan
 from services.registry.reports import PENDING, SILENT, SUCCESS, Slot
@@ -113,7 +113,10 @@ class RegistryService(Service):
     def on_submit(self, request: Request) -> dict[str, Any]:
         if self.job.active:
             raise RequestError("job_running", f"job {self.job.job_id} is still {self.job.state}; one job at a time")
-        spec = JobSpec.parse(request.body.get("spec"))
+        try:
+            spec = JobSpec.parse(request.body.get("spec"))
+        except SpecError as exc:
+            raise RequestError(exc.code, str(exc)) from None
         try:
             self.rendezvous.write("reset")
             configured = self.discovery.write("configure", discovery_settings(spec))

@@ -7,9 +7,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from bus.jobspec import JobSpec
 from services.registry.decisions import Decision
 from services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
-from services.registry.jobspec import JobSpec
 from services.registry.plan import round_plan
 from services.registry.reports import FAILURE, READY, RUNNING, SlotReport
 from services.registry.store import JobStore
