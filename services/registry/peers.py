@@ -110,7 +110,7 @@ class Pass:
 
     def _resume(self, answers: list[dict[str, Any]] | None) -> None:
         try:
-            reads = self._steps.send(answers)  # type: ignore[arg-type]  # a generator starts on None
+            reads = next(self._steps) if answers is None else self._steps.send(answers)
         except StopIteration:
             self._end()
             return

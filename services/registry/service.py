@@ -185,9 +185,9 @@ class RegistryService(Service):
         discovery has heard from its agents (the driver may judge hosts and start rounds)."""
         job = self.job
         if hosts.get("incarnation") != self.discovery_incarnation:
-            assert job.spec is not None, "only a submitted job is driven"
             self.discovery.write(
-                "restore", {**discovery_settings(job.spec), "marks": job.host_marks, "expected": job.round_hosts}
+                "restore",
+                {**discovery_settings(self.driver.spec), "marks": job.host_marks, "expected": job.round_hosts},
             )
             self.discovery_incarnation = hosts.get("incarnation")
             self.log.info(

@@ -35,9 +35,9 @@ def test_a_step_resumes_with_every_answer_in_order_once_all_arrived() -> None:
     discovery, rendezvous, got = FakePeer(), FakePeer(), []
 
     def steps() -> Steps:
-        hosts, rounds = yield [Read(discovery, "hosts", {}), Read(rendezvous, "status", {})]  # type: ignore[arg-type]
+        hosts, rounds = yield [Read(discovery, "hosts", {}), Read(rendezvous, "status", {})]
         got.append((hosts, rounds))
-        (full,) = yield [Read(discovery, "hosts", {"full": True})]  # type: ignore[arg-type]
+        (full,) = yield [Read(discovery, "hosts", {"full": True})]
         got.append(full)
 
     seen = run(steps())
@@ -53,7 +53,7 @@ def test_a_failed_read_ends_the_pass_and_a_late_answer_is_dropped() -> None:
     discovery, rendezvous, got = FakePeer(), FakePeer(), []
 
     def steps() -> Steps:
-        got.append((yield [Read(discovery, "hosts", {}), Read(rendezvous, "status", {})]))  # type: ignore[arg-type]
+        got.append((yield [Read(discovery, "hosts", {}), Read(rendezvous, "status", {})]))
 
     seen = run(steps())
     discovery.asked[0][2](Unreachable("tcp://discovery", 1.0))
@@ -65,7 +65,7 @@ def test_a_pass_no_longer_wanted_ends_without_its_next_step() -> None:
     discovery, got = FakePeer(), []
 
     def steps() -> Steps:
-        got.append((yield [Read(discovery, "hosts", {})]))  # type: ignore[arg-type]
+        got.append((yield [Read(discovery, "hosts", {})]))
 
     seen = run(steps(), wanted=False)
     discovery.asked[0][1]({})
@@ -76,7 +76,7 @@ def test_a_step_that_raises_still_ends_the_pass() -> None:
     discovery = FakePeer()
 
     def steps() -> Steps:
-        yield [Read(discovery, "hosts", {})]  # type: ignore[arg-type]
+        yield [Read(discovery, "hosts", {})]
         raise RuntimeError("a bug in a step")
 
     seen = run(steps())
