@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bus.contract import JobPlan
+from bus.jobspec import JobSpec, usable
 
 BACKOFF_FIRST = 1.0
 BACKOFF_CAP = 30.0
@@ -25,16 +26,16 @@ BACKOFF_CAP = 30.0
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_restarts: int = 3
-    window: float = 60.0
+    max_restarts: int = JobSpec.max_restarts
+    window: float = JobSpec.restart_window
 
     @classmethod
     def of_plan(cls, plan: JobPlan) -> RestartPolicy:
-        """The policy a job's plan carries; the defaults where it says nothing usable."""
+        """The policy a job's plan carries; the job spec's defaults where it says nothing usable."""
         max_restarts, window = plan.max_restarts, plan.restart_window
         return cls(
-            max_restarts if max_restarts is not None and max_restarts >= 0 else cls.max_restarts,
-            window if window is not None and window > 0 else cls.window,
+            max_restarts if usable("max_restarts", max_restarts) else cls.max_restarts,
+            window if usable("restart_window", window) else cls.window,
         )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from elasticctl.control import CommandError, ControlPlane
 from elasticctl.events import follow_events, print_history
 from elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elasticctl.local import run_local
+from elasticctl.options import build_spec, job_options
 from elasticctl.status import as_json, gather, render
 from elasticctl.torchrun import LaunchError, parse_launch
 from elasticctl.watch import watch_status
@@ -31,166 +32,6 @@ keys_option = click.option(
 control_option = click.option(
     "--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1)."
 )
-
-
-def job_options(fn: Any) -> Any:
-    for option in reversed(
-        [
-            click.option(
-                "--min-np",
-                type=int,
-                default=1,
-                show_default=True,
-                help="Fewest workers to train with; below it the job waits.",
-            ),
-            click.option("--max-np", type=int, default=None, help="Most workers to use (default: every slot)."),
-            click.option("--reset-limit", type=int, default=None, help="Stop after this many resets."),
-            click.option(
-                "--elastic-timeout",
-                type=float,
-                default=600.0,
-                show_default=True,
-                help="Seconds to wait for --min-np slots.",
-            ),
-            click.option(
-                "--discovery-script",
-                type=click.Path(exists=True, dir_okay=False, resolve_path=True),
-                default=None,
-                help="Prints 'host' or 'host:slots' lines.",
-            ),
-            click.option(
-                "--blacklist-cooldown",
-                type=(float, float),
-                default=(60.0, 600.0),
-                show_default=True,
-                metavar="MIN MAX",
-                help="Blacklisted hosts return after a cooldown in this range (exponential backoff).",
-            ),
-            click.option(
-                "--hung-timeout",
-                type=float,
-                default=120.0,
-                show_default=True,
-                help="Seconds after a round's first report before silent workers count as hung.",
-            ),
-            click.option(
-                "--max-restarts",
-                type=int,
-                default=3,
-                show_default=True,
-                help="Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists "
-                "its host (0: Horovod's rule, the first crash does).",
-            ),
-            click.option(
-                "--restart-window",
-                type=float,
-                default=60.0,
-                show_default=True,
-                help="Seconds over which a slot's crashes count toward --max-restarts.",
-            ),
-            click.option(
-                "--checkpoint-dir",
-                type=click.Path(file_okay=False, path_type=Path),
-                default=None,
-                help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two "
-                "kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same "
-                "path on every host.",
-            ),
-            click.option(
-                "--checkpoint-interval",
-                type=float,
-                default=30.0,
-                show_default=True,
-                help="Seconds between flushes to --checkpoint-dir.",
-            ),
-            click.option(
-                "--mode",
-                type=click.Choice(["horovod", "torchrun"]),
-                default="horovod",
-                show_default=True,
-                help="horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged "
-                "torchrun/DDP script, started with torchrun's environment and restarted on every worker at each "
-                "new round.",
-            ),
-            click.option(
-                "--preload",
-                metavar="MODULE,...",
-                default="",
-                help="Modules the host's fork server imports before it forks workers (the script's heavy imports).",
-            ),
-            click.option(
-                "--no-fork-server",
-                is_flag=True,
-                help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server "
-                "(for scripts that are not fork-safe).",
-            ),
-            click.option(
-                "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."
-            ),
-            click.argument("command", nargs=-1, required=True),
-        ]
-    ):
-        fn = option(fn)
-    return fn
-
-
-def build_spec(options: dict[str, Any]) -> dict[str, Any]:
-    command = list(options["command"])
-    if not command:
-        raise CommandError("missing command: elasticctl run [OPTIONS] -- CMD ...", 2)
-    min_np, max_np = options["min_np"], options["max_np"]
-    if min_np < 1:
-        raise CommandError(f"--min-np must be at least 1 (got {min_np})", 2)
-    if max_np is not None and max_np < min_np:
-        raise CommandError(f"--min-np ({min_np}) must not exceed --max-np ({max_np})", 2)
-    low, high = options["blacklist_cooldown"]
-    if low < 0 or high < low:
-        raise CommandError(f"--blacklist-cooldown MIN MAX needs 0 <= MIN <= MAX (got {low:g} {high:g})", 2)
-    if options["max_restarts"] < 0:
-        raise CommandError(f"--max-restarts must be at least 0 (got {options['max_restarts']})", 2)
-    if options["restart_window"] <= 0:
-        raise CommandError(
-            f"--restart-window must be a positive number of seconds (got {options['restart_window']:g})", 2
-        )
-    if options["checkpoint_interval"] <= 0:
-        raise CommandError(
-            f"--checkpoint-interval must be a positive number of seconds (got {options['checkpoint_interval']:g})", 2
-        )
-    checkpoint_dir = options["checkpoint_dir"]
-    if checkpoint_dir is not None and checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
-        raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
-    env = {}
-    for pair in options["env_pairs"]:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CommandError(f"--env wants KEY=VALUE, got {pair!r}", 2)
-        env[key] = value
-    return {
-        "command": command,
-        "min_np": min_np,
-        "max_np": max_np,
-        "reset_limit": options["reset_limit"],
-        "elastic_timeout": options["elastic_timeout"],
-        "discovery_script": options["discovery_script"],
-        "cooldown": [low, high],
-        "hung_timeout": options["hung_timeout"],
-        "max_restarts": options["max_restarts"],
-        "restart_window": options["restart_window"],
-        "checkpoint_dir": str(checkpoint_dir.resolve()) if checkpoint_dir is not None else None,
-        "checkpoint_interval": options["checkpoint_interval"],
-        "env": env,
-        "mode": options["mode"],
-        "preload": _module_list(options.get("preload", "")),
-        "fork_server": not options.get("no_fork_server", False),
-    }
-
-
-def _module_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    for name in names:
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise CommandError(f"--preload wants module names separated by commas, got {name!r}", 2)
-    return names
 
 
 def _plane(control: str | None, keys: Path | None) -> ControlPlane:
@@ -262,7 +103,7 @@ def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bo
         view = gather(plane)
     finally:
         plane.close()
-    click.echo(as_json(view) if as_json_flag else render(view))
+    click.echo(as_json(view) if as_json_flag else render(view, time.time()))
 
 
 @cli.command()

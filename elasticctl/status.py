@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from elasticctl.control import ControlPlane
@@ -30,7 +29,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
 
 
-def render(view: dict[str, Any]) -> str:
+def render(view: dict[str, Any], now: float) -> str:
+    """The view as a table; ages are counted to `now` (wall-clock seconds, read once by the caller)."""
     job = view["job"]
     lines = [
         f"job {job['job']}: {job['state']}, round {job['round']}, world size {job['size']}, resets {job['resets']}"
@@ -45,7 +45,7 @@ def render(view: dict[str, Any]) -> str:
     if checkpoint is not None:
         lines.append(
             f"  last durable checkpoint: commit {checkpoint['commit']}, {_size(checkpoint['bytes'])}, "
-            f"{_age(checkpoint['written_at'])} ago, {checkpoint.get('path', '')}"
+            f"{_age(checkpoint['written_at'], now)} ago, {checkpoint.get('path', '')}"
         )
     if job.get("resumed_from"):
         lines.append(f"  resumed from the snapshot of commit {job['resumed_from']} after every worker failed")
@@ -69,7 +69,7 @@ def render(view: dict[str, Any]) -> str:
             note = f"{note}; {spawning}" if note else spawning
         snapshot = h.get("snapshot")
         held = (
-            f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'])} ago"
+            f"commit {snapshot['commit']}, {_size(snapshot['bytes'])}, {_age(snapshot['written_at'], now)} ago"
             if snapshot
             else None
         )
@@ -108,8 +108,8 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B" if power == 0 else f"{nbytes / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
-def _age(written_at: float) -> str:
-    return f"{max(0.0, time.time() - written_at):.1f}s"
+def _age(written_at: float, now: float) -> str:
+    return f"{max(0.0, now - written_at):.1f}s"
 
 
 def crash_policy(max_restarts: int, window: float) -> str:

@@ -56,14 +56,15 @@ def watch_status(
         view: dict[str, Any] | None = gather(plane)
         next_frame = time.monotonic()
         while True:
+            now = time.time()
             if view is not None:
                 show(
                     json.dumps(view, sort_keys=True)
                     if as_json_lines
-                    else f"{frame_header(interval, time.time())}\n\n{render(view)}"
+                    else f"{frame_header(interval, now)}\n\n{render(view, now)}"
                 )
             elif on_terminal:
-                show(f"{frame_header(interval, time.time())}\n\n{UNREACHABLE} (for {outage.lasted():.0f}s)")
+                show(f"{frame_header(interval, now)}\n\n{UNREACHABLE} (for {outage.lasted():.0f}s)")
             next_frame = max(next_frame + interval, time.monotonic())
             time.sleep(max(0.0, next_frame - time.monotonic()))
             try:

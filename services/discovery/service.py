@@ -15,6 +15,8 @@ registry, when a job is submitted -> {incarnation} restore {discovery_script, ma
 registry, to a discovery that restarted during a job: marks {host: {draining, blacklisted, until (wall-clock seconds, or
 null: for good), count, reason}}; expected [[host, [slot ids]]]: the hosts of the job's current round
 
+Each request's body is checked field by field before anything changes (services/discovery/bodies.py).
+
 A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery
 itself was stalled (stopped, starved) for half that long, nobody's silence
 counts: every live host gets a fresh start instead of being declared lost.
@@ -55,6 +57,7 @@ from bus.client import incarnation_id
 from bus.config import Timing
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
+from services.discovery import bodies
 from services.discovery.hostset import (
     ACTIVE,
     BLACKLISTED,
@@ -63,17 +66,12 @@ from services.discovery.hostset import (
     UNLISTED,
     WARMING,
     HostSet,
-    Mark,
     compare,
     effective,
     hosts_diff,
-    slot_ids,
 )
 from services.discovery.script import DiscoveryScript
 
-MAX_PATH = 4096
-MAX_REASON = 500
-FORK_SERVER_STATES = ("ready", "starting", "unavailable", "off")
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 METRICS_INTERVAL = 1.0
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
@@ -115,18 +113,18 @@ class DiscoveryService(Service):
         host, slots = field(request.body, "host", str), field(request.body, "slots", int)
         if slots < 1:
             raise RequestError("bad_request", "slots must be at least 1")
-        down, version = self._down(request) if "down" in request.body else ((), 0)
+        down, version = bodies.down_slots(request.body) if "down" in request.body else ((), 0)
         self.hostset.register(
             host,
             slots,
             field(request.body, "incarnation", str),
             self.clock(),
-            warm=self._warm(request),
+            warm=bodies.warm(request.body),
             down=down,
             down_version=version,
         )
-        self.hostset.hosts[host].snapshots = self._snapshots(request)
-        self.hostset.hosts[host].fork_server = self._fork_server(request)
+        self.hostset.hosts[host].snapshots = bodies.snapshots(request.body)
+        self.hostset.hosts[host].fork_server = bodies.fork_server(request.body)
         self.log.info("host_registered", host=host, slots=slots, down=list(down))
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
@@ -134,29 +132,20 @@ class DiscoveryService(Service):
     @handles("slots")
     def on_slots(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
-        down, version = self._down(request)
+        down, version = bodies.down_slots(request.body)
         status = self.hostset.set_down(host, field(request.body, "incarnation", str), down, version)
         if status == "ok":
             self.log.info("slots_down" if down else "slots_up", host=host, down=list(down))
             self._changed()
         return {"status": status}
 
-    @staticmethod
-    def _down(request: Request) -> tuple[list[int], int]:
-        down = request.body.get("down")
-        if not isinstance(down, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in down
-        ):
-            raise RequestError("bad_request", "field 'down' must be a list of slot numbers")
-        return down, field(request.body, "down_version", int)
-
     @handles("heartbeat")
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
         was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
-        snapshots, fork_server = self._snapshots(request), self._fork_server(request)
+        snapshots, fork_server = bodies.snapshots(request.body), bodies.fork_server(request.body)
         status = self.hostset.heartbeat(
-            host, field(request.body, "incarnation", str), self.clock(), warm=self._warm(request)
+            host, field(request.body, "incarnation", str), self.clock(), warm=bodies.warm(request.body)
         )
         HEARTBEATS.labels(status).inc()
         if status == "ok":
@@ -166,60 +155,6 @@ class DiscoveryService(Service):
             self.log.info("host_warm", host=host)
             self._changed()
         return {"status": status}
-
-    @staticmethod
-    def _snapshots(request: Request) -> dict[str, dict[str, Any]]:
-        """The agent's report of its snapshot and last checkpoint, checked field by field."""
-        found = {}
-        for kind in ("snapshot", "checkpoint"):
-            report = request.body.get(kind)
-            if report is None:
-                continue
-            if not isinstance(report, dict):
-                raise RequestError("bad_request", f"field {kind!r} must be a map")
-            commit, size, written_at, path = (
-                report.get("commit"),
-                report.get("bytes"),
-                report.get("written_at"),
-                report.get("path", ""),
-            )
-            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (commit, size)):
-                raise RequestError("bad_request", f"{kind}.commit and {kind}.bytes must be integers >= 0")
-            if not isinstance(written_at, (int, float)) or isinstance(written_at, bool):
-                raise RequestError("bad_request", f"{kind}.written_at must be a time in seconds")
-            if not isinstance(path, str) or len(path) > MAX_PATH:
-                raise RequestError("bad_request", f"{kind}.path must be a path of at most {MAX_PATH} characters")
-            found[kind] = {
-                "commit": commit,
-                "bytes": size,
-                "written_at": float(written_at),
-                **({"path": path} if path else {}),
-            }
-        return found
-
-    @staticmethod
-    def _fork_server(request: Request) -> dict[str, str] | None:
-        """The agent's report of its fork server (None from an agent that does not report one)."""
-        report = request.body.get("fork_server")
-        if report is None:
-            return None
-        if (
-            not isinstance(report, dict)
-            or report.get("state") not in FORK_SERVER_STATES
-            or not isinstance(report.get("reason", ""), str)
-        ):
-            raise RequestError(
-                "bad_request",
-                f"field 'fork_server' must be a map with a state of {', '.join(FORK_SERVER_STATES)} and a reason",
-            )
-        return {"state": report["state"], "reason": report.get("reason", "")[:MAX_REASON]}
-
-    @staticmethod
-    def _warm(request: Request) -> bool:
-        warm = request.body.get("warm", True)
-        if not isinstance(warm, bool):
-            raise RequestError("bad_request", "field 'warm' must be a bool")
-        return warm
 
     @handles("unregister")
     def on_unregister(self, request: Request) -> dict[str, Any]:
@@ -337,7 +272,10 @@ class DiscoveryService(Service):
 
     @handles("restore")
     def on_restore(self, request: Request) -> dict[str, Any]:
-        marks, expected = self._marks(request.body.get("marks")), self._expected(request.body.get("expected"))
+        marks, expected = (
+            bodies.marks(request.body.get("marks"), self.clock(), time.time()),
+            bodies.expected(request.body.get("expected")),
+        )
         self._settings(request.body)
         self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
@@ -355,54 +293,10 @@ class DiscoveryService(Service):
         return {"incarnation": self.incarnation}
 
     def _settings(self, body: dict[str, Any]) -> None:
-        max_np, script, cooldown = body.get("max_np"), body.get("discovery_script"), body.get("cooldown")
-        if max_np is not None and not isinstance(max_np, int):
-            raise RequestError("bad_request", "max_np must be an integer or null")
-        if script is not None and not isinstance(script, str):
-            raise RequestError("bad_request", "discovery_script must be a path or null")
-        if cooldown is not None and not (
-            isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)
-        ):
-            raise RequestError("bad_request", "cooldown must be [min, max] seconds or null")
-        self.max_np, self.script.path = max_np, script
-        self.hostset.cooldown_range = None if cooldown is None else (float(cooldown[0]), float(cooldown[1]))
+        settings = bodies.settings(body)
+        self.max_np, self.script.path = settings.max_np, settings.discovery_script
+        self.hostset.cooldown_range = settings.cooldown
         self.hostset.script_hosts = None
-
-    def _marks(self, raw: Any) -> dict[str, Mark]:
-        """The registry's marks, with each blacklist's end turned from wall-clock time into this clock."""
-        if not isinstance(raw, dict):
-            raise RequestError("bad_request", "marks must map host names to marks")
-        marks = {}
-        for host, mark in raw.items():
-            until = mark.get("until") if isinstance(mark, dict) else None
-            if not (
-                isinstance(host, str)
-                and isinstance(mark, dict)
-                and isinstance(mark.get("draining"), bool)
-                and isinstance(mark.get("blacklisted"), bool)
-                and isinstance(mark.get("count"), int)
-                and isinstance(mark.get("reason"), str)
-                and (until is None or isinstance(until, (int, float)) and not isinstance(until, bool))
-            ):
-                raise RequestError(
-                    "bad_request", f"bad mark for {host!r}: want {{draining, blacklisted, until, count, reason}}"
-                )
-            local_until = float("inf") if until is None else self.clock() + (until - time.time())
-            marks[host] = Mark(mark["draining"], mark["blacklisted"], local_until, mark["count"], mark["reason"])
-        return marks
-
-    @staticmethod
-    def _expected(raw: Any) -> list[tuple[str, tuple[int, ...]]]:
-        if not isinstance(raw, list) or not all(
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and isinstance(item[1], list)
-            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in item[1])
-            for item in raw
-        ):
-            raise RequestError("bad_request", "expected must be a list of [host, [slot ids]]")
-        return [(name, slot_ids(ids)) for name, ids in raw]
 
     # -- discovery script ----------------------------------------------------------------------
     def _poll_script(self) -> None:

@@ -2,11 +2,12 @@
 
 from services.cli import service_command
 from services.registry.service import RegistryService
+from services.registry.store import SqliteJobStore
 
 main = service_command(
     "registry",
     lambda bind, connect, timing, security, log, state_dir: RegistryService(
-        bind.registry, connect, timing, state_dir, security=security, log=log
+        bind.registry, connect, timing, SqliteJobStore(state_dir), security=security, log=log
     ),
     keeps_state=True,
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.registry.jobspec import JobSpec
+from bus.jobspec import JobSpec
 
 
 def discovery_settings(spec: JobSpec) -> dict[str, Any]:

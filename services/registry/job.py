@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bus.assignments import get_host_assignments
+from bus.jobspec import JobSpec
 from services.registry.decisions import Decision
-from services.registry.jobspec import JobSpec
 from services.registry.reports import FAILURE, PENDING, ReportTable
 
 NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"

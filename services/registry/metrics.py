@@ -6,8 +6,9 @@ reads the registry's dicts while the loop changes them. Label values are
 fixed sets, each series there from the start; a value outside its set is a
 programming error (ValueError). Worker states are labelled in lower case.
 
-- `job_state(state)`: each time the job's state changes (a submission,
-  `_begin_round`, `_reset` when it goes back to waiting, `_finish`).
+- `job_state(state)`: each time the job's state changes (a submission, and
+  services/registry/driver.py's `_begin_round`, `_reset` when it goes back to
+  waiting, `finish`).
 - `round_started()`: once per round the rendezvous made (`_begin_round`).
 - `reset(cause)`: once per reset, where the driver decides on a new round
   (`_reset`, when it goes back to waiting), with why
@@ -20,7 +21,7 @@ programming error (ValueError). Worker states are labelled in lower case.
   (`_note_release`, the first pass that sees `released` for the new round),
   with the seconds since the failure was first seen (the first FAILURE of the
   failed round, `_fail_slot` with `first`).
-- `workers(counts)`: at the end of every step of a driver pass, with the
+- `workers(counts)`: at the end of every driver pass, with the
   number of slots of the current round in each state
   (`ReportTable.counts()`).
 """

@@ -1,4 +1,5 @@
-"""Peer: how the registry's loop talks to discovery or rendezvous: reads that never wait, writes that wait briefly.
+"""Peer: how the registry's loop talks to discovery or rendezvous: reads that never wait, writes that wait briefly;
+and Pass: a driver pass written as one sequence of steps, each step's reads sent at once.
 
 A read (`hosts`, `status`) is sent without blocking; its answer, an error or
 its silence after `DEADLINE` reaches a callback from the loop. A read that
@@ -6,11 +7,17 @@ comes late is dropped (its request is no longer pending), and a read repeated
 later asks again, so a lost or late read costs nothing. A write (a job's
 preparation, a restore, a round, a blacklist) waits for its answer: see
 `Peer.write`.
+
+A `Pass` runs a generator that yields the `Read`s its next step needs and is
+resumed with their answers, in the same order, once all of them arrived: the
+pass reads top to bottom while the loop goes on serving between its steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from bus.client import AsyncClient, Client, ServiceError, Unreachable
@@ -72,3 +79,67 @@ class Peer:
 
     def close(self) -> None:
         self._writes.close()
+
+
+@dataclass(frozen=True)
+class Read:
+    peer: Peer
+    msg_type: str
+    body: dict[str, Any]
+
+
+Steps = Generator[list[Read], list[dict[str, Any]], None]
+
+
+class Pass:
+    """Runs `steps` from now on: each `yield` sends that step's reads at once, and the generator resumes with their
+    answers once all arrived, if the pass is still `wanted()` then. A read that fails ends the pass (`blind(exc)`;
+    the other answers of its step are dropped). `done()` runs once, however the pass ends."""
+
+    def __init__(
+        self,
+        steps: Steps,
+        wanted: Callable[[], bool],
+        blind: Callable[[Exception], None],
+        done: Callable[[], None],
+    ) -> None:
+        self._steps, self._wanted, self._blind, self._done = steps, wanted, blind, done
+        self._running = True
+        self._answers: list[dict[str, Any] | None] = []
+        self._resume(None)
+
+    def _resume(self, answers: list[dict[str, Any]] | None) -> None:
+        try:
+            reads = next(self._steps) if answers is None else self._steps.send(answers)
+        except StopIteration:
+            self._end()
+            return
+        except BaseException:
+            self._end()
+            raise
+        self._answers = [None] * len(reads)
+        for index, read in enumerate(reads):
+            read.peer.read(read.msg_type, read.body, partial(self._answered, index), self._failed)
+
+    def _answered(self, index: int, answer: dict[str, Any]) -> None:
+        if not self._running:
+            return
+        self._answers[index] = answer
+        if any(a is None for a in self._answers):
+            return
+        if self._wanted():
+            self._resume([a for a in self._answers if a is not None])
+        else:
+            self._steps.close()
+            self._end()
+
+    def _failed(self, exc: Exception) -> None:
+        if not self._running:
+            return
+        self._blind(exc)
+        self._steps.close()
+        self._end()
+
+    def _end(self) -> None:
+        self._running = False
+        self._done()

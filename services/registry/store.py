@@ -1,4 +1,5 @@
-"""JobStore: the registry's durable memory, one SQLite database (WAL, synchronous=FULL) under `--state-dir`.
+"""JobStore: the registry's durable memory, as an interface; SqliteJobStore: one SQLite database (WAL,
+synchronous=FULL) under `--state-dir`, the store the registry runs on (services/registry/__main__.py chooses it).
 
 The registry saves one JSON document, the whole of what it must not forget
 (the job, its round and reports, its resets and decisions, the host decisions
@@ -22,7 +23,7 @@ import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 SCHEMA_VERSION = 1
 DATABASE = "registry.sqlite3"
@@ -32,9 +33,23 @@ class StoreError(RuntimeError):
     """The state directory or its database cannot be used; the message names it."""
 
 
-class JobStore:
+class JobStore(Protocol):
+    """What the registry needs of its durable memory: the last saved state, a save that is durable when it returns
+    (only what changed is written), and where the state is kept (for its log)."""
+
+    where: str
+
+    def load(self, parts: tuple[str, ...] = ()) -> dict[str, Any] | None: ...
+
+    def save(self, state: dict[str, Any], parts: dict[str, str] | None = None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteJobStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / DATABASE
+        self.where = str(self.path)
         try:
             for directory in [*reversed(state_dir.parents), state_dir]:
                 if not directory.exists():

@@ -14,9 +14,8 @@ import pytest
 
 from agent.fork_server import Key, enabled, forked_argv, interpreter_identity, key_of, own_key
 from bus.contract import JobPlan
-from bus.service import RequestError
+from bus.jobspec import JobSpec, SpecError
 from libworker.zygote import fork_hazards, native_threads
-from services.registry.jobspec import JobSpec
 
 
 def plan(command: list[str], **fields: object) -> JobPlan:
@@ -162,5 +161,5 @@ def test_the_spec_takes_module_names_to_preload_and_the_switch() -> None:
     assert spec.preload == ["transformers", "my_pkg.models"] and spec.fork_server is False
     assert JobSpec.parse(spec.to_dict()) == spec
     for bad in ({"preload": "transformers"}, {"preload": ["not a module"]}, {"preload": [""]}, {"fork_server": "no"}):
-        with pytest.raises(RequestError):
+        with pytest.raises(SpecError):
             JobSpec.parse({"command": ["python", "train.py"], **bad})

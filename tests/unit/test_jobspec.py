@@ -1,11 +1,11 @@
-"""JobSpec.parse: a good spec, defaults, and every bad field refused with RequestError("bad_spec")."""
+"""bus.jobspec: a good spec, defaults, every bad field refused with SpecError (code bad_spec), messages naming the
+fields as each reader spells them, and a single field's rule alone (`usable`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bus.service import RequestError
-from services.registry.jobspec import JobSpec
+from bus.jobspec import JobSpec, SpecError, usable
 
 GOOD = {
     "command": ["python", "train.py", "--epochs", "3"],
@@ -70,7 +70,7 @@ def test_cooldown_equal_bounds_and_zero_are_fine():
 
 
 def test_spec_not_a_map_is_bad_request():
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(SpecError) as info:
         JobSpec.parse(["python", "train.py"])
     assert info.value.code == "bad_request"
 
@@ -112,13 +112,31 @@ def test_bad_field_is_bad_spec(overrides):
     raw = {"command": ["python", "train.py"], **overrides}
     if raw["command"] is None:
         del raw["command"]
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(SpecError) as info:
         JobSpec.parse(raw)
     assert info.value.code == "bad_spec"
-    assert info.value.message
+    assert str(info.value)
 
 
 def test_min_np_above_max_np_message_names_both():
-    with pytest.raises(RequestError) as info:
+    with pytest.raises(SpecError) as info:
         JobSpec.parse({"command": ["x"], "min_np": 5, "max_np": 2})
-    assert "5" in info.value.message and "2" in info.value.message
+    assert str(info.value) == "min_np (5) must not exceed max_np (2)"
+    assert info.value.named({"min_np": "--min-np", "max_np": "--max-np"}) == "--min-np (5) must not exceed --max-np (2)"
+
+
+def test_a_message_names_the_field_and_the_value_it_got():
+    with pytest.raises(SpecError) as info:
+        JobSpec.parse({"command": ["x"], "restart_window": 0})
+    assert str(info.value) == "restart_window must be a positive number of seconds (got 0)"
+    with pytest.raises(SpecError) as info:
+        JobSpec.parse({"command": ["x"], "cooldown": [10, 1]})
+    assert info.value.named({"cooldown": "--blacklist-cooldown MIN MAX"}) == (
+        "--blacklist-cooldown MIN MAX needs 0 <= MIN <= MAX (got 10 1)"
+    )
+
+
+def test_usable_checks_one_fields_rule_alone():
+    assert usable("max_restarts", 0) and usable("restart_window", 0.5)
+    assert not usable("max_restarts", -1) and not usable("max_restarts", None) and not usable("max_restarts", True)
+    assert not usable("restart_window", 0) and not usable("restart_window", None)

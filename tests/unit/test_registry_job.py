@@ -7,12 +7,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from bus.jobspec import JobSpec
 from services.registry.decisions import Decision
 from services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
-from services.registry.jobspec import JobSpec
 from services.registry.plan import round_plan
 from services.registry.reports import FAILURE, READY, RUNNING, SlotReport
-from services.registry.store import JobStore
+from services.registry.store import SqliteJobStore
 
 SAVED_AT = Now(local=500.0, wall=1_700_000_000.0)
 # The next registry, 60 s later on the wall clock, in a process whose monotonic clock reads otherwise.
@@ -150,10 +150,10 @@ def test_a_field_the_saved_map_lacks_takes_its_default() -> None:
 
 def test_the_job_goes_through_the_store_and_back(tmp_path: Path) -> None:
     job = running_job()
-    store = JobStore(tmp_path)
+    store = SqliteJobStore(tmp_path)
     store.save({"job": job.to_saved(SAVED_AT)}, {"reports": job.reports.to_saved()})
     store.close()
-    saved = JobStore(tmp_path).load(parts=("reports",))
+    saved = SqliteJobStore(tmp_path).load(parts=("reports",))
     assert saved is not None
     assert Job.from_saved(saved["job"], saved["reports"], SAVED_AT) == job
 

@@ -60,7 +60,7 @@ def test_the_table_shows_each_hosts_snapshot_and_the_newest_durable_checkpoint()
         "workers": [],
         "history": [],
     }
-    text = render(view)
+    text = render(view, now)
     assert "last durable checkpoint: commit 50, 3.0 MiB, 4." in text and "/ckpt/host-1/commit-000000000050.snap" in text
     assert "resumed from the snapshot of commit 40 after every worker failed" in text
     row = next(line for line in text.splitlines() if line.startswith("host-1"))
@@ -91,7 +91,7 @@ def test_the_table_shows_each_hosts_fork_server_and_why_a_host_spawns() -> None:
         "workers": [],
         "history": [],
     }
-    rows = {line.split()[0]: line for line in render(view).splitlines() if line.strip()}
+    rows = {line.split()[0]: line for line in render(view, 0.0).splitlines() if line.strip()}
     assert rows["HOST"].split()[:5] == ["HOST", "SLOTS", "STATE", "FORK", "SERVER"]
     assert rows["host-1"].split()[3] == "ready" and "workers spawn" not in rows["host-1"]
     assert rows["host-2"].split()[3] == "unavailable" and rows["host-2"].endswith(f"workers spawn: {why}")

@@ -1,0 +1,136 @@
+"""The options of a job (`elasticctl run` and `local`) and the spec they make: defaults and rules from bus.jobspec.
+
+Each option's default is the job spec's; `build_spec` turns the options into
+the spec the registry is sent and checks it with `JobSpec.parse` first, so a
+broken rule is one line naming the option (the same rule the registry applies).
+What only this machine can tell (a --checkpoint-dir that is not writable) and
+the options' own syntax (--env KEY=VALUE, --preload A,B) are checked here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bus.jobspec import MODES, JobSpec, SpecError
+from elasticctl.control import CommandError
+
+# How the CLI spells a spec's field in an error; any other field is its option, `--` and the name with dashes.
+SPELLED = {"command": "CMD", "cooldown": "--blacklist-cooldown MIN MAX", "fork_server": "--no-fork-server"}
+
+
+def _option_name(field: str) -> str:
+    return SPELLED.get(field, "--" + field.replace("_", "-"))
+
+
+def _spec_option(name: str, kind: Any, help_text: str, field: str = "", **extra: Any) -> Any:
+    """An option whose default (shown in --help) is the job spec's `field` (by default the option's own name)."""
+    field = field or name.removeprefix("--").replace("-", "_")
+    return click.option(name, type=kind, default=getattr(JobSpec, field), show_default=True, help=help_text, **extra)
+
+
+def job_options(fn: Any) -> Any:
+    for option in reversed(
+        [
+            _spec_option("--min-np", int, "Fewest workers to train with; below it the job waits."),
+            _spec_option("--max-np", int, "Most workers to use (default: every slot)."),
+            _spec_option("--reset-limit", int, "Stop after this many resets."),
+            _spec_option("--elastic-timeout", float, "Seconds to wait for --min-np slots."),
+            click.option(
+                "--discovery-script",
+                type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+                default=None,
+                help="Prints 'host' or 'host:slots' lines.",
+            ),
+            _spec_option(
+                "--blacklist-cooldown",
+                (float, float),
+                "Blacklisted hosts return after a cooldown in this range (exponential backoff).",
+                field="cooldown",
+                metavar="MIN MAX",
+            ),
+            _spec_option(
+                "--hung-timeout", float, "Seconds after a round's first report before silent workers count as hung."
+            ),
+            _spec_option(
+                "--max-restarts",
+                int,
+                "Restarts in place of a crashed worker's slot within --restart-window; one more crash blacklists "
+                "its host (0: Horovod's rule, the first crash does).",
+            ),
+            _spec_option("--restart-window", float, "Seconds over which a slot's crashes count toward --max-restarts."),
+            click.option(
+                "--checkpoint-dir",
+                type=click.Path(file_okay=False, path_type=Path),
+                default=None,
+                help="Agents flush the newest host snapshot here in the background (atomic, checksummed, the last two "
+                "kept); a job started on it resumes from the newest checkpoint. Must be reachable at the same "
+                "path on every host.",
+            ),
+            _spec_option("--checkpoint-interval", float, "Seconds between flushes to --checkpoint-dir."),
+            _spec_option(
+                "--mode",
+                click.Choice(MODES),
+                "horovod: the command joins rounds through libworker (Horovod Elastic); torchrun: an unchanged "
+                "torchrun/DDP script, started with torchrun's environment and restarted on every worker at each "
+                "new round.",
+            ),
+            click.option(
+                "--preload",
+                metavar="MODULE,...",
+                default="",
+                help="Modules the host's fork server imports before it forks workers (the script's heavy imports).",
+            ),
+            click.option(
+                "--no-fork-server",
+                is_flag=True,
+                help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server "
+                "(for scripts that are not fork-safe).",
+            ),
+            click.option(
+                "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."
+            ),
+            click.argument("command", nargs=-1, required=True),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def build_spec(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec the registry is sent, checked by the job spec's rules; CommandError (exit 2) names the option."""
+    checkpoint_dir = options["checkpoint_dir"]
+    if checkpoint_dir is not None and checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
+        raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
+    env = {}
+    for pair in options["env_pairs"]:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--env wants KEY=VALUE, got {pair!r}", 2)
+        env[key] = value
+    spec = {
+        "command": list(options["command"]),
+        "min_np": options["min_np"],
+        "max_np": options["max_np"],
+        "reset_limit": options["reset_limit"],
+        "elastic_timeout": options["elastic_timeout"],
+        "discovery_script": options["discovery_script"],
+        "cooldown": list(options["blacklist_cooldown"]),
+        "hung_timeout": options["hung_timeout"],
+        "max_restarts": options["max_restarts"],
+        "restart_window": options["restart_window"],
+        "checkpoint_dir": str(checkpoint_dir.resolve()) if checkpoint_dir is not None else None,
+        "checkpoint_interval": options["checkpoint_interval"],
+        "env": env,
+        "mode": options["mode"],
+        "preload": [name.strip() for name in options.get("preload", "").split(",") if name.strip()],
+        "fork_server": not options.get("no_fork_server", False),
+    }
+    try:
+        JobSpec.parse(spec)
+    except SpecError as exc:
+        raise CommandError(exc.named({name: _option_name(name) for name in exc.names}), 2) from None
+    return spec

@@ -1,0 +1,297 @@
+"""Driver: what the registry does to its job with what a pass read (Horovod's ElasticDriver).
+
+Given discovery's host set and the rendezvous's rounds, read at one instant
+`now`: a job waiting for slots gets a round when enough exist (or fails past
+its elastic timeout or at its reset limit); a running round still forming
+(no worker has its rank yet) on hosts that changed is replaced at once by a
+round on the hosts as they are now; otherwise what discovery and the
+rendezvous say of its slots is recorded (lost hosts, restarted agents, the
+release, re-joins), silent slots past the hung timeout are judged, and once
+every slot has reported the pass reads the hosts' snapshots and the driver
+applies `decisions.decide` (`judge`). Exits that agents report are recorded
+here too (`record_exit`).
+
+The driver changes the job record and queues events in the outbox (`round`,
+`abort`, `kill_worker`, `job_finished`); it never saves: the registry saves
+once at the end of the pass or request, then sends the events. Its writes to
+peers (a round, a blacklist) wait for their answers (services/registry/peers.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bus.client import ServiceError, Unreachable
+from bus.jobspec import JobSpec
+from bus.outbox import Outbox
+from services.registry import metrics
+from services.registry.decisions import Decision, decide, reset_cause
+from services.registry.exits import WorkerExit
+from services.registry.hosts import agent_incarnations, any_usable, available_slots, newest_snapshot, restarted_agents
+from services.registry.job import FAILED, SUCCEEDED, WAITING, Job
+from services.registry.peers import Peer
+from services.registry.plan import round_plan
+from services.registry.reports import SILENT, SUCCESS, Slot
+
+
+class Driver:
+    def __init__(self, job: Job, discovery: Peer, rendezvous: Peer, outbox: Outbox, log: Any) -> None:
+        self.job, self.discovery, self.rendezvous, self.outbox, self.log = job, discovery, rendezvous, outbox, log
+
+    @property
+    def spec(self) -> JobSpec:
+        assert self.job.spec is not None, "only a submitted job is driven"
+        return self.job.spec
+
+    def blind(self, exc: Exception) -> None:
+        self.log.warning("driver_blind", reason=str(exc))
+
+    def drive(self, hosts: dict[str, Any], rounds: dict[str, Any], now: float) -> bool:
+        """One look at the job with what the pass read; True when every slot of the round has reported (the pass
+        then reads the hosts' snapshots for `judge`)."""
+        if self.job.state == WAITING:
+            self._start_round(hosts, now)
+            return False
+        current = rounds.get("round") == self.job.round
+        if current and not rounds.get("released") and hosts.get("timestamp") != self.job.round_hosts_timestamp:
+            if self._start_round(hosts, now, replacing=True):
+                return False
+        self._fail_slots_of_lost_hosts_and_restarted_agents(hosts, now)
+        if current and rounds.get("released"):
+            self._note_release(rounds.get("pids", []), now)
+        self._note_rejoins(rounds.get("parked", []), now)
+        self._check_hung(now)
+        return self.job.reports.all_reported()
+
+    # -- exits ---------------------------------------------------------------------------------
+    def record_exit(self, exited: WorkerExit, now: float) -> bool:
+        """Record the exit of the current round's worker of its slot (True); an exit after the job's end, or of a
+        process that is not that worker, changes no report (a slot given up still costs its host)."""
+        if exited.snapshot_commit:
+            self.job.note_snapshot_commit(exited.slot[0], exited.snapshot_commit)
+        (host, local_rank), reports = exited.slot, self.job.reports
+        seen = {"host": host, "local_rank": local_rank, "pid": exited.pid, "exit_code": exited.exit_code}
+        if self.job.state in (SUCCEEDED, FAILED):
+            self.log.info("worker_exited_after_job_end", **seen)
+            return False
+        if not reports.is_current_worker(exited.slot, exited.pid):
+            self.log.info("worker_left", **seen)
+            if exited.gave_up and self.job.active:
+                self._blacklist(host, f"slot {local_rank} {exited.gave_up}")
+            return False
+        success = exited.success()
+        if success is None:
+            self._fail_slot(
+                exited.slot,
+                exited.failure(),
+                now,
+                pid=exited.pid,
+                exit_code=exited.exit_code,
+                host_stays=exited.host_stays,
+            )
+        else:
+            reports.record_success(exited.slot, exited.pid, exited.exit_code, success)
+            if exited.exit_code != 0:
+                self.log.warning("worker_died_after_its_script_ended", rank=reports[exited.slot].rank, **seen)
+        self.job.note_report(now)
+        self.log.info("worker_exited", rank=reports[exited.slot].rank, round=self.job.round, **seen)
+        return True
+
+    # -- a running round -----------------------------------------------------------------------
+    def _fail_slots_of_lost_hosts_and_restarted_agents(self, hosts: dict[str, Any], now: float) -> None:
+        """A lost host's silent slots fail; so do those of a host whose agent restarted (its workers died with the
+        old one; the host stays)."""
+        lost, restarted = set(hosts.get("lost", [])), restarted_agents(hosts, self.job.agents)
+        for host, local_ranks in self.job.round_hosts:
+            if host not in lost and host not in restarted:
+                continue
+            for slot in ((host, local_rank) for local_rank in local_ranks):
+                if self.job.reports[slot].state not in SILENT:
+                    continue
+                if host in lost:
+                    self._fail_slot(slot, "host lost (missed heartbeats)", now)
+                else:
+                    why = "its agent restarted (the workers died with the old one)"
+                    self._fail_slot(slot, why, now, host_stays=True)
+
+    def _note_release(self, pids: list[list[Any]], now: float) -> None:
+        """The round is released: the failure that led to it, if any, is recovered from, and the workers that
+        joined it ([host, local_rank, pid]) have their ranks."""
+        recovery = self.job.recovered(now)
+        if recovery is not None:
+            metrics.recovered(recovery)
+        for host, local_rank, pid in pids:
+            self.job.reports.record_started((host, local_rank), pid)
+
+    def _note_rejoins(self, parked: list[dict[str, Any]], now: float) -> None:
+        """Workers that asked to join a round after this one are READY: they survived it."""
+        for join in parked:
+            if join["after_round"] >= self.job.round and self.job.reports.record_rejoined(
+                (join["host"], join["local_rank"]), join["pid"]
+            ):
+                self.job.note_report(now)
+
+    def _check_hung(self, now: float) -> None:
+        """Slots silent `hung_timeout` after the round's first report: after a success the job is done and the rest
+        are stopped; otherwise they count as failed (hung) and their agents kill them."""
+        hung_timeout, reports = self.spec.hung_timeout, self.job.reports
+        if self.job.first_report_at is None or now - self.job.first_report_at < hung_timeout:
+            return
+        if reports.count(SUCCESS):
+            stopped = len(reports.silent())
+            self._apply(Decision("succeed", f"job finished ({stopped} worker(s) still running were stopped)"), now)
+            return
+        for slot in reports.silent():
+            self._fail_slot(slot, f"hung: no report {hung_timeout:g}s after the round's first", now)
+            self.outbox.put("kill_worker", {"host": slot[0], "local_rank": slot[1], "pid": reports[slot].pid})
+
+    def _fail_slot(
+        self,
+        slot: Slot,
+        reason: str,
+        now: float,
+        *,
+        pid: int | None = None,
+        exit_code: int | None = None,
+        host_stays: bool = False,
+    ) -> None:
+        reports = self.job.reports
+        first = reports.record_failure(slot, reason, pid=pid, exit_code=exit_code, host_stays=host_stays)
+        self.job.note_report(now)
+        self.log.warning(
+            "worker_failed",
+            host=slot[0],
+            local_rank=slot[1],
+            rank=reports[slot].rank,
+            reason=reason,
+            round=self.job.round,
+        )
+        if first:
+            self.job.note_failure(now)
+            self.outbox.put("abort", {"round": self.job.round})
+
+    # -- every slot reported -------------------------------------------------------------------
+    def judge(self, hosts: dict[str, Any], now: float) -> Decision:
+        """Every slot has reported: apply `decisions.decide` to the reports and the newest snapshot live hosts keep
+        (`hosts`: discovery's full answer)."""
+        job, torchrun = self.job, self.spec.mode == "torchrun"
+        decision = decide(
+            job.reports.reports,
+            job.resets_toward_limit(torchrun),
+            self.spec.reset_limit,
+            newest_snapshot(hosts, job.snapshot_commits),
+            job.resumed_from,
+            torchrun,
+        )
+        self._apply(decision, now)
+        return decision
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        self.job.note_decision(decision)
+        if decision.action == "succeed":
+            self.finish(SUCCEEDED, decision.reason, 0)
+        elif decision.action == "fail":
+            self.finish(FAILED, decision.reason, decision.exit_code)
+        else:
+            self._reset(decision, now)
+
+    def _reset(self, decision: Decision, now: float) -> None:
+        """The job goes on in a new round: the failed hosts that do not stay are blacklisted and the job waits for
+        slots again (after a blacklist the pass reads whether any usable host is left: `fail_if_no_usable_host`)."""
+        for host, failed in self.job.reports.failures_on(decision.blacklist).items():
+            self._blacklist(host, f"round {self.job.round}: {'; '.join(failed)}")
+        if decision.resume_from:
+            self.job.resumed_from = decision.resume_from
+        self.log.info("round_reset", round=self.job.round, reason=decision.reason or "hosts changed")
+        metrics.reset(reset_cause(decision, (report.reason for _, report in self.job.reports.failures())))
+        self.job.wait_for_next_round(now)
+        metrics.job_state(self.job.state)
+
+    def fail_if_no_usable_host(self, hosts: dict[str, Any], reason: str) -> None:
+        if not any_usable(hosts):
+            self.finish(FAILED, f"every host is blacklisted ({reason})", 1)
+
+    def _blacklist(self, host: str, reason: str) -> None:
+        try:
+            self.discovery.write("blacklist", {"host": host, "reason": reason})
+        except (Unreachable, ServiceError) as exc:
+            self.log.warning("blacklist_failed", host=host, reason=str(exc))
+
+    # -- a new round ---------------------------------------------------------------------------
+    def _start_round(self, hosts: dict[str, Any], now: float, replacing: bool = False) -> bool:
+        """Start a round on the available hosts; True when it started. `replacing`: the current round is still
+        forming (no worker has its rank) and the hosts changed since it began: a new round on the hosts as they
+        are now replaces it at once, instead of waiting for it to form, train and reset (not counted as a reset)."""
+        if not self._enough_slots(hosts, now, replacing) or self._reset_limit_reached(replacing):
+            return False
+        reply = self._ask_for_round(hosts, replacing)
+        if reply is None:
+            return False
+        self._begin_round(reply, hosts, replacing)
+        return True
+
+    def _enough_slots(self, hosts: dict[str, Any], now: float, replacing: bool) -> bool:
+        """Are `min_np` slots available? A job that waited longer than its `elastic_timeout` for them fails (a
+        replacement does not wait: the forming round goes on)."""
+        spec, total = self.spec, available_slots(hosts)
+        if total >= spec.min_np:
+            return True
+        if not replacing and now - self.job.waiting_since > spec.elastic_timeout:
+            waited = f"timed out after {spec.elastic_timeout:g}s waiting for {spec.min_np} slot(s); {total} available"
+            self.finish(FAILED, waited, 1)
+        return False
+
+    def _reset_limit_reached(self, replacing: bool) -> bool:
+        """A new round after the first is a reset (unless it replaces one still forming): at the reset limit the job
+        fails instead (in torchrun mode `decide` does, counting the restarts after a failure only)."""
+        limit = self.spec.reset_limit
+        if replacing or self.job.round < 1 or limit is None or self.job.resets < limit or self.spec.mode == "torchrun":
+            return False
+        self.finish(FAILED, f"reset limit {limit} reached", 1)
+        return True
+
+    def _ask_for_round(self, hosts: dict[str, Any], replacing: bool) -> dict[str, Any] | None:
+        """The rendezvous' next round on the available hosts; None when it refused (a job no host survives fails)
+        or could not be reached."""
+        asked = {
+            "hosts": hosts.get("available", []),
+            "min_np": self.spec.min_np,
+            "max_np": self.spec.max_np,
+            "hosts_timestamp": hosts["timestamp"],
+            "replaces": self.job.round if replacing else None,
+            "round": self.job.round + 1,
+        }
+        try:
+            return self.rendezvous.write("new_round", asked)
+        except ServiceError as exc:
+            if exc.code == "no_surviving_host":
+                self.finish(FAILED, exc.message, 1)
+            elif exc.code != "released":
+                self.log.warning("round_refused", code=exc.code, reason=exc.message)
+        except Unreachable as exc:
+            self.blind(exc)
+        return None
+
+    def _begin_round(self, reply: dict[str, Any], hosts: dict[str, Any], replacing: bool) -> None:
+        """The rendezvous made the round: the job records it and the agents are told (`round`)."""
+        self.job.begin_round(
+            reply["round"], reply["hosts"], reply["hosts_timestamp"], agent_incarnations(hosts), replacing
+        )
+        metrics.round_started()
+        metrics.job_state(self.job.state)
+        self.log.info(
+            "round_started",
+            round=self.job.round,
+            size=reply["size"],
+            resets=self.job.resets,
+            replaced=self.job.round - 1 if replacing else None,
+        )
+        self.outbox.put("round", round_plan(self.job, reply["size"]))
+
+    def finish(self, state: str, reason: str, exit_code: int) -> None:
+        self.job.finish(state, reason, exit_code)
+        metrics.job_state(state)
+        self.log.info("job_finished", job=self.job.job_id, state=state, exit_code=exit_code, reason=reason)
+        self.outbox.put(
+            "job_finished", {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason}
+        )
