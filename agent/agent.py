@@ -45,9 +45,9 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
+from agent.discovery_link import DiscoveryLink
 from agent.fork_server import ForkServer, own_key
 from agent.keeper import WorkerKeeper
-from agent.link import DiscoveryLink
 from agent.slots import SlotBook
 from agent.snapshots import SnapshotKeeper
 from agent.workers import HostSettings, Worker

@@ -1,4 +1,4 @@
-"""The agent's side of its host's fork server (libworker/zygote.py): start it, ask it for workers, replace it, say
+"""The agent's side of its host's fork server (agent/zygote.py): start it, ask it for workers, replace it, say
 why it does not serve.
 
 A zygote is started with the job's interpreter exactly as the job names it (`python` found on the workers' PATH,
@@ -13,8 +13,8 @@ the next one.
 
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
 stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
-torchrun-mode job's is the slot's supervisor around it (`python -m agent.torchrun_slot -- CMD`), forked from the
-same zygote, which then forks each round's command from a fork of its own (agent/command_seed.py).
+torchrun-mode job's is the slot's supervisor around it (`python -m worker.torchrun_slot -- CMD`), forked from the
+same zygote, which then forks each round's command from a fork of its own (worker/command_seed.py).
 
 Why a host spawns instead is always said (`availability`): the command is not `python SCRIPT`/`python -m MODULE`,
 fork servers are off, the zygote refused (an import failed or left a thread or CUDA behind) or exited while it
@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import os
 import resource
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -48,13 +46,13 @@ from typing import Any
 
 from bus.contract import JobPlan
 from bus.lifetime import die_with_parent
+from worker.forking import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, parse_answer, send_order
+from worker.warm_start import script_argv
 
 START_LIMIT = 60.0
-ANSWER_LIMIT = 5.0
 DEATHS_ALLOWED = 3
-PR_SET_CHILD_SUBREAPER = 36
 ENV_SWITCH = "ELASTIC_FORK_SERVER"
-TORCHRUN_SUPERVISOR = ["-m", "agent.torchrun_slot", "--"]
+TORCHRUN_SUPERVISOR = ["-m", "worker.torchrun_slot", "--"]
 SPAWN_COST = "workers start as fresh interpreters (seconds per restart)"
 # The job's variables an interpreter, the dynamic loader or a library torch loads reads once, as it starts (sys.path,
 # OpenMP and BLAS thread pools, allocators, torch's import-time switches): a zygote started without them cannot take
@@ -88,16 +86,6 @@ def own_key() -> Key:
     """The zygote of the agent's own interpreter, with no preloads and no job environment: prepared at the agent's
     start, it serves every job run with the same python."""
     return Key(interpreter_identity(sys.executable), (), (), "", sys.executable)
-
-
-def script_argv(command: list[str]) -> list[str] | None:
-    """The arguments a warm interpreter runs for `python SCRIPT ARGS` or `python -m MODULE ARGS`; None for anything
-    else (interpreter options, another program)."""
-    if len(command) < 2 or not os.path.basename(command[0]).startswith("python"):
-        return None
-    if command[1] == "-m":
-        return command[1:] if len(command) > 2 else None
-    return command[1:] if not command[1].startswith("-") else None
 
 
 def forked_argv(plan: JobPlan) -> list[str] | None:
@@ -141,43 +129,13 @@ def enabled(environ: Mapping[str, str]) -> bool:
     return environ.get(ENV_SWITCH, "1") != "0"
 
 
-class ForkedProcess:
-    """A worker forked by a zygote and re-parented to this process: waited for as a child, like a Popen (with the
-    read ends of its stdout and stderr pipes, where it has them)."""
-
-    def __init__(self, pid: int, stdout: int | None = None, stderr: int | None = None) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdout = None if stdout is None else os.fdopen(stdout, "rb")
-        self.stderr = None if stderr is None else os.fdopen(stderr, "rb")
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self._wait(os.WNOHANG)
-        return self.returncode
-
-    def wait(self) -> int:
-        while self.returncode is None:
-            self._wait(0)
-        return self.returncode
-
-    def _wait(self, flags: int) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, flags)
-        except ChildProcessError:
-            self.returncode = -signal.SIGKILL  # not ours to wait for (cannot happen once re-parented): gone
-            return
-        if pid == self.pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-
 class Zygote:
     """One zygote process and its end of the socket pair; its stderr goes to a file, read when it exits unready."""
 
     def __init__(self, key: Key, base_env: Mapping[str, str]) -> None:
         self.key = key
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [key.python, "-m", "libworker.zygote", "--socket-fd", str(theirs.fileno())]
+        command = [key.python, "-m", "agent.zygote", "--socket-fd", str(theirs.fileno())]
         if key.preload:
             command += ["--preload", ",".join(key.preload)]
         self.stderr = tempfile.TemporaryFile()
@@ -212,7 +170,7 @@ class Zygote:
             return False
         if not message:
             return False  # it exited without a word: it died (check() tells)
-        hello = _parse(message)
+        hello = parse_answer(message)
         if hello.get("ready"):
             self.ready = True
         else:
@@ -241,25 +199,6 @@ class Zygote:
             self.process.kill()
         self.process.wait()
         self.stderr.close()
-
-
-def send_order(sock: socket.socket, order: dict[str, Any], fds: list[int]) -> int:
-    """Send one order of libworker/zygote.py's protocol (JSON, with the worker's stdin, stdout and stderr as fds) to
-    a zygote or a torchrun supervisor's seed; the forked process's pid, or OSError/ValueError when it cannot serve."""
-    sock.settimeout(ANSWER_LIMIT)
-    socket.send_fds(sock, [json.dumps(order).encode()], fds)
-    answer = _parse(sock.recv(65536))
-    if not isinstance(answer.get("pid"), int):
-        raise ValueError(str(answer.get("error") or "it closed its socket"))
-    return answer["pid"]
-
-
-def _parse(message: bytes) -> dict[str, Any]:
-    try:
-        parsed = json.loads(message) if message else {}
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
 
 
 class ForkServer:
@@ -416,12 +355,6 @@ _RLIMITS = [
     )
     if hasattr(resource, name)
 ]
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _stdin() -> int:

@@ -34,19 +34,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agent.discovery_link import DiscoveryLink
 from agent.fork_server import SPAWN_COST, ForkServer, Key, forked_argv, key_of, own_key
-from agent.link import DiscoveryLink
 from agent.output import PrefixedPipe
 from agent.restarts import RestartPolicy
 from agent.slots import Remedy, SlotBook
 from agent.snapshots import SnapshotKeeper
 from agent.standbys import StandbyPool
-from agent.workers import STANDBY, HostSettings, Worker, reap, reap_orphans, spawn, worker_command, worker_env
+from agent.workers import STANDBY, HostSettings, Worker, reap, spawn, worker_command, worker_env
 from bus.assignments import SlotInfo, slots_of
 from bus.client import AsyncClient
 from bus.config import Timing
 from bus.contract import JobPlan
 from bus.service import Service
+from worker.forking import reap_orphans
 
 STOP_GRACE = 5.0
 DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not,

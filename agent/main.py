@@ -12,9 +12,9 @@ from click.core import ParameterSource
 
 from agent.agent import AgentService
 from agent.fork_server import enabled as fork_server_enabled
+from agent.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus import metrics
 from bus.config import Endpoints, Timing, default_run_dir
-from bus.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
 

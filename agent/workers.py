@@ -15,28 +15,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Protocol
 
 from agent.output import PrefixedPipe
-from bus.assignments import SlotInfo, round_environment
+from bus.assignments import SlotInfo
 from bus.contract import JobPlan, WorkerEnv
 from bus.lifetime import die_with_parent
+from worker.forking import WorkerProcess
+from worker.rounds import round_environment
 
 STANDBY = -1
-
-
-class WorkerProcess(Protocol):
-    """A worker's process as the agent waits for it: spawned (subprocess.Popen) or forked (agent/fork_server.py)."""
-
-    pid: int
-    stdout: IO[bytes] | None
-    stderr: IO[bytes] | None
-
-    def poll(self) -> int | None: ...
-
-    def wait(self) -> int: ...
 
 
 @dataclass
@@ -117,7 +106,7 @@ def worker_env(
 def worker_command(plan: JobPlan) -> list[str]:
     """What a worker process runs: the job's command, or in torchrun mode the slot's supervisor around it."""
     return (
-        [sys.executable, "-m", "agent.torchrun_slot", "--", *plan.command]
+        [sys.executable, "-m", "worker.torchrun_slot", "--", *plan.command]
         if plan.mode == "torchrun"
         else list(plan.command)
     )
@@ -133,21 +122,6 @@ def spawn(command: list[str], env: dict[str, str], cwd: str | None) -> subproces
         start_new_session=True,
         preexec_fn=die_with_parent(),
     )
-
-
-def reap_orphans(known: Collection[int]) -> int:
-    """Reap the exited children that are none of `known` (a worker's own children re-parented to this subreaper);
-    the count reaped. A known child's exit is left to its owner's poll."""
-    reaped = 0
-    while True:
-        try:
-            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return reaped
-        if exited is None or exited.si_pid in known:
-            return reaped
-        os.waitpid(exited.si_pid, 0)
-        reaped += 1
 
 
 def reap(workers: dict[int, Worker]) -> list[tuple[Worker, int]]:

@@ -1,4 +1,6 @@
-"""`get_host_assignments`: Horovod's slot assignment, exactly; and a round written as its hosts.
+"""A round as the services and agents share it: Horovod's slot assignment (`get_host_assignments`), exactly, and the
+round written as its hosts. Part of the wire contract: the rendezvous assigns, the registry records, an agent computes
+its slots again from the `round` event.
 
 Hosts are filled in the order given (oldest first), one rank per slot, until
 `max_np` ranks are placed. `cross_rank` of a slot is its index among the slots
@@ -43,28 +45,6 @@ class SlotInfo:
             "local_size": self.local_size,
             "cross_size": self.cross_size,
         }
-
-
-def round_environment(slot: SlotInfo) -> dict[str, str]:
-    """A worker's place in its round as torch.distributed's and horovodrun's (Gloo) variables: the agent sets them
-    when it starts a worker for a known slot, libworker again at every join."""
-    values = {
-        "RANK": slot.rank,
-        "WORLD_SIZE": slot.size,
-        "LOCAL_RANK": slot.local_rank,
-        "LOCAL_WORLD_SIZE": slot.local_size,
-        "GROUP_RANK": slot.cross_rank,
-        "HOROVOD_RANK": slot.rank,
-        "HOROVOD_SIZE": slot.size,
-        "HOROVOD_LOCAL_RANK": slot.local_rank,
-        "HOROVOD_LOCAL_SIZE": slot.local_size,
-        "HOROVOD_CROSS_RANK": slot.cross_rank,
-        "HOROVOD_CROSS_SIZE": slot.cross_size,
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-    }
-    return {name: str(value) for name, value in values.items()}
 
 
 class NotEnoughSlots(ValueError):

@@ -29,8 +29,8 @@ from typing import IO, Any
 
 import click
 
+from agent.gpus import check_standby, gpu_devices
 from bus.config import Endpoints
-from bus.gpus import check_standby, gpu_devices
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow

@@ -4,7 +4,8 @@
 one this process was last in, and initialises `torch.distributed` on that
 round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
-there (parked until it is set) and connect. The process group is built once
+there (parked until it is set) and connect. Entering the round is
+worker/rounds.py's, shared with torchrun-mode slot supervisors. The process group is built once
 every rank has reached the store, so a peer that dies while the round forms
 ends the others' wait at the control plane's abort, not after the collective
 timeout. A worker whose slot is not in the new round leaves: the process
@@ -37,21 +38,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from bus.agent_link import AgentLink, worker_pid
-from bus.assignments import SlotInfo, round_environment
+from bus.assignments import SlotInfo
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
+from worker import rounds
+from worker.agent_link import AgentLink, link_to_agent, worker_pid
 
-JOIN_DEADLINE = 7 * 24 * 3600.0
-ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 FLIGHT_PRUNE_MIN = 64
 HOST_ADDED, HOST_REMOVED = 1, 2
 ARRIVED_KEY, ARRIVAL_POLL_MAX = "ranks_arrived", 0.02
@@ -155,10 +155,7 @@ def _connect() -> AgentLink:
     if not endpoint:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
-    orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * world.timing.heartbeat)
-    link = AgentLink(
-        endpoint, os.environ.get(WorkerEnv.HOST, "?"), int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1")), orphan_after
-    )
+    link = link_to_agent(world.timing)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
     atexit.register(tell_agent_the_script_ended)
@@ -176,7 +173,7 @@ def release_process_group() -> None:
         torch_compat.destroy_default_group(world.poisoned and world.uses_nccl(), world.take_pending(), world.retired)
 
 
-def _leave() -> None:
+def _leave() -> NoReturn:
     """This slot is not in the new round: the worker's job is done, it exits cleanly."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -184,22 +181,20 @@ def _leave() -> None:
 
 
 def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
-    """The round's TCPStore: rank 0 serves it and publishes its address in the rendezvous key-value store."""
-    key = f"{world.slot['prefix']}store"
+    """The round's TCPStore: rank 0 serves it and publishes its address; the others connect to it (worker.rounds)."""
     if world.slot["rank"] == 0:
         store = dist.TCPStore(
             advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False
         )
-        link.requests.request("kv_set", {"key": key}, raw=(f"{advertise_address()}:{store.port}".encode(),))
+        rounds.publish_store(link, world.slot, f"{advertise_address()}:{store.port}")
         return store
-    if world.aborted_round >= world.round:
-        raise _formation_failed("was aborted before this rank reached its store")
-    address = (
-        link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=timeout.total_seconds()).raw[0].decode()
-    )
+    try:
+        address = rounds.read_store(
+            link, world.slot, lambda: world.aborted_round >= world.round, timeout.total_seconds()
+        )
+    except rounds.RoundAborted as exc:
+        raise _formation_failed(str(exc)) from None
     host, port = address.rsplit(":", 1)
-    if world.aborted_round >= world.round:
-        raise _formation_failed("was aborted before this rank reached its store (its server may be gone)")
     return dist.TCPStore(host, int(port), world.slot["size"], is_master=False, timeout=timeout)
 
 
@@ -208,20 +203,17 @@ def advertise_address() -> str:
 
 
 def _wait_for_a_slot(link: AgentLink) -> None:
-    """A standby waits here, started and imported, until its agent admits it to a slot."""
+    """A standby waits here, started and imported, until its agent admits it to a slot; then it binds its GPU."""
     try:
-        reply = link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE)
+        rounds.wait_for_a_slot(link)
     except (Unreachable, ServiceError) as exc:
         raise WorkerInternalError(f"standby was not admitted: {exc}") from None
-    local_rank = int(reply.body["local_rank"])
-    os.environ.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
-    del os.environ[WorkerEnv.STANDBY]
-    link.local_rank = local_rank
     devices.bind_device()
 
 
 def join() -> None:
-    """Join the next round: park at the rendezvous until it is complete, then set up torch.distributed."""
+    """Enter the next round (worker.rounds): park at the rendezvous until it is complete, then set up
+    torch.distributed."""
     if world.link is None:
         world.link = _connect()
     if devices.is_standby():
@@ -229,21 +221,18 @@ def join() -> None:
     release_process_group()
     local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "0"))
     try:
-        reply = world.link.requests.request(
-            "rank_and_size",
-            {"local_rank": local_rank, "after_round": world.round, "pid": worker_pid()},
-            timeout=5.0,
-            deadline=JOIN_DEADLINE,
-        )
+        slot = rounds.enter_round(world.link, local_rank, world.round)
     except (Unreachable, ServiceError) as exc:
         raise WorkerInternalError(f"cannot join a round: {exc}") from None
-    if reply.body.get("removed"):
+    if slot is None:
         _leave()
     with world.lock:
-        world.slot = reply.body
-        world.round = int(reply.body["round"])
+        world.slot = slot
+        world.round = int(slot["round"])
         world.poisoned = False
-    os.environ.update(round_environment(SlotInfo(**{name: world.slot[name] for name in SlotInfo.__dataclass_fields__})))
+    os.environ.update(
+        rounds.round_environment(SlotInfo(**{name: slot[name] for name in SlotInfo.__dataclass_fields__}))
+    )
     timeout = timedelta(seconds=world.timing.collective_timeout)
     try:
         store = dist.PrefixStore(world.slot["prefix"], _round_store(world.link, timeout))

@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bus.agent_link import say
 from bus.contract import WorkerEnv
 from libworker.world import world
 from snapshot.durable import checkpoint_files
 from snapshot.layout import newest_header, slot_paths
 from snapshot.store import Snapshot, SnapshotWriter, read_newest
+from worker.agent_link import say
 
 _writer: SnapshotWriter | None = None
 

@@ -193,7 +193,8 @@ def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_pat
     cluster = Cluster(tmp_path)
     endpoint = agent_endpoint(tmp_path / "run", "host-1")
     worker = (
-        f"import time; from bus.agent_link import AgentLink; AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
+        "import time; from worker.agent_link import AgentLink; "
+        f"AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
     )
     try:
         cluster.spawn("worker", [sys.executable, "-c", worker])

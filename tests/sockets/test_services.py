@@ -65,14 +65,14 @@ def test_a_reconnecting_subscriber_catches_up_in_order_exactly_once(notifier: No
     noticed by a sequence gap or by the notifier's heartbeat."""
     ctx = zmq.Context.instance()
     publisher = Client(notifier.endpoint, "test-publisher", timeout=1.0, deadline=2.0)
-    sub = Subscription(ctx, notifier.events.getsockopt_string(zmq.LAST_ENDPOINT), notifier.endpoint, "test-sub")
+    sub = Subscription(ctx, notifier.events.sock.getsockopt_string(zmq.LAST_ENDPOINT), notifier.endpoint, "test-sub")
     try:
         sub.start()
         _publish(publisher, 1, 0)
         first = _drain(sub, 1)
         sub.sock.close(linger=0)
         _publish(publisher, 3, 100)
-        sub.sock = client_socket(ctx, zmq.SUB, notifier.events.getsockopt_string(zmq.LAST_ENDPOINT))
+        sub.sock = client_socket(ctx, zmq.SUB, notifier.events.sock.getsockopt_string(zmq.LAST_ENDPOINT))
         got = _drain(sub, 3)
         _publish(publisher, 2, 200)
         got += _drain(sub, 2)
@@ -167,7 +167,7 @@ def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_ho
 ) -> None:
     """Discovery coalesces changes (one hosts_updated per window, not one per host), and the diffs, applied in
     version order from the list announced at configure, give the list `hosts` says was announced."""
-    events = notifier.events.getsockopt_string(zmq.LAST_ENDPOINT)
+    events = notifier.events.sock.getsockopt_string(zmq.LAST_ENDPOINT)
     sub = Subscription(zmq.Context.instance(), events, notifier.endpoint, "test-sub")
     agent = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
     try:

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bus.gpus import check_slots, default_slots, gpu_devices, nvidia_smi_gpu_count, visible_devices
+from agent.gpus import check_slots, default_slots, gpu_devices, nvidia_smi_gpu_count, visible_devices
 from elasticctl.control import CommandError
 from elasticctl.local import agent_devices, default_local_slots
 from libworker import devices

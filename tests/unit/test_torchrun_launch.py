@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.fork_server import script_argv
-from agent.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
 from elasticctl.torchrun import LaunchError, parse_launch
+from worker.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
+from worker.warm_start import script_argv
 
 PY = "/usr/bin/python3"
 

@@ -1,31 +1,31 @@
 """A torchrun-mode slot's supervisor: joins each round for its slot, then runs the user's command in it with
 torchrun's environment, and starts it again at every new round.
 
-The agent starts one per slot of a `--mode torchrun` job (`python -m agent.torchrun_slot CMD...`) in place of the
+The agent starts one per slot of a `--mode torchrun` job (`python -m worker.torchrun_slot CMD...`) in place of the
 command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
 the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter per slot);
 forked from the host's zygote, it shares the zygote's pages and costs what it writes.
 
 In each round:
-- it joins through its agent (`rank_and_size`, as libworker's `join()` does) and learns the slot's rank;
+- it enters the round through its agent as libworker's workers do (worker/rounds.py) and learns the slot's rank;
 - rank 0's supervisor has a new store served for the round (`RoundStores`: a process of its own,
-  libworker.round_store, forked from the seed where there is one, kept for the job, which serves a fresh TCPStore
-  per round, as torchrun's agent does)
-  and publishes `address:port` under the round's prefix in the rendezvous key-value store; the others read it
-  there. The commands connect to it as clients (TORCHELASTIC_USE_AGENT_STORE=True), so none of them serves a
-  store its peers still use when it exits. The supervisor of local rank 0 starts its store server at once (rank 0
-  is nearly always some host's local rank 0), any other when it first holds rank 0;
+  worker.round_store, forked from the seed where there is one, kept for the job, which serves a fresh TCPStore
+  per round, as torchrun's agent does) and publishes `address:port` under the round's prefix in the rendezvous
+  key-value store; the others read it there, unless the round was aborted first (then they enter the next). The
+  commands connect to it as clients (TORCHELASTIC_USE_AGENT_STORE=True), so none of them serves a store its peers
+  still use when it exits. The supervisor of local rank 0 starts its store server at once (rank 0 is nearly always
+  some host's local rank 0), any other when it first holds rank 0;
 - it starts the command with torchrun's variables for the slot (`torchrun_environment`), in a process group of
   its own (so stopping it stops its children too, e.g. data-loader workers).
 
 How the command starts. Where the host's fork server serves the job (agent/fork_server.py), the agent forks this
-supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a `CommandSeed`
-(agent/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or `python -m
-MODULE ARGS`) is forked from that seed (libworker/zygote.py's protocol: re-parented to this supervisor, a child
-subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh interpreter
-and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned supervisor (fork servers
-off, a command that is not a Python script) starts each command as a fresh interpreter; a seed that dies does too, from
-then on, with one line.
+supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a
+`CommandSeed` (worker/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT
+ARGS` or `python -m MODULE ARGS`) is forked from that seed (worker/forking.py's protocol: re-parented to this
+supervisor, a child subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait
+for a fresh interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A
+spawned supervisor (fork servers off, a command that is not a Python script) starts each command as a fresh
+interpreter; a seed that dies does too, from then on, with one line.
 
 What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
 peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
@@ -51,20 +51,19 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from agent.command_seed import CommandSeed, SeedGone
-from agent.fork_server import ForkedProcess, script_argv
-from agent.workers import WorkerProcess, reap_orphans
-from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from bus.lifetime import die_with_parent
+from worker.agent_link import link_to_agent, worker_pid
+from worker.command_seed import CommandSeed, SeedGone
+from worker.forking import ForkedProcess, WorkerProcess, reap_orphans
+from worker.rounds import RoundAborted, enter_round, publish_store, read_store, wait_for_a_slot
+from worker.warm_start import script_argv
 
-JOIN_DEADLINE = 7 * 24 * 3600.0
 STOP_GRACE = 5.0
 POLL = 0.01
-ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 UNLIMITED_RESTARTS = 2**31 - 1
 
 
@@ -104,7 +103,7 @@ def torchrun_environment(
 
 
 class RoundStores:
-    """This slot's store server (libworker.round_store), started once (forked from the seed where there is one): a
+    """This slot's store server (worker.round_store), started once (forked from the seed where there is one): a
     new store for each round it serves."""
 
     def __init__(self, address: str, seed: CommandSeed | None) -> None:
@@ -116,7 +115,7 @@ class RoundStores:
     def start(self) -> None:
         if self.process is not None:
             return
-        command = [sys.executable, "-m", "libworker.round_store", self.address]
+        command = [sys.executable, "-m", "worker.round_store", self.address]
         if self.seed is not None:
             (requests_read, requests_write), (ports_read, ports_write) = os.pipe(), os.pipe()
             try:
@@ -172,11 +171,8 @@ class SlotSupervisor:
     def __init__(self, command: list[str], seed: CommandSeed | None) -> None:
         self.command = command
         self.timing = Timing.from_env()
-        self.local_rank = int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1"))
-        orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * self.timing.heartbeat)
-        self.link = AgentLink(
-            os.environ[WorkerEnv.AGENT], os.environ.get(WorkerEnv.HOST, "?"), self.local_rank, orphan_after
-        )
+        self.link = link_to_agent(self.timing)
+        self.local_rank = self.link.local_rank
         self.slot: dict[str, Any] = {}
         self.round = 0
         self.aborted_round = 0
@@ -226,13 +222,13 @@ class SlotSupervisor:
 
     def _serve(self) -> int:
         if os.environ.get(WorkerEnv.STANDBY):
-            self._wait_for_a_slot()
+            self.local_rank = wait_for_a_slot(self.link)
         while self.stop_signal is None:
-            if not self._join():
+            if not self._enter_round():
                 return 0
             try:
                 master = self._round_store_address()
-            except (Unreachable, ServiceError, RuntimeError) as exc:
+            except (Unreachable, ServiceError, RuntimeError, RoundAborted) as exc:
                 say(f"round {self.round}: no store ({exc}); joining the next round")
                 continue
             code = self._run_round(master)
@@ -240,39 +236,27 @@ class SlotSupervisor:
                 return code
         return 0
 
-    def _wait_for_a_slot(self) -> None:
-        reply = self.link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE)
-        self.local_rank = int(reply.body["local_rank"])
-        self.link.local_rank = self.local_rank
-        os.environ.update({WorkerEnv.LOCAL_RANK: str(self.local_rank), "LOCAL_RANK": str(self.local_rank)})
-        del os.environ[WorkerEnv.STANDBY]
-
-    def _join(self) -> bool:
-        """Join the round after this slot's last one; False when the slot is not in it (the supervisor leaves)."""
-        reply = self.link.requests.request(
-            "rank_and_size",
-            {"local_rank": self.local_rank, "after_round": self.round, "pid": worker_pid()},
-            timeout=5.0,
-            deadline=JOIN_DEADLINE,
-        )
-        if reply.body.get("removed"):
+    def _enter_round(self) -> bool:
+        """Enter the round after this slot's last one; False when the slot is not in it (the supervisor leaves)."""
+        slot = enter_round(self.link, self.local_rank, self.round)
+        if slot is None:
             return False
         with self.lock:
-            self.slot = dict(reply.body)
-            self.round = int(reply.body["round"])
+            self.slot = slot
+            self.round = int(slot["round"])
         return True
 
     def _round_store_address(self) -> str:
-        key = f"{self.slot['prefix']}master"
+        """`address:port` of the round's store: rank 0's supervisor has a new one served and publishes it."""
         if self.slot["rank"] == 0:
             master = self.stores.next_store()
-            self.link.requests.request("kv_set", {"key": key}, raw=(master.encode(),))
+            publish_store(self.link, self.slot, master)
             return master
-        return (
-            self.link.requests.request("kv_get", {"key": key}, timeout=5.0, deadline=self.timing.collective_timeout)
-            .raw[0]
-            .decode()
-        )
+        return read_store(self.link, self.slot, self._round_aborted, self.timing.collective_timeout)
+
+    def _round_aborted(self) -> bool:
+        with self.lock:
+            return self.aborted_round >= self.round
 
     def _run_round(self, master: str) -> int | None:
         """Run the command in this round; its exit code when the supervisor ends with it, None to join the next."""
@@ -384,7 +368,7 @@ def main() -> None:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        sys.exit("usage: python -m agent.torchrun_slot [--] COMMAND [ARGS...]")
+        sys.exit("usage: python -m worker.torchrun_slot [--] COMMAND [ARGS...]")
     forked_from_a_zygote = "torch" in sys.modules  # a spawned supervisor never imports it
     seed = CommandSeed() if forked_from_a_zygote and script_argv(command) is not None else None
     code = SlotSupervisor(command, seed).run()

@@ -1,12 +1,12 @@
 """A torchrun-mode slot's command seed: a copy of the slot's supervisor, made before it starts any thread, that forks
 each round's command (and the round's store server) on order.
 
-A supervisor forked from its host's zygote (agent/fork_server.py) has torch imported but cannot fork its commands
+A supervisor forked from its host's zygote (agent/zygote.py) has torch imported but cannot fork its commands
 itself once it runs threads (the agent link's, a zmq context), and the zygote's forks are re-parented to the agent,
 not to the supervisor that must wait for them. So the supervisor's first act is `CommandSeed()`: it becomes a child
-subreaper and forks the seed, which answers orders with libworker/zygote.py's protocol (`serve`): each order is forked
+subreaper and forks the seed, which answers orders with worker/forking.py's protocol (`serve`): each order is forked
 twice, re-parented to the supervisor, takes its stdio, dies with the supervisor and runs its script as `__main__`
-(libworker.warm_start). The seed shares the zygote's pages and dies with the supervisor.
+(worker/warm_start.py). The seed shares the zygote's pages and dies with the supervisor.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import socket
 import sys
 from collections.abc import Mapping
 
-from agent.fork_server import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, send_order
+from bus.lifetime import PR_SET_PDEATHSIG
+from worker import warm_start
+from worker.forking import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, native_threads, send_order, serve
 
 
 class SeedGone(Exception):
@@ -68,15 +70,12 @@ class CommandSeed:
 
 def _serve_as_seed(sock: socket.socket, supervisor: int) -> None:
     """In the seed: wait for orders until the supervisor closes its end or dies; in a command forked from it, run
-    the script (libworker's zygote) and exit as it does, never returning into the supervisor's code."""
-    from libworker import warm_start, zygote
-
-    ctypes.CDLL(None).prctl(zygote.PR_SET_PDEATHSIG, signal.SIGKILL)
+    the script and exit as it does, never returning into the supervisor's code."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != supervisor:
         os._exit(0)
     gc.freeze()
-    order, fds = zygote.serve(sock, zygote.native_threads())
+    order, fds = serve(sock, native_threads())
     sock.close()
-    zygote.become_worker(order, fds)
-    warm_start.start(order)
+    warm_start.run(order, fds)
     sys.exit(0)

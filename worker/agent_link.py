@@ -1,5 +1,5 @@
 """A worker's channels to its agent over ipc (libworker's, and a torchrun-mode slot's supervisor,
-agent/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices (`notify`,
+worker/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices (`notify`,
 from the training thread; nothing waits for their replies).
 
 The event thread subscribes once, then hands each event to the listener
@@ -8,7 +8,8 @@ callbacks. It also watches the agent's heartbeat: a worker dies with its agent
 so a worker whose agent stays silent for `orphan_after` seconds exits. Before
 that, a silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a
 line on stderr naming the agent's endpoint (then one a minute), and the first
-word from the agent after it a line saying so.
+word from the agent after it a line saying so. `link_to_agent` is the link of
+a process its agent started, from the environment the agent gave it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ Listener = Callable[[Message], None]
 ORPHAN_EXIT_CODE = 70
 WARN_AFTER_MIN = 3.0
 ANCESTORS_SEARCHED = 16
+ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS = 30.0, 20
 
 
 def _parent_of(pid: int) -> int:
@@ -61,6 +63,19 @@ def worker_pid() -> int:
             break
         pid = parent
     return os.getpid()
+
+
+def link_to_agent(timing: Timing) -> AgentLink:
+    """The link of a process its agent started (the agent's endpoint, the host and the slot's local rank are in its
+    environment); an agent silent for ORPHAN_AFTER_HEARTBEATS heartbeats, at least ORPHAN_AFTER_MIN seconds, orphans
+    it."""
+    orphan_after = max(ORPHAN_AFTER_MIN, ORPHAN_AFTER_HEARTBEATS * timing.heartbeat)
+    return AgentLink(
+        os.environ[WorkerEnv.AGENT],
+        os.environ.get(WorkerEnv.HOST, "?"),
+        int(os.environ.get(WorkerEnv.LOCAL_RANK, "-1")),
+        orphan_after,
+    )
 
 
 class AgentLink:
