@@ -12,9 +12,9 @@ modules, imported in the zygote), the working directory and every variable of `-
 the next one.
 
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
-stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a
-torchrun-mode job's is the slot's supervisor around it (`python -m worker.torchrun_slot -- CMD`), forked from the
-same zygote, which then forks each round's command from a fork of its own (worker/command_seed.py).
+stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a torchrun-mode
+job's is the slot's supervisor around it (`python -m slot_processes.torchrun_slot -- CMD`), forked from the same zygote,
+which then forks each round's command from a fork of its own (slot_processes/command_seed.py).
 
 Why a host spawns instead is always said (`availability`): the command is not `python SCRIPT`/`python -m MODULE`,
 fork servers are off, the zygote refused (an import failed or left a thread or CUDA behind) or exited while it
@@ -46,13 +46,13 @@ from typing import Any
 
 from bus.contract import JobPlan
 from bus.lifetime import die_with_parent
-from worker.forking import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, parse_answer, send_order
-from worker.warm_start import script_argv
+from slot_processes.forking import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, parse_answer, send_order
+from slot_processes.warm_start import script_argv
 
 START_LIMIT = 60.0
 DEATHS_ALLOWED = 3
 ENV_SWITCH = "ELASTIC_FORK_SERVER"
-TORCHRUN_SUPERVISOR = ["-m", "worker.torchrun_slot", "--"]
+TORCHRUN_SUPERVISOR = ["-m", "slot_processes.torchrun_slot", "--"]
 SPAWN_COST = "workers start as fresh interpreters (seconds per restart)"
 # The job's variables an interpreter, the dynamic loader or a library torch loads reads once, as it starts (sys.path,
 # OpenMP and BLAS thread pools, allocators, torch's import-time switches): a zygote started without them cannot take

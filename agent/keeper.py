@@ -47,7 +47,7 @@ from bus.client import AsyncClient
 from bus.config import Timing
 from bus.contract import JobPlan
 from bus.service import Service
-from worker.forking import reap_orphans
+from slot_processes.forking import reap_orphans
 
 STOP_GRACE = 5.0
 DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not,

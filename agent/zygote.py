@@ -7,9 +7,9 @@ plus the job's `--preload` modules), then says `{"ready": ...}`, or
 `{"refused": REASON}` when an import failed or left it unsafe to fork (a
 thread beyond the pools the preloads start and stop themselves at fork, such
 as OpenBLAS's, or CUDA initialised), and exits. Then it only waits for the
-agent's orders (worker/forking.py's protocol): each forked worker is
+agent's orders (slot_processes/forking.py's protocol): each forked worker is
 re-parented to the agent, dies with the agent, not with the zygote, and runs
-its script from the top as `__main__` (worker/warm_start.py).
+its script from the top as `__main__` (slot_processes/warm_start.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 
-from worker import forking, warm_start
+from slot_processes import forking, warm_start
 
 PRELOADED = (*warm_start.PRELOADED, "numpy")
 

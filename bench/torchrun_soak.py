@@ -22,7 +22,7 @@ from typing import Any
 from bench.common import cluster
 from testing.harness import read_events, wait_for
 
-WATCHED = (b"worker.torchrun_slot", b"worker.round_store", b"agent.main")
+WATCHED = (b"slot_processes.torchrun_slot", b"slot_processes.round_store", b"agent.main")
 
 
 def sample() -> dict[int, tuple[str, int, int, int]]:

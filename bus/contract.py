@@ -7,7 +7,7 @@ events.
   agent, its restart policy and its snapshot keeper read it from there.
 - `WorkerEnv`: the names of the variables an agent sets for its workers and
   libworker reads (beside torch's and Horovod's own, see
-  worker.rounds.round_environment).
+  slot_processes.rounds.round_environment).
 - `Event`: the types of the notifier's events an agent acts on.
 
 A name spelled here and imported everywhere turns a typo into an import error.

@@ -5,7 +5,7 @@ one this process was last in, and initialises `torch.distributed` on that
 round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
 there (parked until it is set) and connect. Entering the round is
-worker/rounds.py's, shared with torchrun-mode slot supervisors. The process group is built once
+slot_processes/rounds.py's, shared with torchrun-mode slot supervisors. The process group is built once
 every rank has reached the store, so a peer that dies while the round forms
 ends the others' wait at the control plane's abort, not after the collective
 timeout. A worker whose slot is not in the new round leaves: the process
@@ -49,8 +49,8 @@ from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
-from worker import rounds
-from worker.agent_link import AgentLink, link_to_agent, worker_pid
+from slot_processes import rounds
+from slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 
 FLIGHT_PRUNE_MIN = 64
 HOST_ADDED, HOST_REMOVED = 1, 2
@@ -181,7 +181,8 @@ def _leave() -> NoReturn:
 
 
 def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
-    """The round's TCPStore: rank 0 serves it and publishes its address; the others connect to it (worker.rounds)."""
+    """The round's TCPStore: rank 0 serves it and publishes its address; the others connect to it
+    (slot_processes.rounds)."""
     if world.slot["rank"] == 0:
         store = dist.TCPStore(
             advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False
@@ -212,7 +213,7 @@ def _wait_for_a_slot(link: AgentLink) -> None:
 
 
 def join() -> None:
-    """Enter the next round (worker.rounds): park at the rendezvous until it is complete, then set up
+    """Enter the next round (slot_processes.rounds): park at the rendezvous until it is complete, then set up
     torch.distributed."""
     if world.link is None:
         world.link = _connect()

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from bus.contract import WorkerEnv
 from libworker.world import world
+from slot_processes.agent_link import say
 from snapshot.durable import checkpoint_files
 from snapshot.layout import newest_header, slot_paths
 from snapshot.store import Snapshot, SnapshotWriter, read_newest
-from worker.agent_link import say
 
 _writer: SnapshotWriter | None = None
 

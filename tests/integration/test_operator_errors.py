@@ -193,7 +193,7 @@ def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_pat
     cluster = Cluster(tmp_path)
     endpoint = agent_endpoint(tmp_path / "run", "host-1")
     worker = (
-        "import time; from worker.agent_link import AgentLink; "
+        "import time; from slot_processes.agent_link import AgentLink; "
         f"AgentLink({endpoint!r}, 'host-1', 0, 60.0); time.sleep(60)"
     )
     try:

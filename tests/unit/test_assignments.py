@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
-from worker.rounds import round_environment
+from slot_processes.rounds import round_environment
 
 UNEVEN = [("a", 2), ("b", 1), ("c", 3)]
 # a: ranks 0,1   b: rank 2   c: ranks 3,4,5

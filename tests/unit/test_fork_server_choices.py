@@ -1,5 +1,5 @@
 """The fork server's pure parts: which jobs can be forked and from which zygote (agent/fork_server.py), when a process
-is not safe to fork (worker/forking.py), and the job options that steer it."""
+is not safe to fork (slot_processes/forking.py), and the job options that steer it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from agent.fork_server import Key, enabled, forked_argv, interpreter_identity, key_of, own_key
 from bus.contract import JobPlan
 from bus.jobspec import JobSpec, SpecError
-from worker.forking import fork_hazards, native_threads
+from slot_processes.forking import fork_hazards, native_threads
 
 
 def plan(command: list[str], **fields: object) -> JobPlan:
@@ -79,7 +79,15 @@ def test_a_job_that_turned_it_off_is_spawned_and_torchrun_mode_forks_its_supervi
     )
     torchrun = plan([sys.executable, "train.py", "--lr", "1"], mode="torchrun")
     assert key_of(torchrun, os.environ)[0] == own_key()
-    assert forked_argv(torchrun) == ["-m", "worker.torchrun_slot", "--", sys.executable, "train.py", "--lr", "1"]
+    assert forked_argv(torchrun) == [
+        "-m",
+        "slot_processes.torchrun_slot",
+        "--",
+        sys.executable,
+        "train.py",
+        "--lr",
+        "1",
+    ]
     assert forked_argv(plan(["sh", "-c", "python train.py"], mode="torchrun")) is None
 
 
@@ -135,7 +143,7 @@ def test_a_python_thread_is_a_hazard_named_by_its_thread() -> None:
 # In a fresh interpreter: this one has threads of other tests.
 FRESH_PROCESS_HAZARDS = """
 import json, sys, types
-from worker.forking import fork_hazards, native_threads
+from slot_processes.forking import fork_hazards, native_threads
 found = {"none": fork_hazards(native_threads()), "native": fork_hazards(native_threads() - 1)}
 sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
 found["cuda"] = fork_hazards(native_threads())

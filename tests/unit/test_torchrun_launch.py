@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elasticctl.torchrun import LaunchError, parse_launch
-from worker.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
-from worker.warm_start import script_argv
+from slot_processes.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
+from slot_processes.warm_start import script_argv
 
 PY = "/usr/bin/python3"
 

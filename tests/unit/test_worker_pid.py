@@ -1,4 +1,4 @@
-"""A worker names itself by the pid its agent started (worker.agent_link.worker_pid), even behind a wrapper that
+"""A worker names itself by the pid its agent started (slot_processes.agent_link.worker_pid), even behind a wrapper that
 does not exec; the whole path through a real `sh -c` is tests/integration/test_job.py's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from bus.contract import WorkerEnv
-from worker.agent_link import _parent_of, worker_pid
+from slot_processes.agent_link import _parent_of, worker_pid
 
 
 def test_the_parent_of_this_process_is_read_from_proc():

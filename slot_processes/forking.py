@@ -1,7 +1,7 @@
 """The fork order protocol: one order from a parent, one process forked by a warm interpreter, re-parented to it.
 
 Two kinds of warm interpreters serve it: the host's fork server (agent/zygote.py, ordered by its agent,
-agent/fork_server.py) and a torchrun-mode supervisor's seed (worker/command_seed.py, ordered by its supervisor).
+agent/fork_server.py) and a torchrun-mode supervisor's seed (slot_processes/command_seed.py, ordered by its supervisor).
 Both ends are here: `send_order` is the parent's, `serve` the warm interpreter's.
 
 An order is one JSON message on a SOCK_SEQPACKET socket (the script's `argv`, the command line to show, its `env`,
@@ -10,7 +10,7 @@ stdout and stderr. For each order the server forks twice: the intermediate child
 worker is re-parented to the parent that ordered it (a child subreaper, PR_SET_CHILD_SUBREAPER), which waits for it as
 a `ForkedProcess` and reaps whatever else is re-parented to it (`reap_orphans`). Before the server answers
 `{"pid": PID}` the worker has its own session and has been re-parented; it then sets itself up and runs its script
-(worker/warm_start.py). An order the server cannot serve (malformed, or forking is unsafe: `fork_hazards`) is
+(slot_processes/warm_start.py). An order the server cannot serve (malformed, or forking is unsafe: `fork_hazards`) is
 answered `{"error": REASON}`.
 """
 

@@ -1,6 +1,6 @@
 """A worker's channels to its agent over ipc (libworker's, and a torchrun-mode slot's supervisor,
-worker/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices (`notify`,
-from the training thread; nothing waits for their replies).
+slot_processes/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices
+(`notify`, from the training thread; nothing waits for their replies).
 
 The event thread subscribes once, then hands each event to the listener
 callbacks. It also watches the agent's heartbeat: a worker dies with its agent

@@ -1,15 +1,15 @@
 """A torchrun-mode slot's supervisor: joins each round for its slot, then runs the user's command in it with
 torchrun's environment, and starts it again at every new round.
 
-The agent starts one per slot of a `--mode torchrun` job (`python -m worker.torchrun_slot CMD...`) in place of the
-command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
-the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter per slot);
-forked from the host's zygote, it shares the zygote's pages and costs what it writes.
+The agent starts one per slot of a `--mode torchrun` job (`python -m slot_processes.torchrun_slot CMD...`) in place of
+the command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
+the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter per slot); forked
+from the host's zygote, it shares the zygote's pages and costs what it writes.
 
 In each round:
-- it enters the round through its agent as libworker's workers do (worker/rounds.py) and learns the slot's rank;
+- it enters the round through its agent as libworker's workers do (slot_processes/rounds.py) and learns the slot's rank;
 - rank 0's supervisor has a new store served for the round (`RoundStores`: a process of its own,
-  worker.round_store, forked from the seed where there is one, kept for the job, which serves a fresh TCPStore
+  slot_processes.round_store, forked from the seed where there is one, kept for the job, which serves a fresh TCPStore
   per round, as torchrun's agent does) and publishes `address:port` under the round's prefix in the rendezvous
   key-value store; the others read it there, unless the round was aborted first (then they enter the next). The
   commands connect to it as clients (TORCHELASTIC_USE_AGENT_STORE=True), so none of them serves a store its peers
@@ -19,13 +19,13 @@ In each round:
   its own (so stopping it stops its children too, e.g. data-loader workers).
 
 How the command starts. Where the host's fork server serves the job (agent/fork_server.py), the agent forks this
-supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a
-`CommandSeed` (worker/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT
-ARGS` or `python -m MODULE ARGS`) is forked from that seed (worker/forking.py's protocol: re-parented to this
-supervisor, a child subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait
-for a fresh interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A
-spawned supervisor (fork servers off, a command that is not a Python script) starts each command as a fresh
-interpreter; a seed that dies does too, from then on, with one line.
+supervisor from the zygote: it starts with torch already imported. Before it starts any thread it forks a `CommandSeed`
+(slot_processes/command_seed.py), a copy of itself that only waits, and every round's command (`python SCRIPT ARGS` or
+`python -m MODULE ARGS`) is forked from that seed (slot_processes/forking.py's protocol: re-parented to this supervisor,
+a child subreaper, and run as `__main__` with torchrun's environment), so a round's workers never wait for a fresh
+interpreter and `import torch`, the first round's included; the seed shares the zygote's memory. A spawned supervisor
+(fork servers off, a command that is not a Python script) starts each command as a fresh interpreter; a seed that dies
+does too, from then on, with one line.
 
 What ends the command's round, as torchrun ends its worker group's: the control plane aborting the round (a
 peer failed), or a change of the job's hosts newer than the round (a host added, lost or drained). The command
@@ -56,11 +56,11 @@ from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
 from bus.lifetime import die_with_parent
-from worker.agent_link import link_to_agent, worker_pid
-from worker.command_seed import CommandSeed, SeedGone
-from worker.forking import ForkedProcess, WorkerProcess, reap_orphans
-from worker.rounds import RoundAborted, enter_round, publish_store, read_store, wait_for_a_slot
-from worker.warm_start import script_argv
+from slot_processes.agent_link import link_to_agent, worker_pid
+from slot_processes.command_seed import CommandSeed, SeedGone
+from slot_processes.forking import ForkedProcess, WorkerProcess, reap_orphans
+from slot_processes.rounds import RoundAborted, enter_round, publish_store, read_store, wait_for_a_slot
+from slot_processes.warm_start import script_argv
 
 STOP_GRACE = 5.0
 POLL = 0.01
@@ -103,7 +103,7 @@ def torchrun_environment(
 
 
 class RoundStores:
-    """This slot's store server (worker.round_store), started once (forked from the seed where there is one): a
+    """This slot's store server (slot_processes.round_store), started once (forked from the seed where there is one): a
     new store for each round it serves."""
 
     def __init__(self, address: str, seed: CommandSeed | None) -> None:
@@ -115,7 +115,7 @@ class RoundStores:
     def start(self) -> None:
         if self.process is not None:
             return
-        command = [sys.executable, "-m", "worker.round_store", self.address]
+        command = [sys.executable, "-m", "slot_processes.round_store", self.address]
         if self.seed is not None:
             (requests_read, requests_write), (ports_read, ports_write) = os.pipe(), os.pipe()
             try:
@@ -368,7 +368,7 @@ def main() -> None:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        sys.exit("usage: python -m worker.torchrun_slot [--] COMMAND [ARGS...]")
+        sys.exit("usage: python -m slot_processes.torchrun_slot [--] COMMAND [ARGS...]")
     forked_from_a_zygote = "torch" in sys.modules  # a spawned supervisor never imports it
     seed = CommandSeed() if forked_from_a_zygote and script_argv(command) is not None else None
     code = SlotSupervisor(command, seed).run()

@@ -1,16 +1,16 @@
 """What a process forked from a warm interpreter does once it is on its own: become the worker its order describes,
 then run its script as `python SCRIPT ARGS` would, in an interpreter that has already imported torch.
 
-A process forked by worker/forking.py's `serve` (in the host's zygote, agent/zygote.py, or in a torchrun-mode
-supervisor's seed, worker/command_seed.py) ends in `run(order, fds)`. First `become_worker`: it waits to be the child
-of the process that ordered it, dies with that process (PR_SET_PDEATHSIG, armed once it is its parent), takes its
-stdio, rlimits and umask, reseeds the random generators a fresh process would seed, and shows the order's command
-line and environment in /proc. Then `start`: it takes the order's environment as its own (and, when it names
-OMP_NUM_THREADS, the thread count torch would have read from it at start), goes to the order's `cwd` and runs the
-script (`argv`: a script's path or `-m MODULE`, then its arguments, as `script_argv` reads them from a command) as
-`__main__` (runpy). Its exit is the script's, through the interpreter's normal shutdown (atexit, non-daemon threads),
-as if spawned. `PRELOADED` is what a warm interpreter imports for it: torch, torch.distributed, DDP, what a first
-optimizer imports, and libworker; never CUDA.
+A process forked by slot_processes/forking.py's `serve` (in the host's zygote, agent/zygote.py, or in a torchrun-mode
+supervisor's seed, slot_processes/command_seed.py) ends in `run(order, fds)`. First `become_worker`: it waits to be the
+child of the process that ordered it, dies with that process (PR_SET_PDEATHSIG, armed once it is its parent), takes its
+stdio, rlimits and umask, reseeds the random generators a fresh process would seed, and shows the order's command line
+and environment in /proc. Then `start`: it takes the order's environment as its own (and, when it names OMP_NUM_THREADS,
+the thread count torch would have read from it at start), goes to the order's `cwd` and runs the script (`argv`: a
+script's path or `-m MODULE`, then its arguments, as `script_argv` reads them from a command) as `__main__` (runpy). Its
+exit is the script's, through the interpreter's normal shutdown (atexit, non-daemon threads), as if spawned. `PRELOADED`
+is what a warm interpreter imports for it: torch, torch.distributed, DDP, what a first optimizer imports, and libworker;
+never CUDA.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Entering a round, one way for every process an agent starts for a slot: libworker's workers (Horovod mode) and
-torchrun-mode slot supervisors (worker/torchrun_slot.py).
+torchrun-mode slot supervisors (slot_processes/torchrun_slot.py).
 
 - A standby first waits for a slot (`wait_for_a_slot`): its agent admits it to the slot of a crashed worker, and the
   slot's local rank becomes its own (its environment and its link say so from then on).
@@ -23,7 +23,7 @@ from typing import Any
 
 from bus.assignments import SlotInfo
 from bus.contract import WorkerEnv
-from worker.agent_link import AgentLink, worker_pid
+from slot_processes.agent_link import AgentLink, worker_pid
 
 JOIN_DEADLINE = 7 * 24 * 3600.0
 STORE_KEY = "store"

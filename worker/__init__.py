@@ -1,3 +1,0 @@
-"""The processes an agent starts for a slot, below libworker and without torch: how they reach their agent
-(agent_link), enter rounds (rounds), are forked warm and run their script (forking, warm_start); and the torchrun-mode
-slot supervisor (torchrun_slot, with its command_seed and round_store)."""
