@@ -45,7 +45,8 @@ from typing import Any
 
 from prometheus_client import Gauge, Histogram
 
-from agent.fork_server import ForkServer, own_key
+from agent.fork_choice import own_key
+from agent.fork_server import ForkServer
 from agent.keeper import WorkerKeeper
 from agent.link import DiscoveryLink
 from agent.slots import SlotBook

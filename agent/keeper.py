@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.fork_server import SPAWN_COST, ForkServer, Key, forked_argv, key_of, own_key
+from agent.fork_choice import Key, forked_argv, key_of, own_key
+from agent.fork_server import SPAWN_COST, ForkServer
 from agent.link import DiscoveryLink
 from agent.output import PrefixedPipe
 from agent.restarts import RestartPolicy

@@ -52,7 +52,8 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from agent.command_seed import CommandSeed, SeedGone
-from agent.fork_server import ForkedProcess, script_argv
+from agent.fork_choice import script_argv
+from agent.fork_server import ForkedProcess
 from agent.workers import WorkerProcess, reap_orphans
 from bus.agent_link import AgentLink, worker_pid
 from bus.client import ServiceError, Unreachable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.fork_server import script_argv
+from agent.fork_choice import script_argv
 from agent.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
 from elasticctl.torchrun import LaunchError, parse_launch
 
