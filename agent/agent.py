@@ -1,56 +1,60 @@
-"""AgentService: the control plane's hands on one host; this module wires its parts to events, requests and signals.
+"""AgentService: the control plane's hands on one host, a supervisor that reads like a loop (gunicorn's arbiter).
 
 The parts, each with one job:
-- agent/link.py: registration and heartbeats with discovery, slot and drain
+- agent/discovery_link.py: registration and heartbeats with discovery, slot and drain
   reports, whether the control plane answers;
-- agent/slots.py: the pure book of the host's slots: crashes and back-off,
-  down slots, warm-up, drain (what to do);
 - agent/keeper.py: the worker processes (start, reap, restart in place,
-  standbys, stop), carrying out the book's decisions;
-- agent/workers.py: a worker's environment, spawn, signal, reap;
-  agent/standbys.py: spare workers waiting in `init()`;
-- agent/fork_server.py: the host's zygote, which forks workers with torch
-  already imported (one for the agent's own interpreter started with the
-  agent, another where a job needs it, kept for the next);
-- agent/snapshots.py: the host's snapshot of the job's committed state.
+  standbys, warm-up, stop), carrying out the decisions of the host's slot
+  book (agent/slots.py: crashes and back-off, down slots, warm-up, drain),
+  which it alone changes; agent/launcher.py starts each process, forked from
+  the host's zygote (agent/fork_server.py) or spawned (agent/workers.py);
+  agent/reports.py tells the control plane of each exit;
+- agent/snapshots.py: the host's snapshot of the job's committed state;
+- agent/metrics.py: workers by state, and the seconds each commit took.
 
-What this module adds:
-- the notifier's events, by the table in `__init__`: `round` gives each of
-  this host's slots in the round a process, `kill_worker` and `job_finished`
-  stop workers; `hosts_updated` and `abort` are relayed to the workers;
-- the workers' owner-only ipc socket: their rendezvous and store requests are
-  forwarded with this host's name stamped on them, each worker's event
-  channel (`subscribe`) receives the relayed events, a standby waits in
-  `standby` for a slot, `script_ended` (sent by libworker at exit) marks a
-  worker whose script ended, the snapshot writer reports each commit's
-  duration (`committed`), and a torchrun-mode slot's supervisor reports each
-  round's command (`command_started`) and its failure (`child_failed`,
-  agent/torchrun_slot.py);
-- signals, handled in the loop (SIGCHLD reaps; SIGTERM drains the host:
-  workers leave at their next commit, then the agent unregisters and exits;
-  a second SIGTERM stops them now);
-- warm-up: joining a running job, the agent starts its workers first and
-  reports itself warm (available) only when they all wait for a round;
-- metrics: workers by state, set every second from the loop, and the seconds
-  each commit of the snapshot writer took.
+The loop's steps, each a small named method, in a fixed order (an event or
+request is carried out at once by a named method of the keeper's: a round's
+workers start without waiting for a tick):
+- signals wake the loop through the wakeup fd, never run in a handler
+  (`handle_signals`: SIGCHLD reaps; SIGTERM drains the host: workers leave at
+  their next commit, then the agent unregisters and exits; a second SIGTERM
+  stops them now);
+- every TICK (`tick`): restarts due after their back-off, starts held back
+  for the fork server, SIGKILL after the stop grace, the drain's end, the
+  metrics;
+- every heartbeat interval (`heartbeat`): the snapshot's flush, the warm-up
+  limit, discovery's heartbeat, the workers' ping.
+
+The notifier's events, by the table in `__init__`: `round` gives each of
+this host's slots in the round a process, `kill_worker` and `job_finished`
+stop workers; `hosts_updated` and `abort` are relayed to the workers.
+The workers' owner-only ipc socket: their rendezvous and store requests are
+forwarded with this host's name stamped on them, each worker's event channel
+(`subscribe`) receives the relayed events, a standby waits in `standby` for a
+slot, `script_ended` (sent by libworker at exit) marks a worker whose script
+ended, the snapshot writer reports each commit's duration (`committed`), and
+a torchrun-mode slot's supervisor reports each round's command
+(`command_started`) and its failure (`child_failed`, slot_processes/torchrun_slot.py).
+Warm-up: joining a running job, the agent starts its workers first and
+reports itself warm (available) only when they all wait for a round.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Gauge, Histogram
-
 from agent.discovery_link import DiscoveryLink
-from agent.fork_server import ForkServer, own_key
-from agent.keeper import WorkerKeeper
-from agent.slots import SlotBook
+from agent.fork_choice import own_key
+from agent.fork_server import ForkServer
+from agent.keeper import KeeperConfig, WorkerKeeper
+from agent.launcher import Launcher
+from agent.metrics import COMMIT_SECONDS, WorkerStates
+from agent.reports import ExitReports
 from agent.snapshots import SnapshotKeeper
-from agent.workers import HostSettings, Worker
+from agent.workers import HostSettings
 from bus.client import AsyncClient, incarnation_id
 from bus.config import Endpoints, Timing
 from bus.contract import Event, JobPlan
@@ -61,22 +65,7 @@ from bus.sockets import Security
 
 PARKED = ("rank_and_size", "kv_get")
 RELAYED_EVENTS = (Event.HOSTS_UPDATED, Event.ABORT)
-WARM_UP_LIMIT = 120.0
-METRICS_INTERVAL = 1.0
-WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
-WORKERS_BY_STATE = Gauge(
-    "elastic_agent_workers",
-    "Worker processes of this host by state (set every second): running (joined a round), starting (started, not "
-    "joined yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its "
-    "back-off).",
-    ["host", "state"],
-)
-COMMIT_SECONDS = Histogram(
-    "elastic_commit_seconds",
-    "Seconds the host's snapshot writer took to save a commit (copy and snapshot write), as it reports them.",
-    ["host"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
-)
+TICK = 0.05
 
 
 def agent_endpoint(run_dir: Path, host: str) -> str:
@@ -109,7 +98,6 @@ class AgentService(Service):
         self.incarnation = incarnation_id("agent", host)
         self.sender_id = self.incarnation
         self.log = self.log.bind(host=host)
-        self.book = SlotBook(time.monotonic)
         self.snapshots = SnapshotKeeper(host, self.log)
         self.link = DiscoveryLink(
             AsyncClient(self, control.discovery, self.incarnation, security),
@@ -118,29 +106,25 @@ class AgentService(Service):
             self.incarnation,
             timing,
             control.values(),
-            self.book,
             self._host_report,
-            self._host_lost,
+            lambda: self.keeper.slots_down(),
+            lambda: self.keeper.host_lost(),
             self.log,
         )
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
-        self.fork_server = ForkServer(fork_server, self.log)
-        self.fork_server.prepare(own_key())
+        server = ForkServer(fork_server, self.log)
+        server.prepare(own_key())
+        self.launcher = Launcher(settings, server, self.snapshots, self, self.log)
         self.keeper = WorkerKeeper(
-            self,
-            settings,
-            timing,
-            standby,
-            self.book,
-            self.link,
-            self.snapshots,
-            self.fork_server,
-            self.registry,
-            self.rendezvous,
-            self._worker_exited,
-            self.log,
+            KeeperConfig(settings, slots, standby),
+            launcher=self.launcher,
+            link=self.link,
+            reports=ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots),
+            on_exited=lambda worker: self.event_routes.pop(worker.pid, None),
+            on_warm=self._become_warm,
+            log=self.log,
         )
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
@@ -151,17 +135,13 @@ class AgentService(Service):
             Event.JOB_FINISHED: self._on_job_finished,
         }
         self._install_signals()
-        self.every(timing.heartbeat, self._heartbeat)
-        self.every(timing.heartbeat, self._ping_workers)
-        self.every(0.2, self._check_drain)
-        self.every(0.2, self.keeper.escalate)
-        self.every(0.05, self.keeper.restart_due)
-        self.every(0.05, self.keeper.start_held_back)
-        self.every(METRICS_INTERVAL, self._update_metrics)
+        self.worker_states = WorkerStates(host, self.keeper)
+        self.every(timing.heartbeat, self.heartbeat)
+        self.every(TICK, self.tick)
         self.link.register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
-    # -- signals -------------------------------------------------------------------------------
+    # -- signals: the wakeup fd queues their numbers; the loop handles them ---------------------------
     def _install_signals(self) -> None:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
@@ -170,7 +150,7 @@ class AgentService(Service):
         self._signal_pipe = (read_fd, write_fd)
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: None)
-        self.watch(read_fd, self._on_signal)
+        self.watch(read_fd, self.handle_signals)
 
     def serve_forever(self) -> None:
         self.log.info("serving", endpoint=self.endpoint, slots=self.slots)
@@ -182,43 +162,53 @@ class AgentService(Service):
             self.close()
             self.log.info("stopped")
 
-    def _on_signal(self) -> None:
-        """Signals are handled here, in the loop, never inside a signal handler: the wakeup fd names them."""
+    def handle_signals(self) -> None:
+        """The signals that woke the loop, handled here, never inside a signal handler: SIGCHLD reaps, SIGTERM and
+        SIGINT drain (a second one stops the workers now)."""
         received = b""
         try:
             while chunk := os.read(self._signal_pipe[0], 512):
                 received += chunk
         except BlockingIOError:
             pass
-        self.keeper.reap()
+        self.keeper.reap_workers()
         for signum in received:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.begin_drain()
 
-    # -- the loop's timers -------------------------------------------------------------------------
-    def _heartbeat(self) -> None:
+    # -- the loop: its steps, in their order ----------------------------------------------------
+    def tick(self) -> None:
+        """Every TICK seconds: restarts due after their back-off, starts held back for the fork server, SIGKILL after
+        the stop grace, the drain's end, the metrics."""
+        self.keeper.restart_due_slots()
+        self.keeper.start_held_back()
+        self.keeper.escalate_stops()
+        self.check_drain()
+        self.worker_states.update()
+
+    def heartbeat(self) -> None:
+        """Every heartbeat interval, as discovery and the workers expect it: the snapshot's flush, the warm-up limit,
+        discovery's heartbeat, and the workers' ping."""
         self.snapshots.tick()
-        late = self.book.warm_up_expired()
+        self.beat_discovery()
+        self.ping_workers()
+
+    def beat_discovery(self) -> None:
+        late = self.keeper.warm_up_expired()
         if late:
             self.log.warning("warm_up_timeout", waiting_for=sorted(late))
             self._become_warm()
-            return
-        if not (self.book.draining and not self.keeper.workers):
+        elif not (self.keeper.draining and not self.keeper.workers):
             self.link.beat()
+
+    def ping_workers(self) -> None:
+        for route in self.event_routes.values():
+            self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
 
     def _host_report(self) -> dict[str, Any]:
         """What each heartbeat tells discovery of the host beside its liveness: its snapshot, last checkpoint and
         fork server (what `elasticctl status` shows)."""
-        return {**self.snapshots.report(), "fork_server": self.keeper.fork_server_availability()}
-
-    def _host_lost(self) -> None:
-        """Discovery declared this host lost: its workers are stopped before it registers afresh."""
-        self.log.warning("host_declared_lost", workers=len(self.keeper.workers))
-        self.keeper.host_lost()
-
-    def _ping_workers(self) -> None:
-        for route in self.event_routes.values():
-            self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
+        return {**self.snapshots.report(), "fork_server": self.launcher.availability()}
 
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
@@ -236,9 +226,7 @@ class AgentService(Service):
         except ValueError as exc:
             self.log.warning("bad_round", reason=str(exc))
             return
-        self.keeper.latest_round = body
-        self.keeper.adopt_job(plan)
-        self.keeper.ensure_workers()
+        self.keeper.take_round(plan, body)
 
     def _on_job_finished(self, body: dict[str, Any]) -> None:
         if self.keeper.workers:
@@ -248,21 +236,21 @@ class AgentService(Service):
 
     # -- draining ------------------------------------------------------------------------------
     def begin_drain(self) -> None:
-        if not self.book.begin_drain():
+        if not self.keeper.begin_drain():
             self.log.info("stop_now", workers=len(self.keeper.workers))
             self.keeper.stop_all(signal.SIGKILL)
             self.link.unregister(self.stop)
             return
         self.log.info("draining", workers=len(self.keeper.workers))
-        self.keeper.drain()
         if self.keeper.workers:
             self.link.drain(self.drain_timeout)
         else:
             self.link.unregister(self.stop)
 
-    def _check_drain(self) -> None:
+    def check_drain(self) -> None:
+        """Draining: once the workers have left, unregister and exit; past the drain timeout, stop those left."""
         workers = self.keeper.workers
-        if not self.book.draining or workers and not self.book.drain_overdue(self.drain_timeout):
+        if not self.keeper.draining or workers and not self.keeper.drain_overdue(self.drain_timeout):
             return
         if not workers:
             self.link.unregister(self.stop)
@@ -275,7 +263,7 @@ class AgentService(Service):
         """A job is running: start this host's workers now, and become available once they all wait for a round,
         so the running workers are interrupted only when the newcomers are ready (no stall for process start)."""
         job = reply.body
-        if reply.error or job.get("state") not in ("waiting", "running") or not job.get("spec") or self.book.draining:
+        if reply.error or job.get("state") not in ("waiting", "running") or not job.get("spec") or self.keeper.draining:
             self._become_warm()
             return
         try:
@@ -283,18 +271,7 @@ class AgentService(Service):
         except ValueError:
             self._become_warm()
             return
-        self.keeper.adopt_job(plan)
-        self.book.begin_warm_up(self.slots, WARM_UP_LIMIT)
-        self.log.info("warming_up", job=plan.job, slots=self.slots)
-        self.keeper.start_warming(self.slots)
-
-    def _worker_exited(self, worker: Worker) -> None:
-        self.event_routes.pop(worker.pid, None)
-        self._warmed(worker.local_rank)
-
-    def _warmed(self, local_rank: int) -> None:
-        if self.book.warmed(local_rank):
-            self._become_warm()
+        self.keeper.warm_up(plan)
 
     def _become_warm(self) -> None:
         if self.link.warm:
@@ -313,32 +290,24 @@ class AgentService(Service):
     def on_standby(self, request: Request) -> Any:
         """A standby waits here, in `init()`, until a slot needs it; the reply is its local rank."""
         pid = field(request.body, "pid", int)
-        standbys = self.keeper.standbys
-        if pid not in standbys.processes:
+        if not self.keeper.park_standby(pid, request):
             raise RequestError("not_a_standby", f"process {pid} is not a standby of host {self.host}")
-        standbys.park(pid, request)
-        self.log.info("standby_waiting", pid=pid)
-        for local_rank in self.book.restarting():
-            if self.keeper.admit_standby(local_rank):
-                break
         return DEFERRED
 
     @handles("child_failed")
     def on_child_failed(self, request: Request) -> dict[str, Any]:
-        """A torchrun-mode slot's command failed in its round (agent/torchrun_slot.py): reported as a worker restarted
-        in place, so the registry aborts the round for every slot; the slot's supervisor lives on and joins the next."""
+        """A torchrun-mode slot's command failed in its round (slot_processes/torchrun_slot.py): reported as a worker
+        restarted in place, so the registry aborts the round for every slot; the slot's supervisor lives on and joins
+        the next."""
         local_rank, pid, code = (
             field(request.body, "local_rank", int),
             field(request.body, "pid", int),
             field(request.body, "exit_code", int),
         )
-        worker = self.keeper.workers.get(local_rank)
-        if worker is None or worker.pid != pid:
+        if not self.keeper.command_failed(local_rank, pid, code):
             raise RequestError(
                 "not_a_worker", f"process {pid} is not the worker of slot {local_rank} on host {self.host}"
             )
-        self.log.warning("command_failed", local_rank=local_rank, pid=pid, exit_code=code)
-        self.keeper.report_exit(local_rank, pid, code, process_lives=True, restarting=True)
         return {}
 
     @handles("command_started")
@@ -366,9 +335,7 @@ class AgentService(Service):
     def on_script_ended(self, request: Request) -> dict[str, Any]:
         """A worker's script has ended (libworker tells us at exit, before the interpreter tears down)."""
         pid = field(request.body, "pid", int)
-        for worker in self.keeper.workers.values():
-            if worker.pid == pid:
-                worker.script_ended, worker.uncaught_exception = True, request.body.get("uncaught_exception") is True
+        self.keeper.script_ended(pid, request.body.get("uncaught_exception") is True)
         return {}
 
     @handles("committed")
@@ -385,10 +352,9 @@ class AgentService(Service):
         """A worker asks for its place in the round: its slot is warm and up, and joined once it has a rank."""
         local_rank = request.body.get("local_rank")
         if isinstance(local_rank, int):
-            self._warmed(local_rank)
-            self.keeper.slot_ready(local_rank)
+            self.keeper.slot_asks_rank(local_rank)
         return self._forward(
-            request, on_rank=lambda: self.book.joined.add(local_rank) if isinstance(local_rank, int) else None
+            request, on_rank=lambda: self.keeper.slot_joined(local_rank) if isinstance(local_rank, int) else None
         )
 
     @handles("kv_set")
@@ -418,17 +384,6 @@ class AgentService(Service):
             deadline=None if parked else 30.0,
         )
         return DEFERRED
-
-    # -- metrics -------------------------------------------------------------------------------
-    def _update_metrics(self) -> None:
-        """Count workers by state here, in the loop: the thread serving metrics must not iterate the agent's dicts."""
-        states = [
-            "stopping" if w.stop_requested else "running" if rank in self.book.joined else "starting"
-            for rank, w in self.keeper.workers.items()
-        ]
-        states += ["standby"] * len(self.keeper.standbys) + ["restarting"] * len(self.book.restarting())
-        for state in WORKER_STATES:
-            WORKERS_BY_STATE.labels(self.host, state).set(states.count(state))
 
     def close(self) -> None:
         self.events.close()

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.slots import SlotBook
 from bus.client import AsyncClient
 from bus.config import Timing, unresolved_hosts
 from bus.envelope import Message
@@ -35,8 +34,8 @@ class DiscoveryLink:
         incarnation: str,
         timing: Timing,
         control_endpoints: list[str],
-        book: SlotBook,
         host_report: Callable[[], dict[str, Any]],
+        slots_down: Callable[[], dict[str, Any]],
         on_lost: Callable[[], None],
         log: Any,
     ) -> None:
@@ -48,7 +47,7 @@ class DiscoveryLink:
             timing,
         )
         self.control_endpoints = control_endpoints
-        self.book, self.host_report, self.on_lost, self.log = book, host_report, on_lost, log
+        self.host_report, self.slots_down, self.on_lost, self.log = host_report, slots_down, on_lost, log
         self.control_plane = Reachability(timing.lost_after, time.monotonic())
         self.registered = False
         self.warm = False
@@ -65,8 +64,7 @@ class DiscoveryLink:
         self._ping("heartbeat", {}, self._on_heartbeat_reply)
 
     def register(self) -> None:
-        body = {"slots": self.slots, "down": sorted(self.book.down), "down_version": self.book.down_version}
-        self._ping("register", body, self._on_registered)
+        self._ping("register", {"slots": self.slots, **self.slots_down()}, self._on_registered)
 
     def become_warm(self) -> None:
         """Tell discovery at once that the host's workers are ready (if the last ping went out before they were)."""
@@ -78,16 +76,10 @@ class DiscoveryLink:
             self.beat()
 
     def report_down(self, then: Callable[[], None] | None = None) -> None:
-        """Send the book's down slots; `then` runs once discovery has them (or could not be reached)."""
-        body = {
-            "host": self.host,
-            "incarnation": self.incarnation,
-            "down": sorted(self.book.down),
-            "down_version": self.book.down_version,
-        }
+        """Send the slots down now; `then` runs once discovery has them (or could not be reached)."""
         self.discovery.send(
             "slots",
-            body,
+            {"host": self.host, "incarnation": self.incarnation, **self.slots_down()},
             on_reply=lambda _: then and then(),
             on_timeout=then,
             timeout=SLOT_REPORT_DEADLINE / 2,

@@ -5,9 +5,10 @@ the slots reported down to discovery (with the version that orders those
 reports), when each crashed slot (or the standby pool, key STANDBY) is due a
 new process, whether standbys were given up, which slots are warming up
 (a host joining a running job) and which have joined a round, and whether the
-host drains. The agent (agent/agent.py) asks it what to do and carries it out:
-starting and signalling processes, sending reports. Pure logic on an injected
-clock, driven by tests/unit/test_agent_slots.py.
+host drains. The keeper (agent/keeper.py), the only one that changes it, asks
+it what to do and carries it out: starting and signalling processes, sending
+reports. Pure logic on an injected clock, driven by
+tests/unit/test_agent_slots.py.
 
 A crashed slot (`crashed`) is taken by a waiting standby at once; otherwise it
 goes down and is due a replacement after the policy's back-off; past
@@ -109,6 +110,10 @@ class SlotBook:
         """Crashed slots waiting out their back-off, lowest first."""
         return sorted(key for key in self.restart_at if key != STANDBY)
 
+    def filled(self, local_rank: int) -> None:
+        """The slot has a process again: no replacement is due."""
+        self.restart_at.pop(local_rank, None)
+
     def may_start_worker(self) -> bool:
         return self.job_running and self.draining_since is None
 
@@ -145,6 +150,14 @@ class SlotBook:
             return set()
         late, self.warming = self.warming, set()
         return late
+
+    # -- rounds: which slots' processes have joined one --------------------------------------------
+    def slot_joined(self, local_rank: int) -> None:
+        self.joined.add(local_rank)
+
+    def slot_left(self, local_rank: int) -> None:
+        """The slot's process exited."""
+        self.joined.discard(local_rank)
 
     # -- draining ----------------------------------------------------------------------------------
     def begin_drain(self) -> bool:

@@ -12,7 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.workers import Worker, reap
+from bus.contract import JobPlan
 from bus.service import Request
+
+DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not,
+# nor in torchrun mode, where a crashed command's supervisor lives on and forks the next round's)
+
+
+def standbys_wanted(standby: int | None, plan: JobPlan) -> int:
+    """How many standbys a host keeps for the job: `--standby`, else the default."""
+    if standby is not None:
+        return standby
+    return 0 if plan.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
 
 
 @dataclass

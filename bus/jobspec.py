@@ -23,7 +23,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 # horovod: the workers join rounds themselves through libworker; torchrun: each slot's supervisor joins them and
-# starts the command with torchrun's environment (agent/torchrun_slot.py).
+# starts the command with torchrun's environment (slot_processes/torchrun_slot.py).
 MODES = ("horovod", "torchrun")
 PATH_MAX = 4096
 

@@ -1,4 +1,4 @@
-"""The fork server's pure parts: which jobs can be forked and from which zygote (agent/fork_server.py), when a process
+"""The fork server's pure parts: which jobs can be forked and from which zygote (agent/fork_choice.py), when a process
 is not safe to fork (slot_processes/forking.py), and the job options that steer it."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.fork_server import Key, enabled, forked_argv, interpreter_identity, key_of, own_key
+from agent.fork_choice import Key, forked_argv, interpreter_identity, key_of, own_key
+from agent.fork_server import enabled
 from bus.contract import JobPlan
 from bus.jobspec import JobSpec, SpecError
 from slot_processes.forking import fork_hazards, native_threads

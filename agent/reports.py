@@ -1,0 +1,51 @@
+"""ExitReports: what the agent tells the control plane when one of its workers exits.
+
+The registry hears of every exit at once (with the host's newest snapshot
+commit, and the verdict: restarting in place, given up, died after its script
+ended); the rendezvous forgets the worker's join, except where the slot's
+process lives on (a torchrun-mode slot whose command failed: its supervisor
+joins the next round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agent.snapshots import SnapshotKeeper
+from bus.client import AsyncClient
+from bus.config import Timing
+
+
+class ExitReports:
+    def __init__(
+        self, host: str, timing: Timing, registry: AsyncClient, rendezvous: AsyncClient, snapshots: SnapshotKeeper
+    ) -> None:
+        self.host, self.timing = host, timing
+        self.registry, self.rendezvous, self.snapshots = registry, rendezvous, snapshots
+
+    def worker_exited(
+        self,
+        local_rank: int,
+        pid: int,
+        code: int,
+        then: Callable[[], None] | None = None,
+        process_lives: bool = False,
+        **verdict: Any,
+    ) -> None:
+        """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached).
+        `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, joins the next
+        round (the rendezvous keeps its join)."""
+        slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
+        newest = self.snapshots.newest()
+        verdict["snapshot_commit"] = newest.commit if newest is not None else 0
+        self.registry.send(
+            "worker_exited",
+            {**slot, "exit_code": code, **verdict},
+            on_reply=lambda _: then and then(),
+            on_timeout=then,
+            timeout=self.timing.request_timeout,
+            deadline=300.0,
+        )
+        if not process_lives:
+            self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)
