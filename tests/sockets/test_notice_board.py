@@ -1,4 +1,4 @@
-"""The notice board on real TCPStores (libworker.join_notices): what one rank posts another fetches, and a rank
+"""The notice board on real TCPStores (libworker.joining): what one rank posts another fetches, and a rank
 whose round's store server froze (rank 0's host hung: SIGSTOP) never waits on it; the board's thread ends once the
 frozen server's process dies and the round is over."""
 
@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from libworker.join_notices import STEP, Notice, NoticeBoard
+from libworker.joining import STEP, Notice, NoticeBoard
 from testing.harness import wait_for
 
 SERVE_A_STORE = (
