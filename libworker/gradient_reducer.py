@@ -31,7 +31,7 @@ from libworker.handles import StepAgreement, agree
 from libworker.joining import counts_joins, joined_ranks_in, mark_active
 from libworker.process_sets import ProcessSet
 from libworker.reduction import TORCH_OPS, Adasum, Average
-from libworker.signatures import Signature, TensorSpec
+from libworker.signatures import Signature, TensorSignature
 
 
 def _copy_scaled(grads: list[torch.Tensor], results: list[torch.Tensor], scale: float) -> None:
@@ -112,12 +112,12 @@ class GradientReducer:
 
     def _layout_signature(self) -> Signature:
         """The buckets as they travel (after compression): what every rank must agree on before a step."""
-        specs = []
+        tensors = []
         for bucket in self.buckets:
             sent, _ = self.compression.compress(torch.zeros(1, dtype=bucket.buffer.dtype))
-            specs.append(TensorSpec(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
+            tensors.append(TensorSignature(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
         device = "cuda" if self.buckets and self.buckets[0].buffer.is_cuda else "cpu"
-        return Signature("optimizer", tuple(specs), self.op, -1, self.predivide, 1.0, device)
+        return Signature("optimizer", tuple(tensors), self.op, -1, self.predivide, 1.0, device)
 
     def is_member(self) -> bool:
         """A rank outside the optimizer's process set steps on its own gradients, as in Horovod."""

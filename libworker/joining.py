@@ -128,8 +128,8 @@ def may_start_unannounced(operations: Operations, join: JoinState, signature: Si
 def serve_with_zeros(group: Any, signature: Signature) -> None:
     """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
     zeros = [
-        torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device))
-        for spec in signature.tensors
+        torch.zeros(tensor.shape, dtype=getattr(torch, tensor.dtype), device=torch.device(signature.device))
+        for tensor in signature.tensors
     ]
     if signature.kind == "optimizer":
         if zeros:

@@ -8,9 +8,9 @@ import torch
 
 from libworker.joining import NoticeBoard, Operations
 from libworker.negotiation import Controller
-from libworker.signatures import Signature, TensorSpec
+from libworker.signatures import Signature, TensorSignature
 
-LAYOUT = Signature("optimizer", (TensorSpec("float32", (1001,)),), 0)
+LAYOUT = Signature("optimizer", (TensorSignature("float32", (1001,)),), 0)
 
 
 def _global_set(signature: Signature = LAYOUT) -> Controller:
@@ -42,7 +42,9 @@ def test_a_step_a_joined_rank_served_turns_the_agreement_back_on() -> None:
 def test_an_uncached_or_changed_layout_a_gpu_step_or_a_process_set_is_agreed_on() -> None:
     assert _global_set().start_unannounced("optimizer.1", LAYOUT) is None
     assert (
-        _global_set().start_unannounced("optimizer.0", Signature("optimizer", (TensorSpec("float32", (1002,)),), 0))
+        _global_set().start_unannounced(
+            "optimizer.0", Signature("optimizer", (TensorSignature("float32", (1002,)),), 0)
+        )
         is None
     )
     on_gpu = Signature("optimizer", LAYOUT.tensors, 0, device="cuda")
