@@ -5,7 +5,8 @@ The whole protocol lives here; libworker.negotiation runs it in its cycles.
 - **Join state** (`JoinState`). A rank in `join()` keeps cycling with the
   others and serves what they agree on with zeros (`serve_with_zeros`): an
   allreduce, a barrier, a DistributedOptimizer step (`JOIN_SERVABLE`; any
-  other kind fails on every active rank meanwhile, as in Horovod). Each cycle
+  other kind fails on every active rank meanwhile, as in Horovod:
+  `refused_while_joined`). Each cycle
   tells every rank whether some rank is joined and whether all are; when all
   are, every rank returns the rank that joined last.
 - **Control element.** The first bucket of a DistributedOptimizer step
@@ -123,6 +124,11 @@ def may_start_unannounced(operations: Operations, join: JoinState, signature: Si
     ranks join) while no rank is joined, on CPU tensors (a host held up behind NCCL work could not answer a joining
     rank). All of it is the same on every rank."""
     return operations.board is not None and not join.someone_joined and signature.device == "cpu"
+
+
+def refused_while_joined(kind: str) -> str | None:
+    """Horovod's refusal of an operation that a rank in join() cannot serve; None for those it serves."""
+    return None if kind in JOIN_SERVABLE else f"{kind.capitalize()} is not supported with Join at this time."
 
 
 def serve_with_zeros(group: Any, signature: Signature) -> None:

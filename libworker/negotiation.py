@@ -46,7 +46,15 @@ import torch.distributed as dist
 from libworker import torch_compat
 from libworker.collectives import fail, finish, launch, run_collective
 from libworker.errors import CollectiveMismatchError
-from libworker.joining import CYCLE, JOIN_SERVABLE, STEP, JoinState, NoticeBoard, Operations, may_start_unannounced
+from libworker.joining import (
+    CYCLE,
+    STEP,
+    JoinState,
+    NoticeBoard,
+    Operations,
+    may_start_unannounced,
+    refused_while_joined,
+)
 from libworker.response_cache import ResponseCache, cache_enabled
 from libworker.signatures import Signature, mismatch
 from libworker.world import world
@@ -342,8 +350,8 @@ class Controller:
 
     def _apply(self, decision: _Decision, request: Request | None, any_joined: bool) -> None:
         problem = decision.problem
-        if problem is None and any_joined and decision.signature.kind not in JOIN_SERVABLE:
-            problem = f"{decision.signature.kind.capitalize()} is not supported with Join at this time."
+        if problem is None and any_joined:
+            problem = refused_while_joined(decision.signature.kind)
         if request is not None:
             self.pending.remove(request)
         if problem is not None:
