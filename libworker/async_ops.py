@@ -23,7 +23,7 @@ from libworker.errors import CollectiveMismatchError
 from libworker.handles import map_result, submit, synchronize
 from libworker.process_sets import ProcessSet, global_process_set
 from libworker.reduction import Adasum, Average, check_reducible, grouped_reduce_started, reduce_op, reduce_started
-from libworker.signatures import Signature, spec_of
+from libworker.signatures import Signature, tensor_signature
 from libworker.world import require_joined
 
 
@@ -40,7 +40,7 @@ def _reduce_signature(
 ) -> Signature:
     return Signature(
         "allreduce",
-        tuple(spec_of(t) for t in tensors),
+        tuple(tensor_signature(t) for t in tensors),
         op,
         -1,
         float(prescale_factor),
@@ -178,7 +178,7 @@ def broadcast_async_(
     tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     _check_root(root_rank, process_set)
-    signature = Signature("broadcast", (spec_of(tensor),), root=int(root_rank), device=_device_label([tensor]))
+    signature = Signature("broadcast", (tensor_signature(tensor),), root=int(root_rank), device=_device_label([tensor]))
 
     def start(group: Any) -> Started:
         dense = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -236,7 +236,7 @@ def gatherable(tensor: torch.Tensor) -> torch.Tensor:
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
     tensor = gatherable(tensor)
-    signature = Signature("allgather", (spec_of(tensor, skip_first=True),), device=_device_label([tensor]))
+    signature = Signature("allgather", (tensor_signature(tensor, skip_first=True),), device=_device_label([tensor]))
     return submit(process_set, name, signature, lambda group: _gather_started(tensor, group))
 
 
@@ -245,7 +245,7 @@ def grouped_allgather_async(
 ) -> int:
     tensors = [gatherable(t) for t in tensors]
     signature = Signature(
-        "allgather", tuple(spec_of(t, skip_first=True) for t in tensors), device=_device_label(tensors)
+        "allgather", tuple(tensor_signature(t, skip_first=True) for t in tensors), device=_device_label(tensors)
     )
 
     def start(group: Any) -> Started:
@@ -287,7 +287,7 @@ def alltoall_async(
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
     send = _splits(tensor, splits, len(process_set._ranks()))
-    signature = Signature("alltoall", (spec_of(tensor, skip_first=True),), device=_device_label([tensor]))
+    signature = Signature("alltoall", (tensor_signature(tensor, skip_first=True),), device=_device_label([tensor]))
 
     def start(group: Any) -> Started:
         size = dist.get_world_size(group)
@@ -334,7 +334,7 @@ def grouped_reducescatter_async(
     reduced = [t.clone() for t in tensors]
     signature = Signature(
         "reducescatter",
-        tuple(spec_of(t) for t in tensors),
+        tuple(tensor_signature(t) for t in tensors),
         resolved,
         -1,
         float(prescale_factor),

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from libworker.errors import WorkerInternalError
+from libworker.joining import with_control_element
 
 FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_FUSION_THRESHOLD = 25 << 20
@@ -55,10 +56,11 @@ class Bucket:
 
     @classmethod
     def of(cls, params: list[torch.Tensor], control: bool = False) -> Bucket:
-        """A bucket for `params`; with `control`, its buffer ends in one more element that travels with the
-        gradients (the first bucket's: how many ranks served the step as joined, libworker.gradient_reducer)."""
+        """A bucket for `params`; with `control`, its buffer also holds the control element that travels with the
+        gradients (the first bucket's: how many ranks served the step as joined, libworker.joining)."""
         sizes = [p.numel() for p in params]
-        buffer = torch.zeros(sum(sizes) + int(control), dtype=params[0].dtype, device=params[0].device)
+        length = with_control_element(sum(sizes)) if control else sum(sizes)
+        buffer = torch.zeros(length, dtype=params[0].dtype, device=params[0].device)
         views = [view.view_as(p) for view, p in zip(buffer.narrow(0, 0, sum(sizes)).split(sizes), params)]
         return cls(params, buffer, views, sizes=sizes, control=control)
 

@@ -4,7 +4,9 @@ Every operation is issued asynchronously (`launch`) and waited for (`finish`)
 in short slices, so a wait ends as soon as the operation completes (no extra
 thread, no callback: the cost of a raw `work.wait()`), when the control plane
 aborts the round (a peer failed or hung), or at the collective timeout,
-whichever comes first; a wait that outlasts a slice runs `world.stuck_hooks`.
+whichever comes first; between slices the caller's `while_stuck` runs (a
+rank waiting where a peer that called join() may need its answer gives
+libworker.joining's `answer_joiners`).
 NCCL work on CUDA tensors is waited for on the stream, as torch does, and is
 ended by aborting the communicator (see world.abort).
 Any transport error, abort or timeout raises WorkerInternalError and marks the
@@ -49,14 +51,19 @@ def launch(issue: Callable[[], Any]) -> Any:
     return work
 
 
-def finish(work: Any, on_stream: bool = False) -> None:
-    """Wait for a launched Work, an abort of its round, or the collective timeout.
+def _nothing_to_do() -> None:
+    """A wait that no peer needs an answer from."""
+
+
+def finish(work: Any, on_stream: bool = False, while_stuck: Callable[[], None] = _nothing_to_do) -> None:
+    """Wait for a launched Work, an abort of its round, or the collective timeout; `while_stuck` runs between
+    slices.
 
     `on_stream`: the work is NCCL on CUDA tensors; waiting makes the current
     stream wait for it, which returns at once (an abort ends the communicator).
     """
     if not on_stream:
-        _wait_in_slices(work)
+        _wait_in_slices(work, while_stuck)
         return
     try:
         work.wait()
@@ -64,9 +71,8 @@ def finish(work: Any, on_stream: bool = False) -> None:
         raise fail(f"collective failed: {exc}") from None
 
 
-def _wait_in_slices(work: Any) -> None:
-    """Wait slice by slice; between slices, `world.stuck_hooks` run (a rank that may be waiting for a peer that
-    called join() answers it: libworker.negotiation)."""
+def _wait_in_slices(work: Any, while_stuck: Callable[[], None]) -> None:
+    """Wait slice by slice; between slices, `while_stuck` runs."""
     round_number = world.round
     deadline = time.monotonic() + world.timing.collective_timeout + 5.0
     while not _ended_within_a_slice(work):
@@ -74,8 +80,7 @@ def _wait_in_slices(work: Any) -> None:
             raise fail("aborted by the control plane (a peer failed)")
         if time.monotonic() > deadline:
             raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
-        for hook in world.stuck_hooks:
-            hook()
+        while_stuck()
 
 
 def _ended_within_a_slice(work: Any) -> bool:
@@ -92,9 +97,11 @@ def waits_on_stream(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and world.uses_nccl()
 
 
-def run_collective(issue: Callable[[], Any], on_stream: bool = False) -> None:
+def run_collective(
+    issue: Callable[[], Any], on_stream: bool = False, while_stuck: Callable[[], None] = _nothing_to_do
+) -> None:
     """Issue and wait: the synchronous form of every collective."""
-    finish(launch(issue), on_stream)
+    finish(launch(issue), on_stream, while_stuck)
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,13 @@ import torch.distributed as dist
 from libworker import process_sets
 from libworker.buckets import Bucket
 from libworker.collectives import finish, launch, waits_on_stream
-from libworker.compression import Compressor, FP16Compressor, NoneCompressor
+from libworker.compression import Compressor
 from libworker.errors import WorkerInternalError
 from libworker.handles import StepAgreement, agree
+from libworker.joining import counts_joins, joined_ranks_in, mark_active
 from libworker.process_sets import ProcessSet
-from libworker.reduction import TORCH_OPS, Adasum, Average, Sum
-from libworker.signatures import Signature, TensorSpec
-
-# The first bucket's control element counts joined ranks only if it is summed and arrives exact (a 1 among 0s
-# survives float16; a user's compressor might drop or quantize it away).
-OPS_THAT_COUNT_JOINS = (Average, Sum)
-COMPRESSIONS_THAT_COUNT_JOINS = (NoneCompressor, FP16Compressor)
+from libworker.reduction import TORCH_OPS, Adasum, Average
+from libworker.signatures import Signature, TensorSignature
 
 
 def _copy_scaled(grads: list[torch.Tensor], results: list[torch.Tensor], scale: float) -> None:
@@ -57,14 +53,13 @@ class GradientReducer:
 
     The first step of a round negotiates the whole bucket layout in full
     before any bucket moves, so a rank whose model differs fails on every rank
-    with CollectiveMismatchError. The first bucket carries one more element,
-    0 from an active rank and 1 from a rank in `join()` serving the step with
-    zeros: its sum tells every rank, at the same step, that a rank joined.
-    So from then on, on the global set while no rank is joined, on CPU
-    tensors, and where that element is summed exact (`counts_joins`), a step
-    sends nothing but its buckets (libworker.negotiation: unannounced steps);
-    otherwise the cached signature's one small allreduce is sent ahead of the
-    first bucket without waiting (confirmed in synchronize).
+    with CollectiveMismatchError. The first bucket carries Horovod's join
+    protocol's control element (libworker.joining): it tells every rank, at
+    the same step, that a rank joined. So from then on, where that element
+    counts joined ranks (`counts_joins`), a step may send nothing but its
+    buckets (an unannounced step); otherwise the cached signature's one small
+    allreduce is sent ahead of the first bucket without waiting (confirmed in
+    synchronize).
     """
 
     def __init__(
@@ -86,7 +81,7 @@ class GradientReducer:
         self.predivide = gradient_predivide_factor
         self.sparse: set[torch.Tensor] = set()
         self.buckets = [Bucket.of(group, control=index == 0) for index, group in enumerate(layout)]
-        self.counts_joins = op in OPS_THAT_COUNT_JOINS and compression in COMPRESSIONS_THAT_COUNT_JOINS
+        self.counts_joins = counts_joins(op, compression)
         self.signature = self._layout_signature()
         self.group: Any = None
         self.step_error: BaseException | None = None
@@ -117,12 +112,12 @@ class GradientReducer:
 
     def _layout_signature(self) -> Signature:
         """The buckets as they travel (after compression): what every rank must agree on before a step."""
-        specs = []
+        tensors = []
         for bucket in self.buckets:
             sent, _ = self.compression.compress(torch.zeros(1, dtype=bucket.buffer.dtype))
-            specs.append(TensorSpec(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
+            tensors.append(TensorSignature(str(sent.dtype).removeprefix("torch."), (bucket.buffer.numel(),)))
         device = "cuda" if self.buckets and self.buckets[0].buffer.is_cuda else "cpu"
-        return Signature("optimizer", tuple(specs), self.op, -1, self.predivide, 1.0, device)
+        return Signature("optimizer", tuple(tensors), self.op, -1, self.predivide, 1.0, device)
 
     def is_member(self) -> bool:
         """A rank outside the optimizer's process set steps on its own gradients, as in Horovod."""
@@ -168,7 +163,7 @@ class GradientReducer:
     def _launch(self, bucket: Bucket) -> None:
         torch._foreach_copy_(bucket.views, self.gradients(bucket))
         if bucket.control:
-            bucket.buffer[-1] = 0  # an active rank; a rank in join() serves the step with 1 here
+            mark_active(bucket.buffer)
         if dist.get_world_size(self.group) == 1:
             return
         sent, bucket.ctx = self.compression.compress(bucket.buffer)
@@ -199,10 +194,10 @@ class GradientReducer:
                     raise bucket.error
                 if bucket.work is None:
                     continue
-                finish(bucket.work, waits_on_stream(bucket.buffer))
+                finish(bucket.work, waits_on_stream(bucket.buffer), self.agreement.while_stuck)
                 result = self.compression.decompress(bucket.sent, bucket.ctx)
                 if bucket.control:
-                    joined_ranks = result[-1:]
+                    joined_ranks = joined_ranks_in(result)
                 _copy_scaled(
                     [p.grad for p in bucket.params],
                     bucket.data_of(result),

@@ -1,4 +1,4 @@
-"""The operations behind Horovod's handles, from submission to result, and what a rank in join() serves meanwhile.
+"""The operations behind Horovod's handles, from submission to result, and Horovod's join() on the global set.
 
 An operation is submitted to the negotiation of its process set
 (libworker.negotiation) with its signature and a launcher, and gets a handle
@@ -7,7 +7,8 @@ launch the agreed ones in the order all ranks share, and wait. A mismatch
 raises CollectiveMismatchError on every rank with nothing sent; a handle of
 an earlier round raises WorkerInternalError. `agree` negotiates an operation
 its caller runs itself (DistributedOptimizer's buckets). A rank in `join()`
-takes part in the allreduces the others agreed on, with zeros.
+takes part in the allreduces the others agreed on, with zeros
+(libworker.joining).
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from libworker import negotiation, process_sets
-from libworker.collectives import Started, run_collective, waits_on_stream
+from libworker.collectives import Started
 from libworker.errors import WorkerInternalError
+from libworker.joining import serve_with_zeros
 from libworker.negotiation import Controller, Request
 from libworker.process_sets import ProcessSet, global_process_set
-from libworker.reduction import Average, Sum, grouped_reduce_started
 from libworker.signatures import Signature
 from libworker.world import require_joined, world
 
@@ -51,7 +51,7 @@ def _negotiation(process_set: ProcessSet) -> tuple[Controller, Any]:
     group = process_sets.group_of(process_set)
     ranks = process_set._ranks()
     return negotiation.controller(
-        process_sets.registered_id(process_set), group, ranks, functools.partial(_serve, group)
+        process_sets.registered_id(process_set), group, ranks, functools.partial(serve_with_zeros, group)
     ), group
 
 
@@ -82,13 +82,20 @@ def _no_joined_ranks_to_count(joined_ranks: torch.Tensor | None) -> None:
     """Only a step started unannounced learns from its data that ranks joined (cycles tell the others)."""
 
 
+def _no_joiners_to_answer() -> None:
+    """A rank that joins before a cycle learns from the cycle what to serve."""
+
+
 @dataclass(frozen=True)
 class StepAgreement:
     """How one operation its caller runs itself (DistributedOptimizer's step) was agreed on: `confirm` waits for
-    an agreement sent ahead of the data (WorkerInternalError if the ranks turn out not to agree); `end` takes
-    the step's count of ranks that served it as joined (a one-element tensor from its data; None if it failed)."""
+    an agreement sent ahead of the data (WorkerInternalError if the ranks turn out not to agree); `while_stuck`
+    runs while the caller waits for the step's data (a step started unannounced answers the ranks that join right
+    before it); `end` takes the step's count of ranks that served it as joined (a one-element tensor from its data;
+    None if it failed)."""
 
     confirm: Callable[[], None] = _nothing_to_confirm
+    while_stuck: Callable[[], None] = _no_joiners_to_answer
     end: Callable[[torch.Tensor | None], None] = _no_joined_ranks_to_count
 
 
@@ -103,7 +110,10 @@ def agree(process_set: ProcessSet, name: str, signature: Signature, *, may_start
     controller, _ = _negotiation(process_set)
     operation = controller.start_unannounced(name, signature) if may_start_unannounced else None
     if operation is not None:
-        return StepAgreement(end=functools.partial(controller.end_unannounced, operation))
+        return StepAgreement(
+            while_stuck=controller.operations.answer_joiners,
+            end=functools.partial(controller.end_unannounced, operation),
+        )
     ahead = controller.send_ahead(name, signature)
     if ahead is not None:
         return StepAgreement(confirm=functools.partial(controller.confirm, ahead))
@@ -142,24 +152,6 @@ def synchronize(handle: int) -> Any:
     started: Started = pending.request.started
     started.wait()
     return pending.then(started.result())
-
-
-def _serve(group: Any, signature: Signature) -> None:
-    """A rank in join() takes part in an allreduce the others agreed on: zeros, of the agreed dtypes and shapes."""
-    zeros = [
-        torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype), device=torch.device(signature.device))
-        for spec in signature.tensors
-    ]
-    if signature.kind == "optimizer":
-        if zeros:
-            zeros[0][-1] = 1  # the first bucket's control element: this rank served the step as joined
-        for buffer in zeros:
-            run_collective(lambda b=buffer: dist.all_reduce(b, group=group, async_op=True), waits_on_stream(buffer))
-        return
-    if signature.kind == "barrier":
-        run_collective(lambda: dist.all_reduce(torch.zeros(1), group=group, async_op=True))
-        return
-    grouped_reduce_started(zeros, Sum if signature.op == Average else signature.op, 1.0, 1.0, group).wait()
 
 
 def join(device: int = -1) -> int:

@@ -20,7 +20,9 @@ OP_LABELS = {0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Produc
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class TensorSignature:
+    """One tensor's part of a Signature: its dtype and shape."""
+
     dtype: str
     shape: tuple[int, ...]
 
@@ -31,7 +33,7 @@ class Signature:
     the first dimension, which may differ."""
 
     kind: str
-    tensors: tuple[TensorSpec, ...] = ()
+    tensors: tuple[TensorSignature, ...] = ()
     op: int = -1
     root: int = -1
     prescale: float = 1.0
@@ -52,12 +54,12 @@ class Signature:
     @classmethod
     def from_wire(cls, wire: list[Any]) -> Signature:
         kind, tensors, op, root, prescale, postscale, device = wire
-        return cls(kind, tuple(TensorSpec(d, tuple(s)) for d, s in tensors), op, root, prescale, postscale, device)
+        return cls(kind, tuple(TensorSignature(d, tuple(s)) for d, s in tensors), op, root, prescale, postscale, device)
 
 
-def spec_of(tensor: torch.Tensor, skip_first: bool = False) -> TensorSpec:
+def tensor_signature(tensor: torch.Tensor, skip_first: bool = False) -> TensorSignature:
     shape = tuple(tensor.shape)
-    return TensorSpec(str(tensor.dtype).removeprefix("torch."), shape[1:] if skip_first else shape)
+    return TensorSignature(str(tensor.dtype).removeprefix("torch."), shape[1:] if skip_first else shape)
 
 
 def _describe(values: dict[int, Any]) -> str:

@@ -70,7 +70,6 @@ class World:
     shut_down: bool = False
     listeners: list[Any] = field(default_factory=list)
     joined_hooks: list[Any] = field(default_factory=list)
-    stuck_hooks: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: list[Any] = field(default_factory=list)
     prune_at: int = FLIGHT_PRUNE_MIN

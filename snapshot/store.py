@@ -25,7 +25,7 @@ import torch
 
 from snapshot import copying
 from snapshot.layout import ALIGN, HEADER_BYTES, INVALID, PAYLOAD_START, SlotHeader, read_header, slot_paths
-from snapshot.tree import join, split
+from snapshot.tree import rebuild, split
 
 _GROWTH = 1 << 20
 Reject = Callable[[str, str], None]
@@ -44,8 +44,9 @@ class Snapshot:
     path: str
 
 
-class TensorSpec(NamedTuple):
-    """Where one tensor of the tree lies in the payload, and what it was (the metadata keeps a list of these)."""
+class StoredTensor(NamedTuple):
+    """Where one tensor of the tree lies in the payload, and what it was (the metadata keeps a list of these, as
+    plain tuples: a file names no class of this module)."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -54,19 +55,22 @@ class TensorSpec(NamedTuple):
     cuda: bool
 
 
-def lay_out(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
+TensorSpec = StoredTensor  # the class that snapshots written before the metadata held plain tuples name
+
+
+def lay_out(tensors: list[torch.Tensor]) -> tuple[list[StoredTensor], int]:
     """Each tensor's spec, at aligned offsets from the payload's start; and where the metadata then starts."""
     specs, offset = [], 0
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
         specs.append(
-            TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda)
+            StoredTensor(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes, tensor.is_cuda)
         )
         offset = _aligned(offset + nbytes)
     return specs, offset
 
 
-def copy_into(payload: memoryview, copies: list[tuple[torch.Tensor, TensorSpec]]) -> None:
+def copy_into(payload: memoryview, copies: list[tuple[torch.Tensor, StoredTensor]]) -> None:
     """Copy tensors into their places in the payload, without waiting (on CUDA: device to host, asynchronously)."""
     whole = torch.frombuffer(payload, dtype=torch.uint8)
     for tensor, spec in copies:
@@ -90,7 +94,7 @@ class SnapshotWriter:
         (with both slots as they were) when the slot cannot be grown."""
         skeleton, tensors = split(tree)
         specs, offset = lay_out(tensors)
-        meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": specs})
+        meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": [tuple(spec) for spec in specs]})
         length = offset + len(meta)
         index = self._older_slot()
         mapping = self._mapping(index, PAYLOAD_START + length)
@@ -109,7 +113,12 @@ class SnapshotWriter:
         return length
 
     def _copy_from_devices(
-        self, index: int, mapping: mmap.mmap, payload: memoryview, tensors: list[torch.Tensor], specs: list[TensorSpec]
+        self,
+        index: int,
+        mapping: mmap.mmap,
+        payload: memoryview,
+        tensors: list[torch.Tensor],
+        specs: list[StoredTensor],
     ) -> None:
         """CUDA tensors go device-to-host into the slot, asynchronously (pinned when the slot is registered), then
         one synchronize; the checksum that follows covers their bytes too."""
@@ -209,7 +218,7 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
                 return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
             try:
                 meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
-                tensors = [_tensor(payload, TensorSpec(*spec)) for spec in meta["tensors"]]
+                tensors = [_tensor(payload, StoredTensor(*spec)) for spec in meta["tensors"]]
             except (
                 pickle.UnpicklingError,
                 AttributeError,
@@ -220,10 +229,10 @@ def _load(path: str, header: SlotHeader) -> Snapshot | str:
                 RuntimeError,
             ) as exc:
                 return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
-    return Snapshot(header.commit, join(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
+    return Snapshot(header.commit, rebuild(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
 
 
-def _tensor(payload: memoryview, spec: TensorSpec) -> torch.Tensor:
+def _tensor(payload: memoryview, spec: StoredTensor) -> torch.Tensor:
     """A private copy of one tensor's bytes (never a view of the mapping, which the next commits overwrite), back on
     the current CUDA device when it was a CUDA tensor and this process has one."""
     out = torch.empty(spec.nbytes, dtype=torch.uint8)

@@ -22,7 +22,7 @@ class TensorRef:
 
 
 def split(tree: Any) -> tuple[Any, list[torch.Tensor]]:
-    """(skeleton, tensors): `join(skeleton, tensors)` rebuilds the tree."""
+    """(skeleton, tensors): `rebuild(skeleton, tensors)` rebuilds the tree."""
     tensors: list[torch.Tensor] = []
     return _split(tree, tensors), tensors
 
@@ -38,13 +38,14 @@ def _split(node: Any, tensors: list[torch.Tensor]) -> Any:
     return node
 
 
-def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+def rebuild(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """The tree that `split` took apart: each TensorRef of the skeleton replaced by its tensor."""
     if isinstance(skeleton, TensorRef):
         return tensors[skeleton.index]
     if isinstance(skeleton, Mapping):
-        return _same_mapping(skeleton, {key: join(value, tensors) for key, value in skeleton.items()})
+        return _same_mapping(skeleton, {key: rebuild(value, tensors) for key, value in skeleton.items()})
     if type(skeleton) in (list, tuple):
-        return type(skeleton)(join(item, tensors) for item in skeleton)
+        return type(skeleton)(rebuild(item, tensors) for item in skeleton)
     return skeleton
 
 

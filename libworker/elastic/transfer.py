@@ -1,7 +1,7 @@
 """Broadcast a state tree (nested dicts, lists and tuples of tensors and plain values) without pickling tensor data.
 
 The root splits the tree (`snapshot.tree.split`) and sends, in one
-`broadcast_object`, the skeleton, one `TensorSpec` per tensor and the buffer
+`broadcast_object`, the skeleton, one `SentTensor` per tensor and the buffer
 size. Every rank then plans the same transfer from the specs: the tensors are
 grouped by (dtype, CPU or CUDA), each group laid out end to end as one flat
 run of bytes, cut into buffers of at most `buffer_bytes` (the root's;
@@ -33,14 +33,14 @@ import torch.distributed as dist
 from libworker.functions import broadcast_object
 from libworker.mpi_ops import broadcast_async_, synchronize
 from libworker.world import require_joined
-from snapshot.tree import join, split
+from snapshot.tree import rebuild, split
 
 BUFFER_BYTES = 64 << 20
 IN_FLIGHT_BUFFERS = 2
 
 
 @dataclass(frozen=True)
-class TensorSpec:
+class SentTensor:
     """What a receiver needs to rebuild one tensor."""
 
     dtype: torch.dtype
@@ -74,7 +74,7 @@ def broadcast_tree(tree: Any, root_rank: int, buffer_bytes: int = BUFFER_BYTES) 
     header = None
     if is_root:
         skeleton, tensors = split(tree)
-        header = (skeleton, [TensorSpec(t.dtype, tuple(t.shape), t.is_cuda) for t in tensors], int(buffer_bytes))
+        header = (skeleton, [SentTensor(t.dtype, tuple(t.shape), t.is_cuda) for t in tensors], int(buffer_bytes))
     skeleton, specs, buffer_bytes = broadcast_object(header, root_rank)
     if buffer_bytes < 1:
         raise ValueError(f"buffer_bytes must be positive, got {buffer_bytes}")
@@ -87,10 +87,10 @@ def broadcast_tree(tree: Any, root_rank: int, buffer_bytes: int = BUFFER_BYTES) 
         for group in groups
     ]
     _send_all(_receiving_buffers(flats, buffer_bytes), root_rank)
-    return join(skeleton, _views(groups, flats, specs))
+    return rebuild(skeleton, _views(groups, flats, specs))
 
 
-def _plan(specs: list[TensorSpec]) -> list[_Group]:
+def _plan(specs: list[SentTensor]) -> list[_Group]:
     """The groups, in order of their first tensor: the same on every rank, since all plan from the root's specs."""
     groups: dict[tuple[torch.dtype, bool], _Group] = {}
     for index, spec in enumerate(specs):
@@ -100,7 +100,7 @@ def _plan(specs: list[TensorSpec]) -> list[_Group]:
     return list(groups.values())
 
 
-def _views(groups: list[_Group], flats: list[torch.Tensor], specs: list[TensorSpec]) -> list[torch.Tensor]:
+def _views(groups: list[_Group], flats: list[torch.Tensor], specs: list[SentTensor]) -> list[torch.Tensor]:
     """Each received tensor, in the root's order, as a contiguous view of its group's flat tensor."""
     views: dict[int, torch.Tensor] = {}
     for group, flat in zip(groups, flats):
@@ -120,7 +120,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_buffers(
-    groups: list[_Group], specs: list[TensorSpec], tensors: list[torch.Tensor], buffer_bytes: int
+    groups: list[_Group], specs: list[SentTensor], tensors: list[torch.Tensor], buffer_bytes: int
 ) -> Iterator[torch.Tensor]:
     """The root's buffers, each filled from the tensors it covers when the transfer asks for it."""
     for group in groups:

@@ -463,10 +463,10 @@ def test_an_op_no_other_rank_submits_fails_after_the_timeout_naming_who_lacks_it
 
 
 def test_mismatch_messages_name_each_rank() -> None:
-    from libworker.signatures import Signature, TensorSpec, mismatch
+    from libworker.signatures import Signature, TensorSignature, mismatch
 
-    a = Signature("allreduce", (TensorSpec("float32", (17, 17)),), op=0)
-    b = Signature("allreduce", (TensorSpec("float32", (18, 17)),), op=0)
+    a = Signature("allreduce", (TensorSignature("float32", (17, 17)),), op=0)
+    b = Signature("allreduce", (TensorSignature("float32", (18, 17)),), op=0)
     assert (
         mismatch({0: a, 1: b, 2: a})
         == "Mismatched allreduce tensor shapes: ranks 0, 2 have [17, 17], rank 1 has [18, 17]"

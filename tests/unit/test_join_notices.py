@@ -1,10 +1,10 @@
-"""Join notices as a waiting rank reads them (libworker.join_notices): it answers the joiners whose next operation
+"""Join notices as a waiting rank reads them (libworker.joining): it answers the joiners whose next operation
 it waits in, keeps the notices of joiners it has not reached yet, drops those it has passed, and every rank can
 tell when all joined after the same operation."""
 
 from __future__ import annotations
 
-from libworker.join_notices import CYCLE, STEP, Notice, Unanswered, all_joined_after, parse_notices
+from libworker.joining import CYCLE, STEP, Notice, Unanswered, all_joined_after, parse_notices
 
 
 def test_notices_are_read_back_in_the_order_they_were_appended() -> None:

@@ -9,12 +9,13 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import torch
 
 from snapshot import durable, layout
 from snapshot.layout import PAYLOAD_START, read_header, slot_paths
-from snapshot.store import SnapshotError, SnapshotWriter, _tensor, copy_into, lay_out, read_newest
+from snapshot.store import SnapshotError, SnapshotWriter, StoredTensor, _tensor, copy_into, lay_out, read_newest
 from snapshot.tree import split
 
 
@@ -238,3 +239,22 @@ def test_the_device_copy_puts_every_tensor_where_its_spec_says() -> None:
     assert all(spec.offset % layout.ALIGN == 0 and not spec.cuda for spec in specs)
     for tensor, spec in zip(tensors, specs):
         assert_same(tensor.contiguous(), _tensor(payload, spec))
+
+
+def test_the_metadata_names_no_class_and_metadata_that_named_the_old_one_is_still_read(prefix: str) -> None:
+    """A snapshot keeps its tensors' places as plain tuples; those written before named snapshot.store.TensorSpec."""
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, {"w": torch.ones(2)})
+    writer.close()
+    header = read_header(slot_paths(prefix)[0])
+    with open(slot_paths(prefix)[0], "rb") as file:
+        written = file.read()[PAYLOAD_START + header.meta_offset : PAYLOAD_START + header.payload_length]
+    assert b"StoredTensor" not in written and b"TensorSpec" not in written
+    specs, _ = lay_out([torch.ones(2)])
+    StoredTensor.__qualname__ = "TensorSpec"
+    try:
+        older = cloudpickle.dumps({"tensors": specs})
+    finally:
+        StoredTensor.__qualname__ = "StoredTensor"
+    assert b"TensorSpec" in older
+    assert cloudpickle.loads(older)["tensors"] == specs
