@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from libworker.errors import WorkerInternalError
 from libworker.process_sets import register
-from libworker.world import join, require_joined, world
+from libworker.world import enter_next_round, require_joined, world
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -22,16 +22,16 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         register(process_sets if isinstance(process_sets, (list, tuple)) else [process_sets])
     world.shut_down = False
     if not world.slot:
-        _join_a_round()
+        _enter_a_round()
 
 
-def _join_a_round() -> None:
+def _enter_a_round() -> None:
     """Join a round, and the next one if this one fails while it forms (a peer died before the process group was
     up, and the control plane re-forms the job): what `@run` does after a reset, not a crash of this worker. A
     failure on the way to a round (no agent, the job gone) still raises."""
     while True:
         try:
-            join()
+            enter_next_round()
             return
         except WorkerInternalError:
             if not world.poisoned:

@@ -149,7 +149,7 @@ def rebuild_for_round() -> None:
         orphan.process_set_id = None
 
 
-world.joined_hooks.append(rebuild_for_round)
+world.round_entered_hooks.append(rebuild_for_round)
 
 
 def _agreed_registry(mine: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:

@@ -1,6 +1,6 @@
 """The worker's place in the job: which round it is in, its slot, and the process group of that round.
 
-`join()` asks the rendezvous (through the agent) for a round newer than the
+`enter_next_round()` asks the rendezvous (through the agent) for a round newer than the
 one this process was last in, and initialises `torch.distributed` on that
 round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
@@ -25,7 +25,7 @@ libworker.torch_compat). The release holds
 never races it.
 
 A standby process (started by `elastic-agent --standby N`) first waits in
-`join()` until its agent gives it the slot of a crashed worker; from then on
+`enter_next_round()` until its agent gives it the slot of a crashed worker; from then on
 it is that slot's worker: it binds the slot's GPU and joins like any other.
 """
 
@@ -69,7 +69,7 @@ class World:
     backend: str = ""
     shut_down: bool = False
     listeners: list[Any] = field(default_factory=list)
-    joined_hooks: list[Any] = field(default_factory=list)
+    round_entered_hooks: list[Any] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     in_flight: list[Any] = field(default_factory=list)
     prune_at: int = FLIGHT_PRUNE_MIN
@@ -211,7 +211,7 @@ def _wait_for_a_slot(link: AgentLink) -> None:
     devices.bind_device()
 
 
-def join() -> None:
+def enter_next_round() -> None:
     """Enter the next round (slot_processes.rounds): park at the rendezvous until it is complete, then set up
     torch.distributed."""
     if world.link is None:
@@ -223,7 +223,7 @@ def join() -> None:
     try:
         slot = rounds.enter_round(world.link, local_rank, world.round)
     except (Unreachable, ServiceError) as exc:
-        raise WorkerInternalError(f"cannot join a round: {exc}") from None
+        raise WorkerInternalError(f"cannot enter a round: {exc}") from None
     if slot is None:
         _leave()
     with world.lock:
@@ -250,7 +250,7 @@ def join() -> None:
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
-    for hook in world.joined_hooks:
+    for hook in world.round_entered_hooks:
         try:
             hook()
         except (RuntimeError, dist.DistError) as exc:

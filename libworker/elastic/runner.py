@@ -2,7 +2,7 @@
 
 On entry the state is synced. On WorkerInternalError the state is restored to
 the last commit; on HostsUpdatedInterrupt it is kept. Either way the worker
-re-joins the next round, `state.on_reset()` runs (reset callbacks), and the
+enters the next round again, `state.on_reset()` runs (reset callbacks), and the
 ranks agree collectively whether to sync and from which rank.
 
 A process that holds no state yet (the job's start, a respawned worker, a
@@ -30,7 +30,7 @@ from libworker.elastic import snapshots
 from libworker.elastic.state import State
 from libworker.errors import HostsUpdatedInterrupt, WorkerInternalError
 from libworker.mpi_ops import Max, allreduce_
-from libworker.world import join, world
+from libworker.world import enter_next_round, world
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def _restore_from_host(state: State) -> None:
     """A process that holds no state takes the newest commit found on its host, if its State can load one. That
     commit was taken before the reset the others just went through, so it goes through it too: `on_reset` (the
     state's reset and the reset callbacks, e.g. a learning rate scaled to the new world size), as the survivors
-    did after their join."""
+    did after entering the round."""
     found = snapshots.restorable()
     if found is not None and state.load_snapshot(found):
         state.on_reset()
@@ -67,16 +67,16 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
         if not world.slot:
-            join()
+            enter_next_round()
         world.listeners.append(state)
-        rejoin = False
+        reenter = False
         try:
             while True:
                 try:
-                    if rejoin:
-                        join()
+                    if reenter:
+                        enter_next_round()
                         state.on_reset()
-                    state.on_joined()
+                    state.on_round_entered()
                     if not world.holds_state:
                         _restore_from_host(state)
                     _agreed_sync(state)
@@ -86,7 +86,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     state._live_ahead = False
                 except HostsUpdatedInterrupt:
                     pass
-                rejoin = True
+                reenter = True
         finally:
             world.listeners.remove(state)
 

@@ -119,7 +119,7 @@ class State:
         """Take a snapshot's commit as this process's state (a fresh worker restoring); False: not supported."""
         return False
 
-    def on_joined(self) -> None:
+    def on_round_entered(self) -> None:
         """Called after every join, before sync: the round may have changed who writes the host's snapshot."""
 
 
@@ -271,7 +271,7 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.saved = None
 
-    def on_joined(self) -> None:
+    def on_round_entered(self) -> None:
         """A process that kept its committed tensors only in the host's snapshot and no longer writes it takes a
         private copy now, before the new writer overwrites the slots."""
         if snapshots.writer() is None and any(h.saved is None for h in self._handlers.values()):

@@ -118,7 +118,7 @@ def test_a_writer_that_stops_writing_takes_a_private_copy_before_the_slots_are_r
     state.commit()
     committed = {k: v.clone() for k, v in model.state_dict().items()}
     world.slot["snapshot_writer"] = False
-    state.on_joined()
+    state.on_round_entered()
     layout.remove(host_snapshot)
     step(model, optimizer)
     state.restore()
