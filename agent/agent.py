@@ -115,7 +115,6 @@ class AgentService(Service):
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
         server = ForkServer(fork_server, self.log)
-        server.prepare(own_key())
         self.launcher = Launcher(settings, server, self.snapshots, self, self.log)
         self.keeper = WorkerKeeper(
             KeeperConfig(settings, slots, standby),
@@ -135,6 +134,9 @@ class AgentService(Service):
             Event.JOB_FINISHED: self._on_job_finished,
         }
         self._install_signals()
+        # After the handlers: the zygote starts with the dispositions a spawned worker gets (a signal the agent
+        # catches is default in its children), not with what the agent inherited (SIGINT ignored under `cmd &`).
+        server.prepare(own_key())
         self.worker_states = WorkerStates(host, self.keeper)
         self.every(timing.heartbeat, self.heartbeat)
         self.every(TICK, self.tick)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -70,8 +71,14 @@ def without_per_job(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in PER_JOB}
 
 
-def test_a_forked_worker_is_the_process_a_spawned_one_would_be(cluster: Cluster, tmp_path: Path) -> None:
-    agent = cluster.start_agent("host-1", 2, ["--standby", "0"])
+@pytest.mark.parametrize("launched", ["from a terminal", "in the background"])
+def test_a_forked_worker_is_the_process_a_spawned_one_would_be(cluster: Cluster, tmp_path: Path, launched: str) -> None:
+    if launched == "from a terminal":
+        agent = cluster.start_agent("host-1", 2, ["--standby", "0"])
+    else:  # `elastic-agent ... &` in a script: the agent inherits SIGINT and SIGQUIT ignored
+        agent_command = shlex.join([sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "2"])
+        agent = cluster.spawn("agent-host-1", ["sh", "-c", f"trap '' INT QUIT; exec {agent_command} --standby 0"])
+        wait_for(lambda: any(h["host"] == "host-1" for h in cluster.call("discovery", "hosts")["all"]), 20, "host-1")
     forked = run_report_job(cluster, tmp_path, "forked")
     spawned = run_report_job(cluster, tmp_path, "spawned", "--no-fork-server")
     started = logged(cluster, "host-1", "worker_started")
