@@ -64,8 +64,9 @@ def test_only_an_authorised_key_gets_an_answer(tmp_path: Path, keys: Path) -> No
 
 
 def test_services_refuse_a_public_bind_without_keys(tmp_path: Path) -> None:
-    env = {**os.environ, "ELASTIC_BIND": "0.0.0.0"}
+    env = {**os.environ, "ELASTIC_BIND": "0.0.0.0", "ELASTIC_RUN_DIR": str(tmp_path)}  # its state, if any, here
     env.pop("ELASTIC_KEYS", None)
+    env.pop("ELASTIC_STATE_DIR", None)
     result = subprocess.run(
         [sys.executable, "-m", "services.registry"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
     )
