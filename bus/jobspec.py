@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-# horovod: the workers join rounds themselves through libworker; torchrun: each slot's supervisor joins them and
+# horovod: the workers enter rounds themselves through libworker; torchrun: each slot's supervisor enters them and
 # starts the command with torchrun's environment (slot_processes/torchrun_slot.py).
 MODES = ("horovod", "torchrun")
 PATH_MAX = 4096

@@ -25,7 +25,7 @@ from bus.assignments import SlotInfo
 from bus.contract import WorkerEnv
 from slot_processes.agent_link import AgentLink, worker_pid
 
-JOIN_DEADLINE = 7 * 24 * 3600.0
+ENTRY_DEADLINE = 7 * 24 * 3600.0  # a parked round entry waits as long as the job may wait for its round
 STORE_KEY = "store"
 
 
@@ -35,7 +35,7 @@ class RoundAborted(Exception):
 
 def wait_for_a_slot(link: AgentLink) -> int:
     """A standby waits here, started and imported, until its agent admits it to a slot; the slot's local rank."""
-    reply = link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=JOIN_DEADLINE)
+    reply = link.requests.request("standby", {"pid": worker_pid()}, timeout=5.0, deadline=ENTRY_DEADLINE)
     local_rank = int(reply.body["local_rank"])
     os.environ.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
     del os.environ[WorkerEnv.STANDBY]
@@ -50,7 +50,7 @@ def enter_round(link: AgentLink, local_rank: int, after_round: int) -> dict[str,
         "rank_and_size",
         {"local_rank": local_rank, "after_round": after_round, "pid": worker_pid()},
         timeout=5.0,
-        deadline=JOIN_DEADLINE,
+        deadline=ENTRY_DEADLINE,
     )
     return None if reply.body.get("removed") else dict(reply.body)
 
