@@ -47,7 +47,9 @@ class Event:
     ROUND = "round"  # a new round: its hosts and slots, with the job plan
     HOSTS_UPDATED = "hosts_updated"  # the available hosts changed (relayed to workers)
     ABORT = "abort"  # the round's collectives must stop (relayed to workers)
-    KILL_WORKER = "kill_worker"  # the registry found a worker hung
+    KILL_WORKER = "kill_worker"  # the registry found a worker hung: its agent dumps its stack and kills it
+    WORKER_HUNG = "worker_hung"  # a hung worker was killed: its host, rank, why, and its stack
+    STRAGGLER = "straggler"  # one rank has cost the others more than a set share of their time, for a while
     JOB_FINISHED = "job_finished"  # the job ended: stop every worker
 
 
@@ -68,6 +70,7 @@ class JobPlan:
     reset_limit: int | None = None
     preload: tuple[str, ...] = ()
     fork_server: bool = True
+    hang_detection: bool = True
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +98,7 @@ class JobPlan:
             if isinstance(body.get("preload"), list)
             else (),
             fork_server=body.get("fork_server") is not False,
+            hang_detection=body.get("hang_detection") is not False,
         )
 
 

@@ -153,6 +153,7 @@ class JobSpec:
     mode: str = "horovod"
     preload: list[str] = field(default_factory=list)
     fork_server: bool = True
+    hang_detection: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -201,6 +202,7 @@ _CHECKS: dict[str, Check] = {
     "mode": _mode,
     "preload": _preload,
     "fork_server": _flag,
+    "hang_detection": _flag,
 }
 
 

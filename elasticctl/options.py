@@ -53,7 +53,10 @@ def job_options(fn: Any) -> Any:
                 metavar="MIN MAX",
             ),
             _spec_option(
-                "--hung-timeout", float, "Seconds after a round's first report before silent workers count as hung."
+                "--hung-timeout",
+                float,
+                "Upper bound, in seconds, on how long the others wait for a rank before it counts as hung (the limit "
+                "calibrates itself below it), and on how long workers may stay silent after a round's first report.",
             ),
             _spec_option(
                 "--max-restarts",
@@ -89,6 +92,12 @@ def job_options(fn: Any) -> Any:
                 is_flag=True,
                 help="Spawn every worker as a fresh interpreter instead of forking it from its host's fork server "
                 "(for scripts that are not fork-safe).",
+            ),
+            click.option(
+                "--no-hang-detection",
+                is_flag=True,
+                help="Do not look for hung workers by how long the others wait for them (only --hung-timeout "
+                "applies) and do not measure what each rank costs the others.",
             ),
             click.option(
                 "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra environment for the workers."
@@ -128,6 +137,7 @@ def build_spec(options: dict[str, Any]) -> dict[str, Any]:
         "mode": options["mode"],
         "preload": [name.strip() for name in options.get("preload", "").split(",") if name.strip()],
         "fork_server": not options.get("no_fork_server", False),
+        "hang_detection": not options.get("no_hang_detection", False),
     }
     try:
         JobSpec.parse(spec)

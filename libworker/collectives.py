@@ -6,7 +6,8 @@ thread, no callback: the cost of a raw `work.wait()`), when the control plane
 aborts the round (a peer failed or hung), or at the collective timeout,
 whichever comes first; between slices the caller's `while_stuck` runs (a
 rank waiting where a peer that called join() may need its answer gives
-libworker.joining's `answer_joiners`).
+libworker.joining's `answer_joiners`). Every wait is written to the worker's
+wait record (slot_processes.wait_record), which its agent reads.
 NCCL work on CUDA tensors is waited for on the stream, as torch does, and is
 ended by aborting the communicator (see world.abort).
 Any transport error, abort or timeout raises WorkerInternalError and marks the
@@ -75,12 +76,13 @@ def _wait_in_slices(work: Any, while_stuck: Callable[[], None]) -> None:
     """Wait slice by slice; between slices, `while_stuck` runs."""
     round_number = world.round
     deadline = time.monotonic() + world.timing.collective_timeout + 5.0
-    while not _ended_within_a_slice(work):
-        if world.aborted_round == round_number:
-            raise fail("aborted by the control plane (a peer failed)")
-        if time.monotonic() > deadline:
-            raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
-        while_stuck()
+    with world.waits.waiting():
+        while not _ended_within_a_slice(work):
+            if world.aborted_round == round_number:
+                raise fail("aborted by the control plane (a peer failed)")
+            if time.monotonic() > deadline:
+                raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
+            while_stuck()
 
 
 def _ended_within_a_slice(work: Any) -> bool:

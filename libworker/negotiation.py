@@ -179,16 +179,17 @@ class Controller:
         """Run cycles until `request` is launched or failed (its error is left on it for the caller)."""
         idle_since = time.monotonic()
         idle = 0
-        while not request.decided:
-            if self.cycle():
-                idle, idle_since = 0, time.monotonic()
-                continue
-            idle += 1
-            waited = time.monotonic() - idle_since
-            self.stalled = waited > STALL_PROBE_AFTER
-            if waited > world.timing.collective_timeout:
-                self._give_up(request, waited)
-            time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
+        with world.waits.waiting():
+            while not request.decided:
+                if self.cycle():
+                    idle, idle_since = 0, time.monotonic()
+                    continue
+                idle += 1
+                waited = time.monotonic() - idle_since
+                self.stalled = waited > STALL_PROBE_AFTER
+                if waited > world.timing.collective_timeout:
+                    self._give_up(request, waited)
+                time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
         self.stalled = False
 
     def _give_up(self, request: Request, waited: float) -> None:
@@ -205,12 +206,13 @@ class Controller:
         self.join_state.enter()
         idle = 0
         try:
-            if not self.join_state.someone_joined:
-                self._serve_what_comes_next()
-            while self.join_state.last_joiner is None:
-                idle = 0 if self.cycle() else idle + 1
-                if idle:
-                    time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
+            with world.waits.waiting(calibrates=False):
+                if not self.join_state.someone_joined:
+                    self._serve_what_comes_next()
+                while self.join_state.last_joiner is None:
+                    idle = 0 if self.cycle() else idle + 1
+                    if idle:
+                        time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
         finally:
             self.join_state.leave()
         return self.join_state.last_joiner

@@ -49,7 +49,7 @@ from bus.contract import WorkerEnv
 from bus.envelope import Message
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
-from slot_processes import rounds
+from slot_processes import rounds, wait_record
 from slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 
 FLIGHT_PRUNE_MIN = 64
@@ -74,6 +74,7 @@ class World:
     in_flight: list[Any] = field(default_factory=list)
     prune_at: int = FLIGHT_PRUNE_MIN
     retired: torch_compat.RetiredGroups = field(default_factory=torch_compat.RetiredGroups)
+    waits: wait_record.WaitRecord | wait_record.NoRecord = field(default_factory=wait_record.NoRecord)
 
     def track(self, work: Any) -> None:
         """Remember a launched work of this round until it is seen ended (pruned as the list doubles), so that
@@ -154,6 +155,8 @@ def _connect() -> AgentLink:
     if not endpoint:
         raise RuntimeError("libworker.init() must run in a worker started by elastic-agent (ELASTIC_AGENT is not set)")
     world.timing = Timing.from_env()
+    world.waits = wait_record.record_from_env()
+    wait_record.answer_stack_dumps()
     link = link_to_agent(world.timing)
     link.listeners.append(world.on_event)
     atexit.register(shutdown)
@@ -230,6 +233,7 @@ def enter_next_round() -> None:
         world.slot = slot
         world.round = int(slot["round"])
         world.poisoned = False
+    world.waits.begin_round(world.round)
     os.environ.update(
         rounds.round_environment(SlotInfo(**{name: slot[name] for name in SlotInfo.__dataclass_fields__}))
     )

@@ -26,7 +26,9 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
     - `reset_limit`: the job's reset limit (None: none), which torchrun mode gives its commands as
       TORCHELASTIC_MAX_RESTARTS;
     - `preload`, `fork_server`: what the hosts' fork servers import beyond torch, and whether the job's workers
-      are forked from them at all (agent/fork_server.py).
+      are forked from them at all (agent/fork_server.py);
+    - `hang_detection`: whether the agents measure their workers' waits (agent/wait_watch.py) for the registry to
+      find hung ranks and each rank's cost to the others (services/registry/waits.py).
     """
     spec = job.spec
     assert spec is not None, "a round is planned only for a submitted job"
@@ -44,5 +46,6 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
         reset_limit=spec.reset_limit,
         preload=tuple(spec.preload),
         fork_server=spec.fork_server,
+        hang_detection=spec.hang_detection,
     )
     return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}

@@ -134,7 +134,7 @@ def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
     assert (job.first_report_at, job.waiting_since, job.failure_seen_at) == (490.0, 480.0, None)
     newer_fields = {
         "failure_resets": 0,
-        "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True},
+        "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True, "hang_detection": True},
     }
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
         "and is saved again to the letter, with the fields it predates"
@@ -229,4 +229,5 @@ def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
         "reset_limit": 3,
         "preload": (),
         "fork_server": True,
+        "hang_detection": True,
     }

@@ -1,0 +1,208 @@
+"""The wait record: how long a worker waits in collectives, written by the worker, read by its agent (both ends).
+
+Every rank knows when it waits for the others. The worker writes it into a
+small file its agent created in shared memory (`RECORD_ENV` names it) and
+maps: no message, no system call and no lock per collective, and the agent
+reads it whatever the worker is doing (even while a thread of the worker
+holds the GIL in C). The agent turns it into the reports the registry judges
+hangs and stragglers by (agent/wait_watch.py, services/registry/waits.py).
+
+The record (`LAYOUT`, native byte order; one writer, the worker):
+- `version`: odd while the worker writes (a seqlock: the reader retries);
+- `waiting_since`: the monotonic instant the current wait began, 0 when not waiting (CLOCK_MONOTONIC is the
+  host's, the same in the agent);
+- `busy_since`: when the last wait of this round ended, 0 before the first;
+- `waited_total`: seconds waited over the worker's life;
+- `longest_wait`: the longest wait of this round, not counting its first IGNORED_WAITS (a round's first
+  collectives wait for ranks that restore, load or compile) nor waits in Horovod's join;
+- `typical_busy`: the usual time between two waits (a running mean of this round's intervals after its first
+  IGNORED_WAITS, each capped at OUTLIER_CAP times the mean so an evaluation does not move it);
+- `round`, `waits`: the round the worker is in and the waits it completed in it.
+
+Waits nest (a negotiation cycle waits inside the wait for its request): only
+the outermost counts. The stack dump: a worker started by an agent registers
+`faulthandler` for STACK_DUMP_SIGNAL into the file `STACK_ENV` names, so the
+agent can ask for every thread's stack before it kills a hung worker (the
+handler runs in C: it answers while the GIL is held).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import mmap
+import os
+import signal
+import struct
+import time
+from dataclasses import dataclass
+from typing import IO
+
+RECORD_ENV = "ELASTIC_WAIT_RECORD"
+STACK_ENV = "ELASTIC_STACK_FILE"
+STACK_DUMP_SIGNAL = signal.SIGRTMIN + 5  # not SIGUSR1/2, which training tools and schedulers use
+IGNORED_WAITS = 3
+OUTLIER_CAP = 4.0
+TYPICAL_WEIGHT = 0.05
+
+LAYOUT = struct.Struct("=QdddddQQ")
+RECORD_SIZE = LAYOUT.size
+_VERSION = struct.Struct("=Q")
+_BODY = struct.Struct("=dddddQQ")
+READ_TRIES = 100
+
+
+@dataclass(frozen=True)
+class WaitState:
+    """One consistent read of a worker's record."""
+
+    waiting_since: float
+    busy_since: float
+    waited_total: float
+    longest_wait: float
+    typical_busy: float
+    round: int
+    waits: int
+
+
+def create(path: str) -> None:
+    """The agent makes a zeroed record for a worker about to start (owner-only)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, RECORD_SIZE)
+    finally:
+        os.close(fd)
+
+
+def _mapped(path: str) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, RECORD_SIZE)
+    finally:
+        os.close(fd)
+
+
+class RecordReader:
+    """The agent's view of one worker's record."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._map = _mapped(path)
+
+    def read(self) -> WaitState | None:
+        """A consistent state (None when the writer kept writing through every try: it never does for long)."""
+        for _ in range(READ_TRIES):
+            (before,) = _VERSION.unpack_from(self._map, 0)
+            body = _BODY.unpack_from(self._map, _VERSION.size)
+            (after,) = _VERSION.unpack_from(self._map, 0)
+            if before == after and before % 2 == 0:
+                return WaitState(*body)
+        return None
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class WaitRecord:
+    """The worker's end: `waiting()` around every wait for the others, `begin_round` when it enters a round."""
+
+    def __init__(self, path: str) -> None:
+        self._map = _mapped(path)
+        self._version = 0
+        self._depth = 0
+        self._calibrates = self._next_calibrates = True
+        self._state = [0.0, 0.0, 0.0, 0.0, 0.0, 0, 0]
+
+    def begin_round(self, number: int) -> None:
+        state = self._state
+        state[1], state[3], state[4], state[5], state[6] = 0.0, 0.0, 0.0, number, 0
+        self._write()
+
+    def __enter__(self) -> WaitRecord:
+        self._depth += 1
+        if self._depth == 1:
+            self._calibrates, self._next_calibrates = self._next_calibrates, True
+            self._state[0] = time.monotonic()
+            self._write()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        state = self._state
+        now = time.monotonic()
+        began, busy_since = state[0], state[1]
+        waited = now - began
+        state[0], state[1] = 0.0, now
+        state[2] += waited
+        state[6] += 1
+        if state[6] > IGNORED_WAITS and self._calibrates:
+            state[3] = max(state[3], waited)
+            if busy_since:
+                busy = began - busy_since
+                typical = state[4]
+                state[4] = (
+                    busy if not typical else typical + TYPICAL_WEIGHT * (min(busy, OUTLIER_CAP * typical) - typical)
+                )
+        self._write()
+
+    def waiting(self, calibrates: bool = True) -> WaitRecord:
+        """`with record.waiting():` around a wait for the others (nested waits count once); `calibrates=False`: a
+        wait that says nothing of how long ranks normally wait for each other (Horovod's join: a rank out of data
+        waits while the others train)."""
+        if not self._depth:
+            self._next_calibrates = calibrates
+        return self
+
+    def _write(self) -> None:
+        self._version += 1
+        _VERSION.pack_into(self._map, 0, self._version)
+        _BODY.pack_into(self._map, _VERSION.size, *self._state)
+        self._version += 1
+        _VERSION.pack_into(self._map, 0, self._version)
+
+
+class NoRecord:
+    """A worker that no agent started (or whose job measures no waits): waits are not recorded."""
+
+    def begin_round(self, number: int) -> None:
+        pass
+
+    def __enter__(self) -> NoRecord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def waiting(self, calibrates: bool = True) -> NoRecord:
+        return self
+
+
+def record_from_env() -> WaitRecord | NoRecord:
+    """The record the agent made for this worker (`RECORD_ENV`), or NoRecord when there is none to write."""
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return NoRecord()
+    try:
+        return WaitRecord(path)
+    except (OSError, ValueError):
+        return NoRecord()
+
+
+_stack_file: list[IO[str]] = []
+
+
+def answer_stack_dumps() -> None:
+    """Register every thread's Python stack to be written to the file `STACK_ENV` names on STACK_DUMP_SIGNAL
+    (again after a fork: the file is this process's own)."""
+    path = os.environ.get(STACK_ENV)
+    if not path:
+        return
+    try:
+        stack_file = open(path, "a")  # noqa: SIM115 - kept open for the signal handler, as faulthandler requires
+    except OSError:
+        return
+    faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    for old in _stack_file:
+        old.close()
+    _stack_file[:] = [stack_file]
