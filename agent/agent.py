@@ -10,7 +10,10 @@ The parts, each with one job:
   the host's zygote (agent/fork_server.py) or spawned (agent/workers.py);
   agent/reports.py tells the control plane of each exit;
 - agent/snapshots.py: the host's snapshot of the job's committed state;
-- agent/metrics.py: workers by state, and the seconds each commit took.
+- agent/metrics.py: workers by state, and the seconds each commit took;
+- agent/wait_watch.py: the workers' waits in collectives and their progress,
+  reported to the registry, which finds hung workers and stragglers by them;
+  agent/hung_workers.py: a worker declared hung gives its stack, then dies.
 
 The loop's steps, each a small named method, in a fixed order (an event or
 request is carried out at once by a named method of the keeper's: a round's
@@ -21,13 +24,14 @@ workers start without waiting for a tick):
   stops them now);
 - every TICK (`tick`): restarts due after their back-off, starts held back
   for the fork server, SIGKILL after the stop grace, the drain's end, the
-  metrics;
+  metrics, the workers' waits (reported at once when one crosses a limit),
+  the hung workers' stack dumps;
 - every heartbeat interval (`heartbeat`): the snapshot's flush, the warm-up
-  limit, discovery's heartbeat, the workers' ping.
+  limit, discovery's heartbeat, the workers' ping, their waits.
 
 The notifier's events, by the table in `__init__`: `round` gives each of
-this host's slots in the round a process, `kill_worker` and `job_finished`
-stop workers; `hosts_updated` and `abort` are relayed to the workers.
+this host's slots in the round a process, `kill_worker` (agent/hung_workers.py)
+and `job_finished` stop workers; `hosts_updated` and `abort` are relayed to the workers.
 The workers' owner-only ipc socket: their rendezvous and store requests are
 forwarded with this host's name stamped on them, each worker's event channel
 (`subscribe`) receives the relayed events, a standby waits in `standby` for a
@@ -41,7 +45,6 @@ reports itself warm (available) only when they all wait for a round.
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -49,11 +52,14 @@ from typing import Any
 from agent.discovery_link import DiscoveryLink
 from agent.fork_choice import own_key
 from agent.fork_server import ForkServer
+from agent.hung_workers import HungWorkers
 from agent.keeper import KeeperConfig, WorkerKeeper
 from agent.launcher import Launcher
 from agent.metrics import COMMIT_SECONDS, WorkerStates
 from agent.reports import ExitReports
+from agent.signal_wakeup import SignalWakeup
 from agent.snapshots import SnapshotKeeper
+from agent.wait_watch import WaitWatch
 from agent.workers import HostSettings
 from bus.client import AsyncClient, incarnation_id
 from bus.config import Endpoints, Timing
@@ -115,25 +121,29 @@ class AgentService(Service):
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
         server = ForkServer(fork_server, self.log)
-        self.launcher = Launcher(settings, server, self.snapshots, self, self.log)
+        self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
+        self.launcher = Launcher(settings, server, self.snapshots, self.wait_watch, self, self.log)
+        reports = ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots)
         self.keeper = WorkerKeeper(
             KeeperConfig(settings, slots, standby),
             launcher=self.launcher,
             link=self.link,
-            reports=ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots),
-            on_exited=lambda worker: self.event_routes.pop(worker.pid, None),
+            reports=reports,
+            on_exited=self._worker_exited,
             on_warm=self._become_warm,
             log=self.log,
         )
+        self.hung_workers = HungWorkers(host, self.keeper.workers, self.wait_watch, reports, self.log)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
         self.watch(self.events.sock, self._on_events)
         self.event_handlers = {
             Event.ROUND: self._on_round,
-            Event.KILL_WORKER: self.keeper.kill_hung,
+            Event.KILL_WORKER: self.hung_workers.kill,
             Event.JOB_FINISHED: self._on_job_finished,
         }
-        self._install_signals()
+        self.signals = SignalWakeup((signal.SIGCHLD, signal.SIGTERM, signal.SIGINT))
+        self.watch(self.signals.read_fd, self.handle_signals)
         # After the handlers: the zygote starts with the dispositions a spawned worker gets (a signal the agent
         # catches is default in its children), not with what the agent inherited (SIGINT ignored under `cmd &`).
         server.prepare(own_key())
@@ -143,23 +153,13 @@ class AgentService(Service):
         self.link.register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
-    # -- signals: the wakeup fd queues their numbers; the loop handles them ---------------------------
-    def _install_signals(self) -> None:
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        os.set_blocking(write_fd, False)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        self._signal_pipe = (read_fd, write_fd)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: None)
-        self.watch(read_fd, self.handle_signals)
-
     def serve_forever(self) -> None:
         self.log.info("serving", endpoint=self.endpoint, slots=self.slots)
         try:
             self.run()
         finally:
             self.keeper.stop_everything()
+            self.wait_watch.close()
             self.snapshots.close()
             self.close()
             self.log.info("stopped")
@@ -167,12 +167,7 @@ class AgentService(Service):
     def handle_signals(self) -> None:
         """The signals that woke the loop, handled here, never inside a signal handler: SIGCHLD reaps, SIGTERM and
         SIGINT drain (a second one stops the workers now)."""
-        received = b""
-        try:
-            while chunk := os.read(self._signal_pipe[0], 512):
-                received += chunk
-        except BlockingIOError:
-            pass
+        received = self.signals.received()
         self.keeper.reap_workers()
         for signum in received:
             if signum in (signal.SIGTERM, signal.SIGINT):
@@ -181,19 +176,22 @@ class AgentService(Service):
     # -- the loop: its steps, in their order ----------------------------------------------------
     def tick(self) -> None:
         """Every TICK seconds: restarts due after their back-off, starts held back for the fork server, SIGKILL after
-        the stop grace, the drain's end, the metrics."""
+        the stop grace, the drain's end, the metrics, the workers' waits, the hung workers' stack dumps."""
         self.keeper.restart_due_slots()
         self.keeper.start_held_back()
         self.keeper.escalate_stops()
         self.check_drain()
         self.worker_states.update()
+        self.wait_watch.tick()
+        self.hung_workers.tick()
 
     def heartbeat(self) -> None:
         """Every heartbeat interval, as discovery and the workers expect it: the snapshot's flush, the warm-up limit,
-        discovery's heartbeat, and the workers' ping."""
+        discovery's heartbeat, the workers' ping, and their waits to the registry."""
         self.snapshots.tick()
         self.beat_discovery()
         self.ping_workers()
+        self.wait_watch.report()
 
     def beat_discovery(self) -> None:
         late = self.keeper.warm_up_expired()
@@ -211,6 +209,11 @@ class AgentService(Service):
         """What each heartbeat tells discovery of the host beside its liveness: its snapshot, last checkpoint and
         fork server (what `elasticctl status` shows)."""
         return {**self.snapshots.report(), "fork_server": self.launcher.availability()}
+
+    def _worker_exited(self, worker: Any) -> None:
+        self.event_routes.pop(worker.pid, None)
+        self.wait_watch.forget(worker.pid)
+        self.hung_workers.exited(worker.pid)
 
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
@@ -389,7 +392,5 @@ class AgentService(Service):
 
     def close(self) -> None:
         self.events.close()
-        signal.set_wakeup_fd(-1)
-        for fd in self._signal_pipe:
-            os.close(fd)
+        self.signals.close()
         super().close()

@@ -167,15 +167,6 @@ class WorkerKeeper:
                 break
         return True
 
-    def kill_hung(self, body: dict[str, Any]) -> None:
-        worker = self.workers.get(body.get("local_rank", -1))
-        if body.get("host") == self.host and worker is not None and body.get("pid") in (None, worker.pid):
-            self.log.warning(
-                "killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason="registry declared it hung"
-            )
-            worker.stop_requested = True
-            worker.signal(signal.SIGKILL)
-
     # -- the loop's steps ----------------------------------------------------------------------------
     def reap_workers(self) -> None:
         """After SIGCHLD: every exited worker is reported, a crashed slot restarted in place, a dead standby

@@ -6,7 +6,8 @@ Every process is forked from the host's fork server where it serves the job
 says so once with the reason (`[host] workers start as fresh interpreters
 ...: REASON`). While the fork server imports, the keeper holds starts back
 until it is ready (`holds_back`). Each process's stdout and stderr are
-forwarded, line by line, with a `[host:slot]` prefix (agent/output.py).
+forwarded, line by line, with a `[host:slot]` prefix (agent/output.py). A worker of a job that finds hangs
+starts with its wait record and stack file (agent/wait_watch.py).
 Which processes the host should have is agent/keeper.py's business.
 """
 
@@ -21,6 +22,7 @@ from agent.fork_choice import Key, forked_argv, key_of, own_key
 from agent.fork_server import SPAWN_COST, ForkServer
 from agent.output import PrefixedPipe
 from agent.snapshots import SnapshotKeeper
+from agent.wait_watch import WaitWatch
 from agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
 from bus.assignments import SlotInfo
 from bus.contract import JobPlan
@@ -29,12 +31,19 @@ from bus.service import Service
 
 class Launcher:
     def __init__(
-        self, settings: HostSettings, fork_server: ForkServer, snapshots: SnapshotKeeper, service: Service, log: Any
+        self,
+        settings: HostSettings,
+        fork_server: ForkServer,
+        snapshots: SnapshotKeeper,
+        watch: WaitWatch,
+        service: Service,
+        log: Any,
     ) -> None:
-        self.settings, self.fork_server, self.snapshots, self.service, self.log = (
+        self.settings, self.fork_server, self.snapshots, self.watch, self.service, self.log = (
             settings,
             fork_server,
             snapshots,
+            watch,
             service,
             log,
         )
@@ -69,13 +78,19 @@ class Launcher:
         """The process of `local_rank` (STANDBY: a spare that waits in `init()` for a slot), forked or spawned, its
         output followed; None when it could only be spawned and `may_spawn` is False. OSError: it could not start."""
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
-        argv = forked_argv(plan)
-        forked = None if argv is None else self.fork_server.fork(self.fork_key, [plan.command[0], *argv], env, plan.cwd)
-        if forked is None:
-            self.say_if_spawning()
-            if not may_spawn:
-                return None
-        worker = Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
+        files = self.watch.new_files() if plan.hang_detection and plan.mode == "horovod" else None
+        if files is not None:
+            env.update(files.env())
+        worker = None
+        try:
+            worker = self._process(local_rank, plan, env, may_spawn)
+        finally:
+            if worker is None and files is not None:
+                files.remove()
+        if worker is None:
+            return None
+        if files is not None:
+            self.watch.watch(worker, files)
         for stream, sink in ((worker.process.stdout, sys.stdout.buffer), (worker.process.stderr, sys.stderr.buffer)):
             assert stream is not None
             pipe = PrefixedPipe(os.dup(stream.fileno()), self._output_prefix(worker), sink)
@@ -94,6 +109,17 @@ class Launcher:
                 forked=worker.forked,
             )
         return worker
+
+    def _process(self, local_rank: int, plan: JobPlan, env: dict[str, str], may_spawn: bool) -> Worker | None:
+        """Fork the process from the fork server, else spawn it (None when it could only be spawned and `may_spawn`
+        is False)."""
+        argv = forked_argv(plan)
+        forked = None if argv is None else self.fork_server.fork(self.fork_key, [plan.command[0], *argv], env, plan.cwd)
+        if forked is None:
+            self.say_if_spawning()
+            if not may_spawn:
+                return None
+        return Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
 
     def relabel(self, worker: Worker) -> None:
         """A standby admitted to a slot: its output is prefixed with the slot from now on."""

@@ -2,9 +2,10 @@
 
 The registry hears of every exit at once (with the host's newest snapshot
 commit, and the verdict: restarting in place, given up, died after its script
-ended); the rendezvous forgets the worker's join, except where the slot's
-process lives on (a torchrun-mode slot whose command failed: its supervisor
-joins the next round).
+ended; for a worker killed as hung, why and its stack: `note_hang`); the
+rendezvous forgets the worker's join, except where the slot's process lives
+on (a torchrun-mode slot whose command failed: its supervisor joins the next
+round).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class ExitReports:
     ) -> None:
         self.host, self.timing = host, timing
         self.registry, self.rendezvous, self.snapshots = registry, rendezvous, snapshots
+        self.hangs: dict[int, dict[str, str]] = {}
+
+    def note_hang(self, pid: int, reason: str, stack: str) -> None:
+        """The worker `pid` is being killed as hung: its exit report will say why, with its stack."""
+        self.hangs[pid] = {"hung": reason, "stack": stack}
 
     def worker_exited(
         self,
@@ -39,6 +45,7 @@ class ExitReports:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
+        verdict.update(self.hangs.pop(pid, {}))
         self.registry.send(
             "worker_exited",
             {**slot, "exit_code": code, **verdict},

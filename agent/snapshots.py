@@ -34,12 +34,12 @@ def remove_orphans(directory: Path, log: Any) -> None:
     """Remove snapshot slots whose agent is gone (it was killed before it could remove them)."""
     for path in directory.glob("elastic-snapshot-*"):
         match = _SLOT_NAME.match(path.name)
-        if match and not _alive(int(match.group(1))):
+        if match and not alive(int(match.group(1))):
             path.unlink(missing_ok=True)
             log.info("snapshot_orphan_removed", path=str(path))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

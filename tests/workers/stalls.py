@@ -1,0 +1,121 @@
+"""A Horovod-style elastic training loop with the mistakes that stop a job without killing it, chosen by options.
+
+    --hang-at STEP --hang-host HOST --hang {lock,native,deaf} --hang-once FILE
+        the worker on HOST stops at STEP in its own code, once (FILE marks that it did: its replacement trains):
+        lock: it waits on a lock it already holds (a deadlock in its data loading); native: a native call that
+        never returns and holds the GIL (what a hung GPU kernel looks like to Python); deaf: a deadlock after it
+        ignored the stack-dump signal (as a library that takes every signal for itself would make it).
+    --pause-every N --pause-s S      every rank pauses S seconds every N steps (an evaluation)
+    --slow-host HOST --slow-every N --slow-s S   that host's rank sleeps S seconds every N steps (slow data)
+    --lag-host HOST --lag-s S       that host's rank takes S seconds longer every step (a straggler)
+
+Each step sleeps --step-s (the work of a step). Steps, commits and round entries are logged as JSON lines like
+examples/train_elastic.py's, which the tests read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train import make_data, make_model  # noqa: E402
+from train_elastic import EventLog  # noqa: E402
+
+import libworker as elastic  # noqa: E402
+from slot_processes.wait_record import STACK_DUMP_SIGNAL  # noqa: E402
+
+_loader_lock = threading.Lock()
+
+
+def load_next_batch_deadlocked() -> None:
+    """A data loader that takes its own lock twice: the worker stops here, alive and silent."""
+    with _loader_lock:
+        with _loader_lock:
+            pass
+
+
+def wait_for_the_gpu_forever() -> None:
+    """A native call that holds the GIL and never returns, as a hung kernel would keep a synchronizing thread."""
+    while True:
+        ctypes.PyDLL(None).sleep(1_000_000)  # a signal's handler ends one sleep, not the wait
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--step-s", type=float, default=0.05)
+    parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--log-dir")
+    parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--hang-host")
+    parser.add_argument("--hang", choices=("lock", "native", "deaf"), default="lock")
+    parser.add_argument("--hang-once")
+    parser.add_argument("--pause-every", type=int, default=0)
+    parser.add_argument("--pause-s", type=float, default=0.0)
+    parser.add_argument("--slow-host")
+    parser.add_argument("--slow-every", type=int, default=0)
+    parser.add_argument("--slow-s", type=float, default=0.0)
+    parser.add_argument("--lag-host")
+    parser.add_argument("--lag-s", type=float, default=0.0)
+    args = parser.parse_args()
+
+    x, y = make_data(256)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.MSELoss()
+    elastic.init()
+    log = EventLog(args.log_dir)
+    optimizer = elastic.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+    host = os.environ.get("ELASTIC_HOST")
+
+    def should_hang(step: int) -> bool:
+        if step != args.hang_at or host != args.hang_host or not args.hang_once:
+            return False
+        if Path(args.hang_once).exists():
+            return False
+        Path(args.hang_once).touch()
+        return True
+
+    @elastic.run
+    def train(state: elastic.TorchState) -> None:
+        log.write("enter", step=state.step)
+        while state.step < args.steps:
+            rows = slice((state.step * 8) % 248, (state.step * 8) % 248 + 8)
+            optimizer.zero_grad()
+            loss_fn(model(x[rows]), y[rows]).backward()
+            optimizer.step()
+            state.step += 1
+            log.write("step", step=state.step)
+            time.sleep(args.step_s + (args.lag_s if host == args.lag_host else 0.0))
+            if should_hang(state.step):
+                log.write("hanging", step=state.step, how=args.hang)
+                if args.hang == "native":
+                    wait_for_the_gpu_forever()
+                if args.hang == "deaf":
+                    signal.signal(STACK_DUMP_SIGNAL, signal.SIG_IGN)
+                load_next_batch_deadlocked()
+            if args.pause_every and state.step % args.pause_every == 0:
+                time.sleep(args.pause_s)
+            if args.slow_every and host == args.slow_host and state.step % args.slow_every == 0:
+                time.sleep(args.slow_s)
+            if state.step % args.commit_every == 0:
+                state.commit()
+                log.write("commit", step=state.step)
+
+    train(state)
+    log.write("done", step=state.step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
