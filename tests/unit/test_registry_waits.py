@@ -1,15 +1,18 @@
 """WaitBoard (services/registry/waits.py): hangs judged from the agents' `waits` reports (a rank the others wait for
 while it makes no progress, or past the upper bound), the calibrated limit, the cost of each rank to the others and
-the stragglers it makes; bad reports refused at the door; only the current round's slots kept."""
+the stragglers it makes; bad reports refused at the door; only the current round's slots kept, and only its hosts'
+metric series."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import prometheus_client
 import pytest
 
 from bus.jobspec import JobSpec
 from bus.service import RequestError
+from services.registry import metrics
 from services.registry.job import Job
 from services.registry.waits import FLOOR_S, Kill, Limits, Seen, WaitBoard, limits_of, parse_waits
 
@@ -238,3 +241,12 @@ def test_a_bad_report_is_refused_with_one_line_naming_the_field(body: dict[str, 
         parse_waits(body)
     assert refused.value.code == "bad_request" and named in refused.value.message
     assert "\n" not in refused.value.message
+
+
+def test_the_waited_for_series_of_a_host_goes_when_a_round_goes_on_without_it() -> None:
+    metrics.waited_for({"gone-host": 1.5, "kept-host": 2.0})
+    metrics.keep_hosts(["kept-host"])
+    value = prometheus_client.REGISTRY.get_sample_value
+    assert value("elastic_worker_waited_for_seconds_total", {"host": "gone-host"}) is None
+    assert value("elastic_worker_waited_for_seconds_total", {"host": "kept-host"}) == 2.0
+    metrics.keep_hosts([])
