@@ -34,8 +34,9 @@ makes one `straggler` event per episode; a straggler is never killed.
 
 Bounded: the board holds the slots of the current round only (a new round
 drops the others) and two indexes of the few slots that matter to a
-judgement (long waiters, suspects), so a report costs the size of its host,
-not of the job.
+judgement (long waiters, suspects), so a report costs the size of its host;
+the round is scanned at most once a second (the largest wait fraction) and
+the long waiters when a suspect is judged.
 """
 
 from __future__ import annotations
