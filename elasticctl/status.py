@@ -1,4 +1,5 @@
-"""`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON."""
+"""`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limit
+the agents are told and the ranks the others waited for most (the registry's `waits`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
         rows.append({**host, "state": state})
     workers = job.pop("workers", [])
     history = job.pop("history", [])
-    return {"job": job, "hosts": rows, "workers": workers, "history": history}
+    waits = job.pop("waits", None)
+    return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits}
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -49,6 +51,9 @@ def render(view: dict[str, Any], now: float) -> str:
         )
     if job.get("resumed_from"):
         lines.append(f"  resumed from the snapshot of commit {job['resumed_from']} after every worker failed")
+    waits = view.get("waits") or {}
+    if waits.get("limit_s") is not None:
+        lines.append(f"  hang limit: {hang_limit(waits['limit_s'], waits['upper_s'])}")
     lines.append("")
     host_rows = []
     for h in view["hosts"]:
@@ -87,11 +92,23 @@ def render(view: dict[str, Any], now: float) -> str:
         if worker_rows
         else ["no workers"]
     )
+    slowest = [
+        [r["host"], r["local_rank"], r["rank"], r["lost_s_per_min"], r["lost_s"]] for r in waits.get("ranks", [])
+    ]
+    if slowest:
+        lines += ["", "slowest ranks (seconds the others waited for each):"]
+        lines += _table(["HOST", "LOCAL", "RANK", "LOST S/MIN", "LOST S"], slowest)
     if view["history"]:
         lines += ["", "recent rounds:"] + [
             f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]
         ]
     return "\n".join(lines)
+
+
+def hang_limit(limit: float, upper: float) -> str:
+    if limit >= upper:
+        return f"{upper:g}s (the upper bound: the job's hung timeout)"
+    return f"{limit:.1f}s (calibrated; upper bound {upper:g}s)"
 
 
 def newest_checkpoint(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:

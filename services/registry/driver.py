@@ -9,12 +9,15 @@ rendezvous say of its slots is recorded (lost hosts, restarted agents, the
 release, re-joins), silent slots past the hung timeout are judged, and once
 every slot has reported the pass reads the hosts' snapshots and the driver
 applies `decisions.decide` (`judge`). Exits that agents report are recorded
-here too (`record_exit`).
+here too (`record_exit`); the exit of a worker killed as hung
+(services/registry/waits.py judges hangs) is told with its stack
+(`worker_hung`).
 
 The driver changes the job record and queues events in the outbox (`round`,
-`abort`, `kill_worker`, `job_finished`); it never saves: the registry saves
-once at the end of the pass or request, then sends the events. Its writes to
-peers (a round, a blacklist) wait for their answers (services/registry/peers.py).
+`abort`, `kill_worker`, `worker_hung`, `job_finished`); it never saves: the
+registry saves once at the end of the pass or request, then sends the events.
+Its writes to peers (a round, a blacklist) wait for their answers
+(services/registry/peers.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from bus.client import ServiceError, Unreachable
+from bus.contract import Event
 from bus.jobspec import JobSpec
 from bus.outbox import Outbox
 from services.registry import metrics
@@ -89,6 +93,11 @@ class Driver:
                 exit_code=exited.exit_code,
                 host_stays=exited.host_stays,
             )
+            if exited.hung:
+                rank, reason, stack = reports[exited.slot].rank, exited.hung, exited.stack
+                hung = {"host": host, "local_rank": local_rank, "rank": rank, "pid": exited.pid, "reason": reason}
+                self.log.warning("hung_worker_killed", **hung, stack=stack)
+                self.outbox.put(Event.WORKER_HUNG, {**hung, "stack": stack})
         else:
             reports.record_success(exited.slot, exited.pid, exited.exit_code, success)
             if exited.exit_code != 0:

@@ -4,12 +4,16 @@ The report names the slot (`host`, `local_rank`), the process (`pid`) and its
 `exit_code`; `restarting`: the agent restarts the slot in place; `gave_up`:
 why it stopped restarting a crash-looping slot (its host is blacklisted);
 `after_script_end`: the worker's script had ended when it died;
-`snapshot_commit`: the newest commit in the host's snapshot.
+`snapshot_commit`: the newest commit in the host's snapshot; `hung`: the
+reason of the `kill_worker` the agent killed it for (services/registry/waits.py),
+with `stack`, what the worker dumped of its threads' stacks (the last
+MAX_STACK_BYTES are kept).
 
 An exit with code 0 is a success. So is a death by a signal after the
 worker's script ended (a crash in interpreter teardown: its work is done).
 Anything else is a failure; its host stays (is not blacklisted) when the
-agent restarts the slot in place and has not given up on it.
+agent restarts the slot in place and has not given up on it. A hung worker's
+failure says so first (`hung: ...`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import Any
 
 from bus.service import field
 from services.registry.reports import Slot
+
+MAX_STACK_BYTES = 64 * 1024
+MAX_HUNG_CHARS = 500
+HUNG = "hung: "
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,15 @@ class WorkerExit:
     gave_up: str | None = None
     after_script_end: bool = False
     snapshot_commit: int = 0  # the newest commit in the host's snapshot (0: none)
+    hung: str | None = None  # why it was killed as hung, starting with HUNG (None: it was not)
+    stack: str = ""
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> WorkerExit:
         """The report in a request's body: a `bad_request` error without its host, local rank and pid; the optional
         fields of a wrong type count as absent."""
         slot = (field(body, "host", str), field(body, "local_rank", int))
-        gave_up, commit = body.get("gave_up"), body.get("snapshot_commit")
+        gave_up, commit, hung, stack = (body.get(name) for name in ("gave_up", "snapshot_commit", "hung", "stack"))
         return cls(
             slot=slot,
             pid=field(body, "pid", int),
@@ -45,6 +55,8 @@ class WorkerExit:
             gave_up=gave_up if isinstance(gave_up, str) and gave_up else None,
             after_script_end=body.get("after_script_end") is True,
             snapshot_commit=commit if isinstance(commit, int) and not isinstance(commit, bool) and commit > 0 else 0,
+            hung=_hung_reason(hung),
+            stack=stack.encode()[-MAX_STACK_BYTES:].decode(errors="ignore") if isinstance(stack, str) else "",
         )
 
     @property
@@ -62,4 +74,11 @@ class WorkerExit:
     def failure(self) -> str:
         """Why the exit is a failure, as the slot's report says it."""
         why = f"; {self.gave_up}" if self.gave_up else "; restarting in place" if self.host_stays else ""
-        return f"exited with code {self.exit_code}{why}"
+        return f"{self.hung or f'exited with code {self.exit_code}'}{why}"
+
+
+def _hung_reason(value: Any) -> str | None:
+    """The reason a hung worker was killed for, as its failure begins (None: it was not killed as hung)."""
+    if not isinstance(value, str) or not value:
+        return None
+    return (value if value.startswith(HUNG) else HUNG + value)[:MAX_HUNG_CHARS]

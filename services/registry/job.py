@@ -5,9 +5,10 @@ state and end, resets, the current round (its number, hosts and the host set's
 timestamp it was made from), the round's reports (`ReportTable`), what the
 driver knows of the hosts (agent incarnations, discovery's marks, the newest
 snapshot commit each host's exit reports named), the commit it last resumed
-from, its recent decisions, and three instants of this process's clock (since
-when it waits for slots, the round's first report, the first failure not yet
-recovered from). `to_saved` and `from_saved` walk those fields:
+from, its recent decisions, the waits its hang limit is calibrated by
+(`wait_calibration`, services/registry/waits.py), and three instants of this
+process's clock (since when it waits for slots, the round's first report, the
+first failure not yet recovered from). `to_saved` and `from_saved` walk those fields:
 
 - the spec is saved as its map and parsed again;
 - an instant of this process's monotonic clock (a field marked `INSTANT`) is
@@ -81,6 +82,7 @@ class Job:
     snapshot_commits: dict[str, int] = field(default_factory=dict)  # host: the newest commit its exit reports named
     resumed_from: int = 0  # the commit the job last resumed from after every worker failed (0: never)
     history: list[dict[str, Any]] = field(default_factory=list)
+    wait_calibration: dict[str, float] = field(default_factory=dict)  # the longest wait, typical busy time reported
     waiting_since: float = field(default=0.0, metadata=INSTANT)
     first_report_at: float | None = field(default=None, metadata=INSTANT)
     failure_seen_at: float | None = field(default=None, metadata=INSTANT)

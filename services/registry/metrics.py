@@ -5,6 +5,10 @@ from the thread that serves metrics, and takes plain values, so nothing here
 reads the registry's dicts while the loop changes them. Label values are
 fixed sets, each series there from the start; a value outside its set is a
 programming error (ValueError). Worker states are labelled in lower case.
+The one exception is `waited_for`'s `host`: a series per host of the current
+round, removed when a round goes on without the host (a host that comes back
+starts again from 0, which Prometheus reads as a counter reset), so hosts
+that come and go over weeks do not add series forever.
 
 - `job_state(state)`: each time the job's state changes (a submission, and
   services/registry/driver.py's `_begin_round`, `_reset` when it goes back to
@@ -24,11 +28,21 @@ programming error (ValueError). Worker states are labelled in lower case.
 - `workers(counts)`: at the end of every driver pass, with the
   number of slots of the current round in each state
   (`ReportTable.counts()`).
+
+From the agents' `waits` reports (services/registry/waits.py, the service's
+`on_waits`):
+- `hang_limit(seconds)`: the hang limit the agents are told, on every report
+  and at the end of every driver pass (0 while no running job detects hangs).
+- `hung_worker()`: once per worker judged hung (a `kill_worker` with a stack
+  dump; not again when the kill is resent).
+- `waited_for(seconds_by_host)`: on every report, the seconds the other ranks
+  waited for each host's ranks over the report's interval; `keep_hosts(hosts)`
+  on the first report of each round, with the round's hosts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -48,6 +62,14 @@ RECOVERY_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
 )
 WORKERS = Gauge("elastic_registry_workers", "Slots of the current round by worker state.", ["state"])
+HANG_LIMIT = Gauge(
+    "elastic_registry_hang_limit_seconds", "The hang limit the agents are told (0: no running job detects hangs)."
+)
+HUNG_WORKERS = Counter("elastic_registry_hung_workers", "Workers judged hung from their waits and killed.")
+WAITED_FOR = Counter(
+    "elastic_worker_waited_for_seconds", "Seconds the other ranks waited for the ranks of a host.", ["host"]
+)
+_waited_for_hosts: set[str] = set()
 
 
 def job_state(state: str) -> None:
@@ -74,6 +96,27 @@ def workers(counts: Mapping[str, int]) -> None:
         _check("worker state", state, WORKER_STATES)
     for state in WORKER_STATES:
         WORKERS.labels(state.lower()).set(counts.get(state, 0))
+
+
+def hang_limit(seconds: float | None) -> None:
+    HANG_LIMIT.set(seconds or 0.0)
+
+
+def hung_worker() -> None:
+    HUNG_WORKERS.inc()
+
+
+def waited_for(seconds_by_host: Mapping[str, float]) -> None:
+    for host, seconds in seconds_by_host.items():
+        WAITED_FOR.labels(host).inc(seconds)
+        _waited_for_hosts.add(host)
+
+
+def keep_hosts(hosts: Iterable[str]) -> None:
+    """A round began on `hosts`: the series of `waited_for` of every other host goes."""
+    for host in _waited_for_hosts - set(hosts):
+        WAITED_FOR.remove(host)
+        _waited_for_hosts.discard(host)
 
 
 def _check(what: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -3,10 +3,12 @@
 Messages:
   submit {spec}                       -> {job}        a new job (refused while one runs)
   job                                 -> {state, round, size, resets, exit_code, reason}
-  status                              -> job + every worker of the current round
+  status                              -> job + every worker of the current round + waits {limit_s, upper_s, ranks}
   cancel {reason}                     stop the job (elasticctl run interrupted)
-  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, after_script_end, snapshot_commit}
-                                      -> {recorded}   from agents (services/registry/exits.py)
+  worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, after_script_end, snapshot_commit,
+                 hung, stack}         -> {recorded}   from agents (services/registry/exits.py)
+  waits {host, slots}                 -> {limit_s, upper_s}   from agents: how long each worker waits for the
+                                      others (services/registry/waits.py judges hangs and stragglers from them)
 
 The job is one record (services/registry/job.py) whose round's reports are a
 table (services/registry/reports.py). The registry drives it in passes, each
@@ -17,8 +19,14 @@ DRIVER acts on the job (services/registry/driver.py, its judgement the pure
 services/registry/decisions.py), reading the hosts' snapshots when every slot
 has reported; and the pass WRITES once at its end: one save of what changed,
 then the events it caused. Events go to agents through the notifier: `round`
-(services/registry/plan.py), `abort`, `kill_worker`, `job_finished`. Every
-pass and request reads the time once (`Now`, from the service's clock).
+(services/registry/plan.py), `abort`, `kill_worker`, `job_finished`; and to
+operators: `worker_hung`, `straggler`. Every pass and request reads the time
+once (`Now`, from the service's clock).
+
+The `waits` reports are judged as they arrive, not in a pass: the service's
+`WaitBoard` keeps the round's latest reports in memory (only the calibration
+of the hang limit is saved, with the job), and a report saves the job only
+when it raised the calibration or queued an event.
 
 Durable. The registry keeps the job in a `JobStore` (services/registry/store.py;
 a SQLite database under `--state-dir`, chosen by services/registry/__main__.py),
@@ -40,6 +48,7 @@ from typing import Any
 
 from bus.client import ServiceError, Unreachable, incarnation_id
 from bus.config import Endpoints, Timing
+from bus.contract import Event
 from bus.jobspec import JobSpec, SpecError
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, handles
@@ -51,6 +60,7 @@ from services.registry.job import FAILED, RUNNING_JOB, Job, Now
 from services.registry.peers import Pass, Peer, Read, Steps
 from services.registry.reports import PENDING
 from services.registry.store import JobStore
+from services.registry.waits import FRESH_HEARTBEATS, NO_LIMITS, Seen, WaitBoard, judged_limits, parse_waits
 
 
 class RegistryService(Service):
@@ -67,6 +77,7 @@ class RegistryService(Service):
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
         job = Job.from_saved(saved["job"], saved["reports"], self._now()) if saved else Job()
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
+        self.waits = WaitBoard(fresh_s=FRESH_HEARTBEATS * timing.heartbeat)
         if saved:
             self.log.info(
                 "job_recovered", job=job.job_id, state=job.state, round=job.round, resets=job.resets, store=store.where
@@ -131,7 +142,12 @@ class RegistryService(Service):
 
     @handles("status")
     def on_status(self, request: Request) -> dict[str, Any]:
-        return {**self.job.summary(), "workers": self.job.reports.status_rows(), "history": self.job.history[-20:]}
+        return {
+            **self.job.summary(),
+            "workers": self.job.reports.status_rows(),
+            "history": self.job.history[-20:],
+            "waits": self.waits.summary(self.job, self._now().local),
+        }
 
     @handles("worker_exited")
     def on_worker_exited(self, request: Request) -> dict[str, Any]:
@@ -139,6 +155,32 @@ class RegistryService(Service):
         recorded = self.driver.record_exit(exited, now.local)
         self._persist(now)
         return {"recorded": recorded}
+
+    @handles("waits")
+    def on_waits(self, request: Request) -> dict[str, Any]:
+        host, rows = parse_waits(request.body)
+        now = self._now()
+        seen = self.waits.note(self.job, host, rows, now.local)
+        self._act_on_waits(seen)
+        if seen.calibrated or seen.kills or seen.stragglers:
+            self._persist(now)
+        return NO_LIMITS if seen.limits is None else seen.limits.to_wire()
+
+    def _act_on_waits(self, seen: Seen) -> None:
+        """Queue the kills and straggler events a `waits` report made; log and count them."""
+        if seen.new_round:
+            metrics.keep_hosts(host for host, _ in self.job.round_hosts)
+        metrics.waited_for(seen.waited_for)
+        metrics.hang_limit(None if seen.limits is None else seen.limits.limit_s)
+        for kill in seen.kills:
+            self.outbox.put(Event.KILL_WORKER, kill.event)
+            shown = {key: value for key, value in kill.event.items() if key != "dump_stack"}
+            self.log.warning("worker_hung", **shown, rank=kill.rank, resent=not kill.first, round=self.job.round)
+            if kill.first:
+                metrics.hung_worker()
+        for straggler in seen.stragglers:
+            self.outbox.put(Event.STRAGGLER, straggler)
+            self.log.warning("straggler", **straggler, round=self.job.round)
 
     # -- the driver's passes: read -> decide -> write ----------------------------------------------
     def _tick(self) -> None:
@@ -178,6 +220,8 @@ class RegistryService(Service):
     def _end_of_pass(self) -> None:
         """The pass's one write: the metrics and the store catch up with what it changed."""
         metrics.workers(self.job.reports.counts())
+        limits = judged_limits(self.job)
+        metrics.hang_limit(None if limits is None else limits.limit_s)
         self._persist(self._now())
 
     def _reconciled(self, hosts: dict[str, Any], rounds: dict[str, Any], now: Now) -> bool:

@@ -91,6 +91,18 @@ def test_an_event_type_not_known_here_shows_its_fields_sorted() -> None:
     )
 
 
+def test_a_hung_worker_shows_why_without_its_stack_and_a_straggler_its_cost() -> None:
+    reason = "hung: the others waited 3.4s for rank 2 (limit 3.0s, no progress for 3.3s)"
+    hung = {"host": "h", "local_rank": 1, "rank": 2, "pid": 7, "reason": reason, "stack": "Thread 0x1\n" * 500}
+    assert event_line("worker_hung", {**hung, "seq": 6}, AT).endswith(
+        f'seq=6 worker_hung host=h local_rank=1 rank=2 reason="{reason}"'
+    )
+    straggler = {"host": "h", "local_rank": 0, "rank": 1, "lost_s_per_min": 10.2, "seq": 7}
+    assert event_line("straggler", straggler, AT).endswith(
+        "seq=7 straggler host=h local_rank=0 rank=1 lost_s_per_min=10.2"
+    )
+
+
 def test_values_are_single_tokens() -> None:
     assert [format_value(v) for v in (None, [], 0, 1.5, False, "plain", "x=y", 'say "hi"')] == [
         "-",

@@ -1,12 +1,20 @@
 """WorkerExit: an agent's exit report read at the door, and what the exit means: a success, or a failure whose
-host stays or not."""
+host stays or not; the exit of a worker killed as hung, told with its stack (Driver.record_exit)."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+import structlog
+
+from bus.jobspec import JobSpec
 from bus.service import RequestError
-from services.registry.exits import WorkerExit
+from services.registry.decisions import Decision, reset_cause
+from services.registry.driver import Driver
+from services.registry.exits import MAX_STACK_BYTES, WorkerExit
+from services.registry.job import Job
+from services.registry.reports import FAILURE
 
 
 def exit_report(**body: object) -> WorkerExit:
@@ -52,3 +60,46 @@ def test_a_report_without_its_slot_or_pid_is_a_bad_request(missing):
     del body[missing]
     with pytest.raises(RequestError, match=missing):
         WorkerExit.parse(body)
+
+
+HUNG = "hung: the others waited 3.4s for rank 2 (limit 3.0s, no progress for 3.3s)"
+
+
+def test_a_hung_worker_fails_first_as_hung_and_keeps_its_host_when_restarted_in_place():
+    killed = exit_report(exit_code=-9, restarting=True, hung=HUNG, stack="Thread 0x7f (most recent call first):\n")
+    assert (killed.failure(), killed.host_stays) == (f"{HUNG}; restarting in place", True)
+    assert killed.stack == "Thread 0x7f (most recent call first):\n"
+    assert exit_report(exit_code=-9, hung="no progress").failure() == "hung: no progress", "said hung once"
+    assert reset_cause(Decision("resume", killed.failure()), [killed.failure()]) == "worker_failed"
+
+
+def test_a_hung_workers_stack_keeps_its_last_64_kib_and_odd_fields_count_as_absent():
+    long = exit_report(exit_code=-9, hung=HUNG, stack="x" * 100 + "y" * MAX_STACK_BYTES)
+    assert long.stack == "y" * MAX_STACK_BYTES
+    odd = exit_report(exit_code=-9, hung=["no"], stack=3)
+    assert (odd.hung, odd.stack, odd.failure()) == (None, "", "exited with code -9")
+    assert exit_report(exit_code=-9, hung="").hung is None
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.queued: list[tuple[str, dict[str, Any]]] = []
+
+    def put(self, event: str, data: dict[str, Any]) -> None:
+        self.queued.append((event, data))
+
+
+def test_the_exit_of_a_current_worker_killed_as_hung_is_told_with_its_stack():
+    job = Job.submitted(JobSpec.parse({"command": ["python", "train.py"]}), 1, now=0.0)
+    job.begin_round(1, [["a", [0, 1]], ["b", [0]]], 1.0, {}, replacing=False)
+    job.reports.record_started(("b", 0), 42)
+    outbox = Outbox()
+    driver = Driver(job, None, None, outbox, structlog.get_logger())  # type: ignore[arg-type]
+    body = {"host": "b", "local_rank": 0, "pid": 42, "exit_code": -9, "restarting": True}
+    assert driver.record_exit(WorkerExit.parse({**body, "hung": HUNG, "stack": "main thread"}), now=5.0)
+    report = job.reports[("b", 0)]
+    assert (report.state, report.reason, report.host_stays) == (FAILURE, f"{HUNG}; restarting in place", True)
+    told = {"host": "b", "local_rank": 0, "rank": 2, "pid": 42, "reason": HUNG, "stack": "main thread"}
+    assert outbox.queued == [("abort", {"round": 1}), ("worker_hung", told)]
+    assert not driver.record_exit(WorkerExit.parse({**body, "pid": 41, "hung": HUNG}), now=6.0), "the slot has ended"
+    assert len(outbox.queued) == 2

@@ -89,6 +89,7 @@ def running_job() -> Job:
     job.note_failure(495.0)
     job.note_snapshot_commit("host-1", 40)
     job.host_marks = {"host-3": {"draining": True, "blacklisted": False, "until": None, "count": 0, "reason": ""}}
+    job.wait_calibration = {"longest_wait_s": 0.4, "typical_busy_s": 1.25}
     return job
 
 
@@ -134,6 +135,7 @@ def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
     assert (job.first_report_at, job.waiting_since, job.failure_seen_at) == (490.0, 480.0, None)
     newer_fields = {
         "failure_resets": 0,
+        "wait_calibration": {},
         "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True, "hang_detection": True},
     }
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
@@ -145,7 +147,7 @@ def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
 def test_a_field_the_saved_map_lacks_takes_its_default() -> None:
     older = {key: value for key, value in OLDER_JOB.items() if key not in ("resumed_from", "snapshot_commits")}
     job = Job.from_saved(older, None, SAVED_AT)
-    assert (job.resumed_from, job.snapshot_commits, len(job.reports)) == (0, {}, 0)
+    assert (job.resumed_from, job.snapshot_commits, job.wait_calibration, len(job.reports)) == (0, {}, {}, 0)
 
 
 def test_the_job_goes_through_the_store_and_back(tmp_path: Path) -> None:

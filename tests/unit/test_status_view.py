@@ -1,5 +1,5 @@
-"""`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint, and
-each host's fork server (why a host spawns its workers, in its note)."""
+"""`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint,
+each host's fork server (why a host spawns its workers, in its note), the hang limit and the slowest ranks."""
 
 from __future__ import annotations
 
@@ -96,3 +96,40 @@ def test_the_table_shows_each_hosts_fork_server_and_why_a_host_spawns() -> None:
     assert rows["host-1"].split()[3] == "ready" and "workers spawn" not in rows["host-1"]
     assert rows["host-2"].split()[3] == "unavailable" and rows["host-2"].endswith(f"workers spawn: {why}")
     assert rows["host-3"].split()[3] == "starting"
+
+
+def waits_view(waits: dict | None) -> dict:
+    job = {
+        "job": 1,
+        "state": "running",
+        "round": 1,
+        "size": 4,
+        "resets": 0,
+        "exit_code": None,
+        "reason": "",
+        "spec": {},
+    }
+    return {"job": job, "hosts": [], "workers": [], "history": [], "waits": waits}
+
+
+def test_the_table_shows_the_hang_limit_and_the_ranks_the_others_waited_for_most() -> None:
+    ranks = [
+        {"host": "host-2", "local_rank": 1, "rank": 3, "lost_s_per_min": 10.2, "lost_s": 412.5},
+        {"host": "host-1", "local_rank": 0, "rank": 0, "lost_s_per_min": 0.6, "lost_s": 3.1},
+    ]
+    lines = render(waits_view({"limit_s": 3.0, "upper_s": 120.0, "ranks": ranks}), 0.0).splitlines()
+    assert "  hang limit: 3.0s (calibrated; upper bound 120s)" in lines
+    title = lines.index("slowest ranks (seconds the others waited for each):")
+    assert [line.split() for line in lines[title + 1 : title + 4]] == [
+        ["HOST", "LOCAL", "RANK", "LOST", "S/MIN", "LOST", "S"],
+        ["host-2", "1", "3", "10.2", "412.5"],
+        ["host-1", "0", "0", "0.6", "3.1"],
+    ]
+
+
+def test_a_limit_at_the_upper_bound_says_so_and_nothing_is_shown_without_limits_or_costs() -> None:
+    capped = render(waits_view({"limit_s": 120.0, "upper_s": 120.0, "ranks": []}), 0.0)
+    assert "  hang limit: 120s (the upper bound: the job's hung timeout)" in capped.splitlines()
+    assert "slowest ranks" not in capped
+    for waits in ({"limit_s": None, "upper_s": None, "ranks": []}, None):
+        assert "hang limit" not in render(waits_view(waits), 0.0), "no running job detects hangs, or an older registry"

@@ -1,0 +1,150 @@
+"""The registry's `waits` request through its socket: the reply carries the hang limits, a deadlock reaches the
+notifier as `kill_worker`, a raised calibration is saved before the reply, `status` shows the limits, and a bad
+report is refused. The registry runs on a job it recovers from its store; discovery and the rendezvous are away
+(its passes go blind), which `waits` does not need."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from bus.client import Client, ServiceError
+from bus.config import Endpoints, Timing
+from bus.jobspec import JobSpec
+from services.notifier.service import NotifierService
+from services.registry.job import Job, Now
+from services.registry.service import RegistryService
+from services.registry.store import SqliteJobStore
+from testing.harness import free_ports, wait_for
+
+
+@pytest.fixture
+def notifier() -> Iterator[NotifierService]:
+    ports = free_ports(2)
+    service = NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
+    yield from _serve(service)  # type: ignore[misc]
+
+
+def _serve(service: Any) -> Iterator[Any]:
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(timeout=5)
+        service.close()
+
+
+def _saved_running_job(tmp_path: Path) -> None:
+    """A registry's store holding job 1 in round 1 on hosts a (slots 0, 1) and b (slot 0), every worker running."""
+    job = Job.submitted(JobSpec.parse({"command": ["python", "train.py"], "hung_timeout": 120}), 1, now=0.0)
+    job.begin_round(1, [["a", [0, 1]], ["b", [0]]], 1.0, {}, replacing=False)
+    for host, local_rank, pid in (("a", 0, 100), ("a", 1, 101), ("b", 0, 110)):
+        job.reports.record_started((host, local_rank), pid)
+    store = SqliteJobStore(tmp_path)
+    saved = {
+        "last_job_id": 1,
+        "discovery_incarnation": None,
+        "outbox": [],
+        "job": job.to_saved(Now.read(time.monotonic)),
+    }
+    store.save(saved, {"reports": job.reports.to_saved()})
+    store.close()
+
+
+@pytest.fixture
+def registry(tmp_path: Path, notifier: NotifierService) -> Iterator[RegistryService]:
+    _saved_running_job(tmp_path)
+    away, port = (f"tcp://127.0.0.1:{p}" for p in free_ports(2)), free_ports(1)[0]
+    peers = Endpoints(
+        discovery=next(away),
+        rendezvous=next(away),
+        registry=f"tcp://127.0.0.1:{port}",
+        notifier=notifier.endpoint,
+        events=notifier.events.sock.getsockopt_string(zmq.LAST_ENDPOINT),
+    )
+    made: list[RegistryService] = []
+    ready = threading.Event()
+
+    def serve() -> None:
+        """Made, run and closed in one thread: its SQLite connection is that thread's."""
+        service = RegistryService(peers.registry, peers, Timing(), SqliteJobStore(tmp_path))
+        made.append(service)
+        ready.set()
+        try:
+            service.run()
+        finally:
+            service.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the registry did not start"
+    try:
+        yield made[0]
+    finally:
+        made[0].stop()
+        thread.join(timeout=5)
+
+
+def slot(local_rank: int, pid: int, **values: Any) -> dict[str, Any]:
+    return {
+        "local_rank": local_rank,
+        "pid": pid,
+        "round": 1,
+        "waiting_s": None,
+        "busy_s": 0.1,
+        "stalled_s": None,
+        "waits": 10,
+        "longest_wait_s": 0.0,
+        "typical_busy_s": 0.0,
+        "waited_total_s": 0.0,
+        **values,
+    }
+
+
+def test_waits_are_answered_with_the_limits_and_a_deadlock_is_killed(
+    registry: RegistryService, notifier: NotifierService, tmp_path: Path
+) -> None:
+    agent = Client(registry.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+    events = Client(notifier.endpoint, "test-reader", timeout=2.0, deadline=5.0)
+    try:
+        stuck = slot(1, 101, busy_s=3.3, stalled_s=3.3)
+        assert agent.request("waits", {"host": "a", "slots": [slot(0, 100), stuck]}).body == {
+            "limit_s": 3.0,
+            "upper_s": 120.0,
+        }
+        agent.request("waits", {"host": "b", "slots": [slot(0, 110, waiting_s=3.4, busy_s=None)]})
+
+        def kills() -> list[dict[str, Any]]:
+            return [body for kind, body in events.request("since", {"seq": 0}).body["events"] if kind == "kill_worker"]
+
+        (kill,) = wait_for(kills, 10, "the kill_worker event")
+        assert {k: kill[k] for k in ("host", "local_rank", "pid", "dump_stack")} == {
+            "host": "a",
+            "local_rank": 1,
+            "pid": 101,
+            "dump_stack": True,
+        }
+        assert kill["reason"] == "hung: the others waited 3.4s for rank 1 (limit 3.0s, no progress for 3.3s)"
+
+        reply = agent.request("waits", {"host": "b", "slots": [slot(0, 110, longest_wait_s=2.0)]}).body
+        assert reply == {"limit_s": 10.0, "upper_s": 120.0}
+        reader = SqliteJobStore(tmp_path)
+        saved = reader.load()
+        reader.close()
+        assert saved is not None and saved["job"]["wait_calibration"] == {"longest_wait_s": 2.0}, "saved before"
+        assert agent.request("status").body["waits"] == {"limit_s": 10.0, "upper_s": 120.0, "ranks": []}
+
+        with pytest.raises(ServiceError) as refused:
+            agent.request("waits", {"host": "b", "slots": [slot(0, 110, waits=True)]})
+        assert (refused.value.code, "slots[0].waits" in str(refused.value)) == ("bad_request", True)
+    finally:
+        agent.close()
+        events.close()

@@ -1,0 +1,252 @@
+"""WaitBoard (services/registry/waits.py): hangs judged from the agents' `waits` reports (a rank the others wait for
+while it makes no progress, or past the upper bound), the calibrated limit, the cost of each rank to the others and
+the stragglers it makes; bad reports refused at the door; only the current round's slots kept, and only its hosts'
+metric series."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import prometheus_client
+import pytest
+
+from bus.jobspec import JobSpec
+from bus.service import RequestError
+from services.registry import metrics
+from services.registry.job import Job
+from services.registry.waits import FLOOR_S, Kill, Limits, Seen, WaitBoard, limits_of, parse_waits
+
+SPEC = JobSpec.parse({"command": ["python", "train.py"], "min_np": 1, "hung_timeout": 120})
+HOSTS = [["a", [0, 1]], ["b", [0, 1]]]  # ranks: a/0 is 0, a/1 is 1, b/0 is 2, b/1 is 3
+FRESH_S = 3.0
+
+
+def pid(host: str, local_rank: int) -> int:
+    return 100 + 10 * (host == "b") + local_rank
+
+
+def running_job(spec: JobSpec = SPEC) -> Job:
+    job = Job.submitted(spec, 1, now=0.0)
+    job.begin_round(1, HOSTS, 1.0, {}, replacing=False)
+    for host, local_ranks in HOSTS:
+        for local_rank in local_ranks:
+            job.reports.record_started((host, local_rank), pid(host, local_rank))
+    return job
+
+
+def row(host: str, local_rank: int, **values: Any) -> dict[str, Any]:
+    """A worker's row: past its first waits, neither waiting nor busy unless told."""
+    return {
+        "local_rank": local_rank,
+        "pid": pid(host, local_rank),
+        "round": 1,
+        "waiting_s": None,
+        "busy_s": None,
+        "stalled_s": None,
+        "waits": 10,
+        "longest_wait_s": 0.0,
+        "typical_busy_s": 0.0,
+        "waited_total_s": 0.0,
+        **values,
+    }
+
+
+def report(board: WaitBoard, job: Job, host: str, now: float, *rows: dict[str, Any]) -> Seen:
+    reported_host, parsed = parse_waits({"host": host, "slots": list(rows)})
+    return board.note(job, reported_host, parsed, now)
+
+
+def deadlock(board: WaitBoard, job: Job, now: float, suspect_first: bool = True, **suspect: Any) -> list[Kill]:
+    """Rank 1 (a/1) busy and stalled 3.3 s; rank 2 (b/0) has waited 3.4 s for it: the kills both reports made."""
+    stuck = {"busy_s": 3.3, "stalled_s": 3.3, **suspect}
+    reports = [("a", row("a", 1, **stuck)), ("b", row("b", 0, waiting_s=3.4))]
+    first, second = reports if suspect_first else reports[::-1]
+    return report(board, job, first[0], now, first[1]).kills + report(board, job, second[0], now, second[1]).kills
+
+
+# -- hangs -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suspect_first", [True, False])
+def test_a_deadlocked_rank_that_others_wait_for_is_killed_with_a_stack_dump(suspect_first: bool) -> None:
+    kills = deadlock(WaitBoard(FRESH_S), running_job(), 100.0, suspect_first)
+    assert [(kill.event, kill.rank, kill.first) for kill in kills] == [
+        (
+            {
+                "host": "a",
+                "local_rank": 1,
+                "pid": 101,
+                "reason": "hung: the others waited 3.4s for rank 1 (limit 3.0s, no progress for 3.3s)",
+                "dump_stack": True,
+            },
+            1,
+            True,
+        )
+    ]
+
+
+def test_a_rank_that_makes_progress_is_hung_only_past_the_upper_bound() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert deadlock(board, job, 100.0, stalled_s=0.5) == [], "it computes or writes: a checkpoint, a compile"
+    assert deadlock(board, job, 101.0, stalled_s=None, busy_s=119.0) == []
+    report(board, job, "a", 102.0, row("a", 1, busy_s=121.0, stalled_s=1.0))
+    seen = report(board, job, "b", 102.0, row("b", 0, waiting_s=120.5))
+    assert [kill.event["reason"] for kill in seen.kills] == [
+        "hung: the others waited 120.5s for rank 1 (upper bound 120s, busy for 121.0s)"
+    ]
+
+
+def test_a_rank_in_its_first_waits_of_a_round_is_never_a_suspect() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    report(board, job, "a", 100.0, row("a", 1, busy_s=200.0, stalled_s=200.0, waits=2))
+    assert report(board, job, "b", 100.0, row("b", 0, waiting_s=200.0)).kills == [], "the others load or compile"
+
+
+@pytest.mark.parametrize("stale", ["suspect", "waiter"])
+def test_a_stale_report_is_never_judged(stale: str) -> None:
+    """An agent silent for three heartbeats is a lost host, discovery's to handle."""
+    board, job = WaitBoard(FRESH_S), running_job()
+    suspect, waiter = ("a", row("a", 1, busy_s=9.0, stalled_s=9.0)), ("b", row("b", 0, waiting_s=9.0))
+    first, second = (suspect, waiter) if stale == "suspect" else (waiter, suspect)
+    report(board, job, first[0], 100.0, first[1])
+    assert report(board, job, second[0], 100.0 + FRESH_S + 0.5, second[1]).kills == []
+
+
+def test_a_pause_of_every_rank_is_never_a_hang() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    paused = {"busy_s": 60.0, "stalled_s": 60.0}
+    seen = [report(board, job, host, 100.0, row(host, 0, **paused), row(host, 1, **paused)) for host in ("a", "b")]
+    assert [s.kills for s in seen] == [[], []], "nobody waits for anybody"
+
+
+def test_a_wait_under_the_floor_is_no_hang_and_raises_the_limit() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    report(board, job, "a", 100.0, row("a", 1, busy_s=2.0, stalled_s=2.0))
+    assert report(board, job, "b", 100.0, row("b", 0, waiting_s=2.0)).kills == []
+    seen = report(board, job, "b", 101.0, row("b", 0, busy_s=0.1, longest_wait_s=2.0, waited_total_s=2.0))
+    assert (seen.calibrated, seen.limits, job.wait_calibration) == (True, Limits(10.0, 120.0), {"longest_wait_s": 2.0})
+    assert deadlock(board, job, 102.0) == [], "3.4 s is now under the limit"
+    assert report(board, job, "b", 103.0, row("b", 0, busy_s=0.1, longest_wait_s=1.0)).calibrated is False
+
+
+def test_the_limit_never_exceeds_the_hung_timeout() -> None:
+    short = JobSpec.parse({"command": ["python", "train.py"], "hung_timeout": 20})
+    assert limits_of(short, {"longest_wait_s": 10.0, "typical_busy_s": 1.0}) == Limits(20.0, 20.0)
+    assert limits_of(short, {"typical_busy_s": 1.5}) == Limits(7.5, 20.0), "the typical busy time counts too"
+    assert limits_of(JobSpec.parse({"command": ["x"], "hung_timeout": 2}), {}) == Limits(2.0, 2.0)
+
+
+def test_the_kill_is_sent_again_only_after_ten_seconds_while_the_same_worker_reports() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert len(deadlock(board, job, 100.0)) == 1
+    assert [deadlock(board, job, now) for now in (101.0, 105.0, 109.9)] == [[], [], []]
+    again = deadlock(board, job, 110.0)
+    assert [(kill.event["pid"], kill.first) for kill in again] == [(101, False)], "in case the event was lost"
+
+
+def test_reports_of_a_worker_that_is_not_the_rounds_or_has_failed_are_not_judged() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert deadlock(board, job, 100.0, pid=999) == [], "not the pid the round has for the slot"
+    assert deadlock(board, job, 101.0, round=0) == [], "a report of an earlier round"
+    job.reports.record_failure(("a", 1), "exited with code 1", exit_code=1)
+    assert deadlock(board, job, 102.0) == [], "its exit is already recorded"
+
+
+def test_a_job_without_hang_detection_is_told_no_limits_and_never_judged() -> None:
+    job = running_job(JobSpec.parse({"command": ["python", "train.py"], "hang_detection": False}))
+    board = WaitBoard(FRESH_S)
+    assert deadlock(board, job, 100.0) == []
+    seen = report(board, job, "b", 101.0, row("b", 0, longest_wait_s=2.0))
+    assert (seen.limits, seen.calibrated, job.wait_calibration) == (None, False, {})
+
+
+def test_the_floor_is_the_limit_until_waits_are_seen() -> None:
+    seen = report(WaitBoard(FRESH_S), running_job(), "a", 100.0, row("a", 0))
+    assert (seen.limits, seen.calibrated) == (Limits(limit_s=FLOOR_S, upper_s=120.0), False)
+
+
+# -- what each rank costs the others -------------------------------------------------------------
+
+
+def test_a_slower_rank_costs_the_others_most_and_becomes_a_straggler_once_per_episode() -> None:
+    """Rank 3 (b/1) computes 20% longer than the others, which wait 1/6 of their time for it."""
+    board, job = WaitBoard(FRESH_S), running_job()
+    waited = {slot: 0.0 for slot in (("a", 0), ("a", 1), ("b", 0), ("b", 1))}
+    stragglers, lost_on = [], {"a": 0.0, "b": 0.0}
+
+    def second(now: float, slow: bool) -> None:
+        for slot in waited:
+            waited[slot] += 0.0 if slot == ("b", 1) and slow else 1 / 6
+        for host in ("a", "b"):
+            rows = [row(host, i, busy_s=0.1, waited_total_s=waited[(host, i)]) for i in (0, 1)]
+            seen = report(board, job, host, now, *rows)
+            stragglers.extend(seen.stragglers)
+            for name, seconds in seen.waited_for.items():
+                lost_on[name] += seconds
+
+    for now in range(100, 141):
+        second(float(now), slow=True)
+    assert stragglers == [{"host": "b", "local_rank": 1, "rank": 3, "lost_s_per_min": 10.0}], "after 30 s, once"
+    summary = board.summary(job, 140.0)
+    assert summary["ranks"] == [{"host": "b", "local_rank": 1, "rank": 3, "lost_s_per_min": 10.0, "lost_s": 6.7}]
+    assert lost_on["a"] == 0.0 and lost_on["b"] == pytest.approx(40 / 6)
+    for now in range(141, 161):
+        second(float(now), slow=False)
+    assert board.summary(job, 160.0)["ranks"][0]["lost_s_per_min"] < 6.0, "it caught up"
+    for now in range(161, 215):
+        second(float(now), slow=True)
+    assert len(stragglers) == 2, "a new episode"
+
+
+def test_the_first_report_of_a_worker_only_sets_its_baseline() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    seen = report(board, job, "a", 100.0, row("a", 0, waited_total_s=500.0), row("a", 1, waited_total_s=0.0))
+    assert seen.waited_for == {}, "no interval yet: nothing waited is counted"
+
+
+def test_a_new_round_drops_the_slots_it_left_out() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    report(board, job, "a", 100.0, row("a", 0), row("a", 1))
+    report(board, job, "b", 100.0, row("b", 0), row("b", 1))
+    assert len(board) == 4
+    job.begin_round(2, [["a", [0, 1]]], 2.0, {}, replacing=False)
+    job.reports.record_started(("a", 0), pid("a", 0))
+    seen = report(board, job, "a", 101.0, row("a", 0, round=2))
+    assert (seen.new_round, len(board)) == (True, 2), "b's slots are gone; a/1 has no worker in the round yet"
+    assert report(board, job, "a", 102.0, row("a", 0, round=2)).new_round is False
+
+
+# -- at the door -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"slots": []}, "'host'"),
+        ({"host": "a", "slots": {}}, "'slots'"),
+        ({"host": "a", "slots": [3]}, "slots[0] must be a map"),
+        ({"host": "a", "slots": [{**row("a", 0), "local_rank": True}]}, "slots[0].local_rank"),
+        ({"host": "a", "slots": [row("a", 0), row("a", 1, pid=-1)]}, "slots[1].pid"),
+        ({"host": "a", "slots": [row("a", 0, waits=1.5)]}, "slots[0].waits"),
+        ({"host": "a", "slots": [row("a", 0, waiting_s="1")]}, "slots[0].waiting_s"),
+        ({"host": "a", "slots": [row("a", 0, busy_s=-1.0)]}, "slots[0].busy_s"),
+        ({"host": "a", "slots": [row("a", 0, stalled_s=False)]}, "slots[0].stalled_s"),
+        ({"host": "a", "slots": [row("a", 0, longest_wait_s=None)]}, "slots[0].longest_wait_s"),
+        ({"host": "a", "slots": [row("a", 0, waited_total_s=float("nan"))]}, "slots[0].waited_total_s"),
+        ({"host": "a", "slots": [{k: v for k, v in row("a", 0).items() if k != "typical_busy_s"}]}, "typical_busy_s"),
+    ],
+)
+def test_a_bad_report_is_refused_with_one_line_naming_the_field(body: dict[str, Any], named: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        parse_waits(body)
+    assert refused.value.code == "bad_request" and named in refused.value.message
+    assert "\n" not in refused.value.message
+
+
+def test_the_waited_for_series_of_a_host_goes_when_a_round_goes_on_without_it() -> None:
+    metrics.waited_for({"gone-host": 1.5, "kept-host": 2.0})
+    metrics.keep_hosts(["kept-host"])
+    value = prometheus_client.REGISTRY.get_sample_value
+    assert value("elastic_worker_waited_for_seconds_total", {"host": "gone-host"}) is None
+    assert value("elastic_worker_waited_for_seconds_total", {"host": "kept-host"}) == 2.0
+    metrics.keep_hosts([])
