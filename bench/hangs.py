@@ -8,8 +8,9 @@ Every run: 3 hosts x 1 slot, the production intervals (heartbeat 1 s, collective
 the job spec, `tests/workers/stalls.py` (a Horovod-style elastic loop, DistributedOptimizer, commit every 5 steps)
 with 50 ms steps:
   hang       host-3's worker deadlocks in its own code at step 100 (a lock it holds). Printed: from its last
-             step to the survivors' first step without it (`others_again_s`), from then to the first step at
-             full size again (`full_size_after_s`), and whether the function it hung in is in the job's output.
+             step to the survivors' first step in a later round (`others_again_s`), from then to the first step at
+             full size again (`full_size_after_s`; 0 when the replacement was ready before the survivors re-formed),
+             and whether the function it hung in is in the job's output.
              `--baseline` also runs it with `--no-hang-detection` (what the job did before: the collective
              timeout, then the hung timeout; about three minutes).
   straggler  host-2's rank takes 10 ms longer per step (20 % slower); seconds from the first step until
@@ -76,12 +77,12 @@ def hang(workdir: Path, detection: bool) -> None:
         wait_for(lambda: events(log_dir, "hanging"), 180, "the hang")
         hung = events(log_dir, "hanging")[0]
         again = wait_for(
-            lambda: next((e for e in steps(log_dir) if e["size"] == 2 and e["time"] > hung["time"]), None),
+            lambda: next((e for e in steps(log_dir) if e["round"] > hung["round"] and e["host"] != "host-3"), None),
             400,
-            "the survivors at size 2",
+            "the survivors in a round after the hang",
         )
         full = wait_for(
-            lambda: next((e for e in steps(log_dir) if e["size"] == 3 and e["time"] > again["time"]), None),
+            lambda: next((e for e in steps(log_dir) if e["round"] > hung["round"] and e["size"] == 3), None),
             400,
             "full size again",
         )
