@@ -107,8 +107,10 @@ def _size(path: str) -> int:
 
 
 def _read(path: str) -> str:
+    """The dump's last STACK_KEPT bytes (faulthandler writes the current thread, the one that hung, last)."""
     try:
         with Path(path).open("rb") as dump:
-            return dump.read(STACK_KEPT).decode(errors="replace")
+            dump.seek(max(0, os.stat(path).st_size - STACK_KEPT))
+            return dump.read().decode(errors="replace")
     except OSError:
         return ""

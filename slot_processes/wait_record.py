@@ -14,7 +14,8 @@ The record (`LAYOUT`, native byte order; one writer, the worker):
 - `busy_since`: when the last wait of this round ended, 0 before the first;
 - `waited_total`: seconds waited over the worker's life;
 - `longest_wait`: the longest wait of this round, not counting its first IGNORED_WAITS (a round's first
-  collectives wait for ranks that restore, load or compile) nor waits in Horovod's join;
+  collectives wait for ranks that restore, load or compile), waits in Horovod's join, nor a wait that ended in
+  an error (the round was aborted: the others waited for a rank that failed or hung);
 - `typical_busy`: the usual time between two waits (a running mean of this round's intervals after its first
   IGNORED_WAITS, each capped at OUTLIER_CAP times the mean so an evaluation does not move it);
 - `round`, `waits`: the round the worker is in and the waits it completed in it.
@@ -125,7 +126,7 @@ class WaitRecord:
             self._write()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._depth -= 1
         if self._depth:
             return
@@ -136,7 +137,7 @@ class WaitRecord:
         state[0], state[1] = 0.0, now
         state[2] += waited
         state[6] += 1
-        if state[6] > IGNORED_WAITS and self._calibrates:
+        if state[6] > IGNORED_WAITS and self._calibrates and exc_type is None:
             state[3] = max(state[3], waited)
             if busy_since:
                 busy = began - busy_since

@@ -86,8 +86,14 @@ def test_a_worker_hung_in_a_collective_is_cut_loose(tmp_path: Path) -> None:
         stopped = worker_pid(cluster, "host-2", 0)
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = max(e["time"] for e in steps(log_dir))
-        wait_for_size(log_dir, 2, after=stopped_at, timeout=30)
-        resumed_at = min(e["time"] for e in steps(log_dir) if e["time"] > stopped_at and e["size"] == 2)
+        stopped_round = max(e["round"] for e in steps(log_dir))
+        # Stopped outside a collective, it is found by the others' waits and its slot restarts in place; stopped
+        # inside one, the others time out and its slot fails: either way the others train on in a later round.
+        resumed_at = wait_for(
+            lambda: min((e["time"] for e in steps(log_dir) if e["round"] > stopped_round), default=None),
+            30,
+            "the survivors training in a later round",
+        )
         assert resumed_at - stopped_at < 3 + 2 + 5, (
             "survivors released within collective timeout + hung timeout (+ slack)"
         )

@@ -1,5 +1,5 @@
 """The wait record both ends read and write (slot_processes/wait_record.py), a process's progress as the agent samples
-it, and the stack dump a hung worker answers with."""
+it, the stack dump a hung worker answers with, and when the agent reports (agent/wait_watch.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog
 
-from agent.wait_watch import _progressed, process_progress
+from agent.wait_watch import WaitWatch, _progressed, process_progress
+from agent.workers import Worker
+from bus.envelope import Message
 from slot_processes import wait_record
 from slot_processes.wait_record import IGNORED_WAITS, NoRecord, RecordReader, WaitRecord, record_from_env
 from testing.harness import wait_for
@@ -43,7 +47,7 @@ def test_a_wait_is_seen_while_it_lasts_and_counted_once_it_ends(record_path: str
     assert after.waits == 1 and after.waited_total >= 0.02
 
 
-def test_the_first_waits_of_a_round_and_joins_do_not_calibrate(record_path: str) -> None:
+def test_the_first_waits_of_a_round_joins_and_aborted_waits_do_not_calibrate(record_path: str) -> None:
     record, reader = WaitRecord(record_path), RecordReader(record_path)
     record.begin_round(1)
     for _ in range(IGNORED_WAITS):
@@ -53,6 +57,9 @@ def test_the_first_waits_of_a_round_and_joins_do_not_calibrate(record_path: str)
     assert state is not None and state.longest_wait == 0.0 and state.waits == IGNORED_WAITS
     with record.waiting(calibrates=False):
         time.sleep(0.03)  # Horovod's join: this rank is out of data while the others train
+    with pytest.raises(RuntimeError), record.waiting():
+        time.sleep(0.03)
+        raise RuntimeError("aborted by the control plane: the rank it waited for hung")
     with record.waiting():
         time.sleep(0.005)
     state = reader.read()
@@ -60,7 +67,7 @@ def test_the_first_waits_of_a_round_and_joins_do_not_calibrate(record_path: str)
     record.begin_round(2)
     state = reader.read()
     assert state is not None and (state.round, state.waits, state.longest_wait, state.busy_since) == (2, 0, 0.0, 0.0)
-    assert state.waited_total >= 4 * 0.03, "the life total goes on across rounds"
+    assert state.waited_total >= 5 * 0.03, "the life total goes on across rounds"
 
 
 def test_one_long_busy_stretch_barely_moves_the_typical_interval(record_path: str) -> None:
@@ -131,3 +138,45 @@ def test_a_spinning_process_makes_progress(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+
+
+class Registry:
+    """Where WaitWatch sends its reports: each is kept, and answered with the limits given."""
+
+    def __init__(self, limits: dict[str, float]) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.limits = limits
+
+    def send(self, msg_type: str, body: dict[str, Any], on_reply: Any, **_: Any) -> None:
+        assert msg_type == "waits"
+        self.sent.append(body)
+        on_reply(Message(type="waits", body=self.limits))
+
+
+def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELASTIC_SHM_DIR", str(tmp_path))
+    registry = Registry({"limit_s": 0.2, "upper_s": 5.0})
+    watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger())  # type: ignore[arg-type]
+    files = watch.new_files()
+    assert files is not None
+    worker = Worker(0, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))  # type: ignore[arg-type]
+    try:
+        watch.watch(worker, files)
+        record = WaitRecord(files.record)
+        record.begin_round(1)
+        watch.report()
+        assert [row["round"] for row in registry.sent[-1]["slots"]] == [1] and len(registry.sent) == 1
+        record.__enter__()  # the worker waits for the others
+        wait_for(lambda: watch.tick() or len(registry.sent) == 2, 5, "a report once the wait passed the limit")
+        assert registry.sent[-1]["slots"][0]["waiting_s"] >= 0.2
+        for _ in range(3):
+            watch.tick()
+        assert len(registry.sent) == 2, "a limit crossed is reported once"
+        record.__exit__(None)
+        watch.forget(worker.pid)
+        assert not list(tmp_path.glob("elastic-*")), "the worker's files go with it"
+    finally:
+        worker.process.kill()
+        worker.process.wait()
