@@ -1,8 +1,8 @@
 """Hung workers and slow ranks (issue 35): how soon a job trains again after a worker hangs, whether its stack reached
 the output, how soon a slow rank is named, what the wait accounting costs, and whether long pauses look like hangs.
 
-    python -m bench.hangs [--only hang,straggler,cost,pauses] [--baseline] [--cost-steps 600]
-                          [--pause-minutes 10]
+    python -m bench.hangs [--only hang,straggler,cost,pauses] [--baseline] [--cost-rounds 3]
+                          [--cost-steps 200] [--pause-minutes 10]
 
 Every run: 3 hosts x 1 slot, the production intervals (heartbeat 1 s, collective timeout 60 s), every default of
 the job spec, `tests/workers/stalls.py` (a Horovod-style elastic loop, DistributedOptimizer, commit every 5 steps)
@@ -15,8 +15,9 @@ with 50 ms steps:
              timeout, then the hung timeout; about three minutes).
   straggler  host-2's rank takes 10 ms longer per step (20 % slower); seconds from the first step until
              `elasticctl status` names it the rank that costs the others most.
-  cost       step time with the accounting on and off, alternated twice (`--cost-steps` steps each): the
-             median step and the ratio on/off.
+  cost       bench/step_time_worker.py's DistributedOptimizer steps (2 ranks, one host; a 1M-parameter MLP and
+             a small conv net, `--cost-steps` timed steps each) in jobs with the accounting on and with
+             `--no-hang-detection`, alternated `--cost-rounds` times: the median ms per step and the ratio on/off.
   pauses     a `--pause-minutes` job in which every rank pauses 60 s every 2,000 steps (an evaluation) and
              host-2's rank 2 s every 100 steps (slow data): hangs declared (expected 0) and rounds.
 """
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cluster, steps
+from bench.step_time import run_job
 from testing.harness import Cluster, read_events, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")
@@ -117,24 +119,22 @@ def straggler(workdir: Path) -> None:
         job.wait(timeout=60)
 
 
-def median_step(log_dir: Path) -> float:
-    times = sorted(e["time"] for e in steps(log_dir) if e["rank"] == 0 and e["round"] == 1)
-    return statistics.median(b - a for a, b in zip(times[20:], times[21:]))
-
-
-def cost(workdir: Path, count: int) -> None:
-    with cluster(PRODUCTION) as c:
-        medians: dict[bool, list[float]] = {True: [], False: []}
-        for attempt, detection in enumerate((True, False, True, False)):
-            log_dir = workdir / f"cost-{attempt}"
-            job = start(c, log_dir, "--steps", str(count), options=() if detection else ("--no-hang-detection",))
-            assert c.wait_job_end(job, 900) == 0, c.output("elasticctl-run")
-            medians[detection].append(median_step(log_dir))
-        on, off = statistics.median(medians[True]), statistics.median(medians[False])
+def cost(rounds: int, steps_per_model: int) -> None:
+    """bench/step_time_worker.py's "ours" trainer (DistributedOptimizer, 2 ranks) in jobs with the accounting on and
+    off, alternated `rounds` times in one cluster: the median ms per step of each, and the ratio on / off."""
+    worker_args = ["--models", "mlp-1M,convnet", "--steps", str(steps_per_model)]
+    ms: dict[bool, dict[str, list[float]]] = {True: {}, False: {}}
+    with cluster() as c:
+        c.start_agent("host-1", slots=2)
+        for detection in [True, False] * rounds:
+            report = run_job(c, 2, worker_args, () if detection else ("--no-hang-detection",))
+            for row in report["results"]:
+                ms[detection].setdefault(row["model"], []).append(row["ms"]["ours"])
+    for model in ms[True]:
+        on, off = statistics.median(ms[True][model]), statistics.median(ms[False][model])
         print(
-            f"COST step_on_ms={on * 1e3:.2f} step_off_ms={off * 1e3:.2f} ratio={on / off:.4f} "
-            f"runs_on={[round(m * 1e3, 2) for m in medians[True]]} "
-            f"runs_off={[round(m * 1e3, 2) for m in medians[False]]}",
+            f"COST model={model} step_on_ms={on:.3f} step_off_ms={off:.3f} ratio={on / off:.4f} "
+            f"runs_on={[round(m, 3) for m in ms[True][model]]} runs_off={[round(m, 3) for m in ms[False][model]]}",
             flush=True,
         )
 
@@ -179,7 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="hang,straggler,cost,pauses")
     parser.add_argument("--baseline", action="store_true")
-    parser.add_argument("--cost-steps", type=int, default=600)
+    parser.add_argument("--cost-rounds", type=int, default=3)
+    parser.add_argument("--cost-steps", type=int, default=200)
     parser.add_argument("--pause-minutes", type=float, default=10.0)
     args = parser.parse_args()
     chosen = args.only.split(",")
@@ -192,7 +193,7 @@ def main() -> None:
         if "straggler" in chosen:
             straggler(workdir)
         if "cost" in chosen:
-            cost(workdir, args.cost_steps)
+            cost(args.cost_rounds, args.cost_steps)
         if "pauses" in chosen:
             pauses(workdir, args.pause_minutes)
     finally:

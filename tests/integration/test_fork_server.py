@@ -23,7 +23,14 @@ from tests.integration.training import assert_training_invariants, steps
 
 REPORT = [sys.executable, "tests/workers/process_report.py"]
 # What differs between two jobs of one cluster whatever starts their workers.
-PER_JOB = ("ELASTIC_JOB", "ELASTIC_JOB_KEY", "ELASTIC_SNAPSHOT", "REPORT_DIR")
+PER_JOB = (
+    "ELASTIC_JOB",
+    "ELASTIC_JOB_KEY",
+    "ELASTIC_SNAPSHOT",
+    "REPORT_DIR",
+    "ELASTIC_WAIT_RECORD",  # each worker's own wait record and stack file
+    "ELASTIC_STACK_FILE",
+)
 
 
 def agent_log(cluster: Cluster, host: str) -> list[dict]:

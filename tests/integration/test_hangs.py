@@ -146,12 +146,16 @@ def test_a_slow_rank_is_named_as_the_top_cost_in_status_and_in_prometheus(tmp_pa
             ranks = cluster.status()["waits"]["ranks"]
             return ranks[0] if ranks and ranks[0]["host"] == "host-2" else None
 
-        named = wait_for(top, 60, "host-2 named as the slowest rank")
+        named = wait_for(top, 90, "host-2 named as the slowest rank")
         assert named["lost_s_per_min"] > 1.0, named
-        shown = cluster.elasticctl("status")
-        table = shown.stdout.split("slowest ranks (seconds the others waited for each):", 1)[1].splitlines()
-        rows = [line.split() for line in table if line.strip()][1:]
-        assert rows and rows[0][0] == "host-2", shown.stdout
+
+        def first_row_shown() -> list[str]:
+            shown = cluster.elasticctl("status").stdout
+            table = shown.split("slowest ranks (seconds the others waited for each):", 1)[-1].splitlines()
+            rows = [line.split() for line in table if line.strip()][1:]
+            return rows[0] if rows and rows[0][0] == "host-2" else []
+
+        wait_for(first_row_shown, 90, "`elasticctl status` showing host-2 first among the slowest ranks")
 
         def waited_for(host: str) -> float:
             return scrape(port).get(("elastic_worker_waited_for_seconds_total", frozenset({("host", host)})), 0.0)
