@@ -84,15 +84,19 @@ def hang(workdir: Path, detection: bool) -> None:
             "the survivors in a round after the hang",
         )
         full = wait_for(
-            lambda: next((e for e in steps(log_dir) if e["round"] > hung["round"] and e["size"] == 3), None),
-            400,
-            "full size again",
+            lambda: (
+                next((e for e in steps(log_dir) if e["round"] > hung["round"] and e["size"] == 3), None)
+                or job.poll() is not None
+            ),
+            800,
+            "full size again, or the job's end",
         )
         code = job.wait(timeout=600)
+        full_after = f"{full['time'] - again['time']:.2f}" if isinstance(full, dict) else "never(ended at size 2)"
         output = c.output("agent-host-3")
         print(
             f"HANG detection={'on' if detection else 'off'} others_again_s={again['time'] - hung['time']:.2f} "
-            f"full_size_after_s={full['time'] - again['time']:.2f} "
+            f"full_size_after_s={full_after} "
             f"stack_in_output={'load_next_batch_deadlocked' in output} exit={code}",
             flush=True,
         )
