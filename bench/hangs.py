@@ -1,8 +1,8 @@
 """Hung workers and slow ranks (issue 35): how soon a job trains again after a worker hangs, whether its stack reached
 the output, how soon a slow rank is named, what the wait accounting costs, and whether long pauses look like hangs.
 
-    python -m bench.hangs [--only hang,straggler,cost,pauses] [--baseline] [--cost-rounds 3]
-                          [--cost-steps 200] [--pause-minutes 10]
+    python -m bench.hangs [--only hang,straggler,cost,pauses] [--baseline] [--cost-steps 300]
+                          [--pause-minutes 10]
 
 Every run: 3 hosts x 1 slot, the production intervals (heartbeat 1 s, collective timeout 60 s), every default of
 the job spec, `tests/workers/stalls.py` (a Horovod-style elastic loop, DistributedOptimizer, commit every 5 steps)
@@ -15,9 +15,10 @@ with 50 ms steps:
              timeout, then the hung timeout; about three minutes).
   straggler  host-2's rank takes 10 ms longer per step (20 % slower); seconds from the first step until
              `elasticctl status` names it the rank that costs the others most.
-  cost       bench/step_time_worker.py's DistributedOptimizer steps (2 ranks, one host; a 1M-parameter MLP and
-             a small conv net, `--cost-steps` timed steps each) in jobs with the accounting on and with
-             `--no-hang-detection`, alternated `--cost-rounds` times: the median ms per step and the ratio on/off.
+  cost       in one job of 2 ranks (bench/accounting_worker.py), two DistributedOptimizer trainers taking turns
+             step by step (a 1M-parameter MLP and a small conv net, `--cost-steps` each), one writing its waits to
+             the wait record, one not: the median ms per step of each, the ratio on/off, the waits per step, what
+             recording one wait costs (timed apart) and so its share of a step.
   pauses     a `--pause-minutes` job in which every rank pauses 60 s every 2,000 steps (an evaluation) and
              host-2's rank 2 s every 100 steps (slow data): hangs declared (expected 0) and rounds.
 """
@@ -25,8 +26,8 @@ with 50 ms steps:
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cluster, steps
-from bench.step_time import run_job
 from testing.harness import Cluster, read_events, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")
@@ -123,24 +123,36 @@ def straggler(workdir: Path) -> None:
         job.wait(timeout=60)
 
 
-def cost(rounds: int, steps_per_model: int) -> None:
-    """bench/step_time_worker.py's "ours" trainer (DistributedOptimizer, 2 ranks) in jobs with the accounting on and
-    off, alternated `rounds` times in one cluster: the median ms per step of each, and the ratio on / off."""
-    worker_args = ["--models", "mlp-1M,convnet", "--steps", str(steps_per_model)]
-    ms: dict[bool, dict[str, list[float]]] = {True: {}, False: {}}
+def cost(steps_per_model: int) -> None:
+    """bench/accounting_worker.py in one job of 2 ranks: DistributedOptimizer steps with the wait accounting on and
+    off, taking turns; the median ms per step of each and the ratio on / off, per model."""
     with cluster() as c:
         c.start_agent("host-1", slots=2)
-        for detection in [True, False] * rounds:
-            report = run_job(c, 2, worker_args, () if detection else ("--no-hang-detection",))
-            for row in report["results"]:
-                ms[detection].setdefault(row["model"], []).append(row["ms"]["ours"])
-    for model in ms[True]:
-        on, off = statistics.median(ms[True][model]), statistics.median(ms[False][model])
-        print(
-            f"COST model={model} step_on_ms={on:.3f} step_off_ms={off:.3f} ratio={on / off:.4f} "
-            f"runs_on={[round(m, 3) for m in ms[True][model]]} runs_off={[round(m, 3) for m in ms[False][model]]}",
-            flush=True,
+        out = c.workdir / "accounting.json"
+        job = c.submit(
+            "--min-np",
+            "2",
+            "--max-np",
+            "2",
+            "--",
+            sys.executable,
+            "-m",
+            "bench.accounting_worker",
+            "--out",
+            str(out),
+            "--steps",
+            str(steps_per_model),
         )
+        if c.wait_job_end(job, 1800) != 0:
+            sys.exit(f"the accounting job failed; its output:\n{c.output('agent-host-1')[-4000:]}")
+        for row in json.loads(out.read_text()):
+            print(
+                f"COST model={row['model']} step_on_ms={row['on_ms']:.3f} step_off_ms={row['off_ms']:.3f} "
+                f"ratio={row['on_ms'] / row['off_ms']:.4f} waits_per_step={row['waits_per_step']:.1f} "
+                f"us_per_wait={row['wait_us']:.2f} "
+                f"share_of_step={row['waits_per_step'] * row['wait_us'] / 1000 / row['off_ms']:.5f}",
+                flush=True,
+            )
 
 
 def pauses(workdir: Path, minutes: float) -> None:
@@ -183,8 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="hang,straggler,cost,pauses")
     parser.add_argument("--baseline", action="store_true")
-    parser.add_argument("--cost-rounds", type=int, default=3)
-    parser.add_argument("--cost-steps", type=int, default=200)
+    parser.add_argument("--cost-steps", type=int, default=300)
     parser.add_argument("--pause-minutes", type=float, default=10.0)
     args = parser.parse_args()
     chosen = args.only.split(",")
@@ -197,7 +208,7 @@ def main() -> None:
         if "straggler" in chosen:
             straggler(workdir)
         if "cost" in chosen:
-            cost(args.cost_rounds, args.cost_steps)
+            cost(args.cost_steps)
         if "pauses" in chosen:
             pauses(workdir, args.pause_minutes)
     finally:

@@ -30,15 +30,13 @@ from bench.common import cluster
 from testing.harness import Cluster
 
 
-def run_job(c: Cluster, ranks: int, worker_args: list[str], options: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One job of `ranks` ranks running bench/step_time_worker.py (`options`: more `elasticctl run` options)."""
+def run_job(c: Cluster, ranks: int, worker_args: list[str]) -> dict[str, Any]:
     out = c.workdir / f"step_time-{ranks}.json"
     job = c.submit(
         "--min-np",
         str(ranks),
         "--max-np",
         str(ranks),
-        *options,
         "--",
         sys.executable,
         "-m",
