@@ -197,6 +197,7 @@ class Controller:
         lacking = self.missing.get(key)
         who = f"ranks {lacking} did not submit it" if lacking else "the other ranks did not submit it"
         self.pending.remove(request)
+        world.waits.discount()
         request.error = CollectiveMismatchError(f"{request.signature.kind} {key!r} stalled for {waited:.0f}s: {who}")
 
     def join(self) -> int:

@@ -15,7 +15,8 @@ The record (`LAYOUT`, native byte order; one writer, the worker):
 - `waited_total`: seconds waited over the worker's life;
 - `longest_wait`: the longest wait of this round, not counting its first IGNORED_WAITS (a round's first
   collectives wait for ranks that restore, load or compile), waits in Horovod's join, nor a wait that ended in
-  an error (the round was aborted: the others waited for a rank that failed or hung);
+  an error (the round was aborted: the others waited for a rank that failed or hung) or in a user's error
+  (`discount`);
 - `typical_busy`: the usual time between two waits (a running mean of this round's intervals after its first
   IGNORED_WAITS, each capped at OUTLIER_CAP times the mean so an evaluation does not move it);
 - `round`, `waits`: the round the worker is in and the waits it completed in it.
@@ -155,6 +156,11 @@ class WaitRecord:
             self._next_calibrates = calibrates
         return self
 
+    def discount(self) -> None:
+        """The wait under way ends in a user's error (a collective no other rank submitted, given up at the timeout):
+        it says nothing of how long ranks normally wait, so it does not calibrate."""
+        self._calibrates = False
+
     def _write(self) -> None:
         self._version += 1
         _VERSION.pack_into(self._map, 0, self._version)
@@ -177,6 +183,9 @@ class NoRecord:
 
     def waiting(self, calibrates: bool = True) -> NoRecord:
         return self
+
+    def discount(self) -> None:
+        pass
 
 
 def record_from_env() -> WaitRecord | NoRecord:
