@@ -160,8 +160,12 @@ def test_a_slow_rank_is_named_as_the_top_cost_in_status_and_in_prometheus(tmp_pa
         def waited_for(host: str) -> float:
             return scrape(port).get(("elastic_worker_waited_for_seconds_total", frozenset({("host", host)})), 0.0)
 
-        wait_for(lambda: waited_for("host-2") > 1.0, 60, "a second of the others' time counted against host-2")
-        assert waited_for("host-2") > waited_for("host-1") and waited_for("host-2") > waited_for("host-3")
+        # Totals: a rank briefly slow while the job starts keeps what it cost; the slow rank's total overtakes it.
+        wait_for(
+            lambda: waited_for("host-2") > max(waited_for("host-1"), waited_for("host-3")) + 1.0,
+            120,
+            "host-2's total, in Prometheus, a second above every other host's",
+        )
         cluster.stop("elasticctl-run", signal.SIGINT, timeout=60)
         job.wait(timeout=60)
     finally:
