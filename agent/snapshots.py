@@ -30,13 +30,14 @@ def shm_dir() -> Path:
     return Path(os.environ.get("ELASTIC_SHM_DIR", "/dev/shm"))
 
 
-def remove_orphans(directory: Path, log: Any) -> None:
-    """Remove snapshot slots whose agent is gone (it was killed before it could remove them)."""
-    for path in directory.glob("elastic-snapshot-*"):
-        match = _SLOT_NAME.match(path.name)
+def remove_orphans(directory: Path, name: re.Pattern[str], event: str, log: Any) -> None:
+    """Remove the files of `directory` whose `name` (its first group: the agent's pid) says an agent that is gone made
+    them (it was killed before it could remove them); each is logged as `event`."""
+    for path in directory.glob("elastic-*"):
+        match = name.match(path.name)
         if match and not alive(int(match.group(1))):
             path.unlink(missing_ok=True)
-            log.info("snapshot_orphan_removed", path=str(path))
+            log.info(event, path=str(path))
 
 
 def alive(pid: int) -> bool:
@@ -62,7 +63,7 @@ class SnapshotKeeper:
         self._next_flush_at = 0.0
         self._flushing: Future[durable.Checkpoint | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        remove_orphans(self.directory, log)
+        remove_orphans(self.directory, _SLOT_NAME, "snapshot_orphan_removed", log)
 
     def start_job(self, plan: JobPlan) -> None:
         """Fresh, empty slots for a new job (a worker of the previous one can no longer be restored from them)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.snapshots import alive, shm_dir
+from agent.snapshots import remove_orphans, shm_dir
 from agent.workers import STANDBY, Worker
 from bus.client import AsyncClient
 from bus.envelope import Message
@@ -62,15 +62,6 @@ class Watched:
     reported: dict[str, tuple[float, float]] = field(default_factory=dict)  # quantity: (episode start, value sent)
 
 
-def remove_orphans(directory: Path, log: Any) -> None:
-    """Remove the records and stack files of agents that are gone."""
-    for path in directory.glob("elastic-*-*"):
-        match = _FILE_NAME.match(path.name)
-        if match and not alive(int(match.group(1))):
-            path.unlink(missing_ok=True)
-            log.info("wait_record_orphan_removed", path=str(path))
-
-
 def process_progress(pid: int) -> tuple[int, int] | None:
     """The process's CPU time (in clock ticks) and the bytes it read and wrote; None when /proc cannot say."""
     try:
@@ -94,7 +85,7 @@ class WaitWatch:
         self.limits: tuple[float, ...] = ()
         self._serial = 0
         self._in_flight = False
-        remove_orphans(self.directory, log)
+        remove_orphans(self.directory, _FILE_NAME, "wait_record_orphan_removed", log)
 
     # -- the workers' files ----------------------------------------------------------------------
     def new_files(self) -> WatchFiles | None:

@@ -15,8 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -294,3 +295,16 @@ def worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
         return None
 
     return wait_for(find, 60, f"a running worker at {host}/{local_rank}")
+
+
+def serve_in_thread(service: Any) -> Iterator[Any]:
+    """A service running its loop in a thread of this process while the generator is suspended; stopped and closed
+    after (a fixture's body: `yield from serve_in_thread(service)`)."""
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(timeout=5)
+        service.close()

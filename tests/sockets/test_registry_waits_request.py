@@ -21,25 +21,14 @@ from services.notifier.service import NotifierService
 from services.registry.job import Job, Now
 from services.registry.service import RegistryService
 from services.registry.store import SqliteJobStore
-from testing.harness import free_ports, wait_for
+from testing.harness import free_ports, serve_in_thread, wait_for
 
 
 @pytest.fixture
 def notifier() -> Iterator[NotifierService]:
     ports = free_ports(2)
     service = NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
-    yield from _serve(service)  # type: ignore[misc]
-
-
-def _serve(service: Any) -> Iterator[Any]:
-    thread = threading.Thread(target=service.run, daemon=True)
-    thread.start()
-    try:
-        yield service
-    finally:
-        service.stop()
-        thread.join(timeout=5)
-        service.close()
+    yield from serve_in_thread(service)  # type: ignore[misc]
 
 
 def _saved_running_job(tmp_path: Path) -> None:

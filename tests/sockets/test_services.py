@@ -12,35 +12,25 @@ import zmq
 from bus.client import Client, ServiceError
 from bus.config import Timing
 from bus.pubsub import Subscription
-from bus.service import Service
 from bus.sockets import client_socket
 from services.discovery.hostset import HostsDiff, apply_diff
 from services.discovery.service import DiscoveryService
 from services.notifier.service import NotifierService
 from services.rendezvous.service import RendezvousService
-from testing.harness import free_ports, wait_for
-
-
-def _serve(service: Service) -> Iterator[Service]:
-    thread = threading.Thread(target=service.run, daemon=True)
-    thread.start()
-    try:
-        yield service
-    finally:
-        service.stop()
-        thread.join(timeout=5)
-        service.close()
+from testing.harness import free_ports, serve_in_thread, wait_for
 
 
 @pytest.fixture
 def notifier() -> Iterator[NotifierService]:
     ports = free_ports(2)
-    yield from _serve(NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1))  # type: ignore[misc]
+    yield from serve_in_thread(
+        NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
+    )  # type: ignore[misc]
 
 
 @pytest.fixture
 def rendezvous() -> Iterator[RendezvousService]:
-    yield from _serve(RendezvousService(f"tcp://127.0.0.1:{free_ports(1)[0]}"))  # type: ignore[misc]
+    yield from serve_in_thread(RendezvousService(f"tcp://127.0.0.1:{free_ports(1)[0]}"))  # type: ignore[misc]
 
 
 def _publish(client: Client, n: int, start: int) -> None:
@@ -157,7 +147,7 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
 
 @pytest.fixture
 def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
-    yield from _serve(
+    yield from serve_in_thread(
         DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
     )  # type: ignore[misc]
 
