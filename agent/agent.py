@@ -25,15 +25,16 @@ workers start without waiting for a tick):
 - every TICK (`tick`): restarts due after their back-off, starts held back
   for the fork server, SIGKILL after the stop grace, the drain's end, the
   metrics, the workers' waits (reported at once when one crosses a limit),
-  the hung workers' stack dumps;
+  the hung workers' stack dumps, the slots that asked for a round since the host's entry;
 - every heartbeat interval (`heartbeat`): the snapshot's flush, the warm-up
   limit, discovery's heartbeat, the workers' ping, their waits.
 
 The notifier's events, by the table in `__init__`: `round` gives each of
 this host's slots in the round a process, `kill_worker` (agent/hung_workers.py)
 and `job_finished` stop workers; `hosts_updated` and `abort` are relayed to the workers.
-The workers' owner-only ipc socket: their rendezvous and store requests are
-forwarded with this host's name stamped on them, each worker's event channel
+The workers' owner-only ipc socket: their requests for a place in the round go to
+the rendezvous as the host's one entry, their lookups of a round's key as one
+lookup (agent/round_entry.py), rank 0's `kv_set` with this host's name; each worker's event channel
 (`subscribe`) receives the relayed events, a standby waits in `standby` for a
 slot, `script_ended` (sent by libworker at exit) marks a worker whose script
 ended, the snapshot writer reports each commit's duration (`committed`), and
@@ -57,6 +58,7 @@ from agent.keeper import KeeperConfig, WorkerKeeper
 from agent.launcher import Launcher
 from agent.metrics import COMMIT_SECONDS, WorkerStates
 from agent.reports import ExitReports
+from agent.round_entry import HostEntry, RoundKeyLookups
 from agent.signal_wakeup import SignalWakeup
 from agent.snapshots import SnapshotKeeper
 from agent.wait_watch import WaitWatch
@@ -69,7 +71,6 @@ from bus.pubsub import Subscription
 from bus.service import DEFERRED, Request, RequestError, Service, field, handles
 from bus.sockets import Security
 
-PARKED = ("rank_and_size", "kv_get")
 RELAYED_EVENTS = (Event.HOSTS_UPDATED, Event.ABORT)
 TICK = 0.05
 
@@ -134,6 +135,8 @@ class AgentService(Service):
             log=self.log,
         )
         self.hung_workers = HungWorkers(host, self.keeper.workers, self.wait_watch, reports, self.log)
+        self.host_entry = HostEntry(host, slots, self.rendezvous, self.keeper.workers.keys, self.keeper.slot_joined)
+        self.round_keys = RoundKeyLookups(host, self.rendezvous)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
         self.watch(self.events.sock, self._on_events)
@@ -176,7 +179,8 @@ class AgentService(Service):
     # -- the loop: its steps, in their order ----------------------------------------------------
     def tick(self) -> None:
         """Every TICK seconds: restarts due after their back-off, starts held back for the fork server, SIGKILL after
-        the stop grace, the drain's end, the metrics, the workers' waits, the hung workers' stack dumps."""
+        the stop grace, the drain's end, the metrics, the workers' waits, the hung workers' stack dumps, the slots
+        that asked for a round since the host's entry."""
         self.keeper.restart_due_slots()
         self.keeper.start_held_back()
         self.keeper.escalate_stops()
@@ -184,6 +188,7 @@ class AgentService(Service):
         self.worker_states.update()
         self.wait_watch.tick()
         self.hung_workers.tick()
+        self.host_entry.tick()
 
     def heartbeat(self) -> None:
         """Every heartbeat interval, as discovery and the workers expect it: the snapshot's flush, the warm-up limit,
@@ -211,6 +216,7 @@ class AgentService(Service):
         return {**self.snapshots.report(), "fork_server": self.launcher.availability()}
 
     def _worker_exited(self, worker: Any) -> None:
+        self.host_entry.drop(worker.local_rank, worker.pid)
         self.event_routes.pop(worker.pid, None)
         self.wait_watch.forget(worker.pid)
         self.hung_workers.exited(worker.pid)
@@ -354,40 +360,29 @@ class AgentService(Service):
 
     @handles("rank_and_size")
     def on_rank_and_size(self, request: Request) -> Any:
-        """A worker asks for its place in the round: its slot is warm and up, and joined once it has a rank."""
-        local_rank = request.body.get("local_rank")
-        if isinstance(local_rank, int):
-            self.keeper.slot_asks_rank(local_rank)
-        return self._forward(
-            request, on_rank=lambda: self.keeper.slot_joined(local_rank) if isinstance(local_rank, int) else None
-        )
+        """A worker asks for its place in the round: its slot is warm and up, and joined once it has a rank (the
+        host's one entry carries it: agent/round_entry.py)."""
+        self.host_entry.ask(request)
+        self.keeper.slot_asks_rank(request.body["local_rank"])
+        return DEFERRED
 
     @handles("kv_set")
     def on_kv_set(self, request: Request) -> Any:
-        return self._forward(request)
-
-    @handles("kv_get")
-    def on_kv_get(self, request: Request) -> Any:
-        return self._forward(request)
-
-    def _forward(self, request: Request, on_rank: Any = None) -> Any:
-        """Send a worker's rendezvous or store request on, with this host's name; the reply goes back to the worker."""
-        parked = request.msg.type in PARKED
-
-        def relay(reply: Message) -> None:
-            if on_rank is not None and "rank" in reply.body:
-                on_rank()
-            request.reply(reply.body, reply.raw)
-
+        """Rank 0 publishes a round's key (its store's address); sent on with this host's name, the reply goes back."""
         self.rendezvous.send(
-            request.msg.type,
+            "kv_set",
             {**request.body, "host": self.host},
             round=request.msg.round,
             raw=request.msg.raw,
-            on_reply=relay,
-            timeout=5.0 if parked else self.timing.request_timeout,
-            deadline=None if parked else 30.0,
+            on_reply=lambda reply: request.reply(reply.body, reply.raw),
+            timeout=self.timing.request_timeout,
+            deadline=30.0,
         )
+        return DEFERRED
+
+    @handles("kv_get")
+    def on_kv_get(self, request: Request) -> Any:
+        self.round_keys.get(request)
         return DEFERRED
 
     def close(self) -> None:

@@ -6,12 +6,14 @@ discovery, a DEALER to rendezvous and a SUB to the notifier's events. Like agent
 registers, heartbeats once a heartbeat interval (one request at a time, `unknown` or `lost`: register
 again) and follows the events; its workers are simulated too, with no process behind them:
 
-- on `round`, each slot of the host in the round that has no worker gets one, which joins the
-  rendezvous (`rank_and_size`, after_round 0); the rank it is given is checked against
-  `get_host_assignments` of the round, computed once per process and round;
-- on `hosts_updated` or `abort`, each worker holding a rank in round R joins again with after_round R
+- on `round`, each slot of the host in the round that has no worker gets one, which waits for a round
+  (after_round 0); the rank it is given is checked against `get_host_assignments` of the round,
+  computed once per process and round;
+- on `hosts_updated` or `abort`, each worker holding a rank in round R waits again with after_round R
   (the registry counts it READY); a worker told `removed` stops;
-- a parked join without an answer is sent again every JOIN_RESEND seconds, as the agent does.
+- the waiting workers of a host enter the round together, in the host's one `enter_round`, as the agent
+  does (agent/round_entry.py): a newer entry replaces the parked one, the slots left unanswered by a
+  reply go out again, a parked entry without an answer is sent again every JOIN_RESEND seconds.
 
 The loop is an epoll over every socket's fd (and the control socket's) plus a heap of timers; heartbeats
 go out in HEARTBEAT_BUCKETS batches a heartbeat interval, so the loop wakes a few times an interval
@@ -38,7 +40,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -92,10 +94,7 @@ class Worker:
     rank_checked: bool = False  # against the round's assignment, once the round's event is here
     rank_at: float = 0.0  # wall time the rank arrived
     rank_join_sent_at: float = 0.0  # wall time the join that got it was sent
-    join_id: str | None = None  # the join in flight
-    join_frames: list[bytes] = field(default_factory=list)
-    join_sent_at: float = 0.0
-    join_resend_at: float = 0.0  # monotonic
+    waits_after: int | None = None  # the round after which it waits for one, while it waits
 
 
 class RoundCache:
@@ -164,6 +163,10 @@ class SimAgent:
         self.discovery_frames: list[bytes] = []
         self.last_seq: int | None = None
         self.workers: dict[int, Worker] = {}
+        self.join_id: str | None = None  # the host's join in flight
+        self.join_frames: list[bytes] = []
+        self.join_sent_at = 0.0
+        self.join_resend_at = 0.0  # monotonic
         self.arrivals: dict[
             str, list[tuple[float, float, int]]
         ] = {}  # event type -> (arrived, published, round) of each
@@ -249,57 +252,75 @@ class SimAgent:
     def _on_round(self, body: dict[str, Any]) -> None:
         number = int(body["round"])
         _, ids_by_host = self.sim.rounds.get(number, body["hosts"])
+        started = False
         for local_rank in ids_by_host.get(self.host, []):
             worker = self.workers.get(local_rank)
             if worker is None:
-                worker = self.workers[local_rank] = Worker(local_rank, self.sim.next_pid())
-                self._join(worker, 0)
+                worker = self.workers[local_rank] = Worker(local_rank, self.sim.next_pid(), waits_after=0)
+                started = True
             elif worker.held_round == number:
                 self._check_rank(worker)
+        if started:
+            self._join()
 
     def _rejoin(self) -> None:
-        """Like a real worker told the hosts changed (or the round aborted): join again for the next round."""
+        """Like real workers told the hosts changed (or the round aborted): they wait for the next round."""
+        rejoined = False
         for worker in self.workers.values():
-            if worker.held_round > 0 and worker.join_id is None:
-                self._join(worker, worker.held_round)
+            if worker.held_round > 0 and worker.waits_after is None:
+                worker.waits_after = worker.held_round
+                rejoined = True
+        if rejoined:
+            self._join()
 
     # -- rendezvous ------------------------------------------------------------------------------
-    def _join(self, worker: Worker, after_round: int) -> None:
-        worker.join_id = self.sim.next_id()
-        body = {"host": self.host, "local_rank": worker.local_rank, "after_round": after_round, "pid": worker.pid}
-        worker.join_frames = encode(
-            Message(type="rank_and_size", body=body, id=worker.join_id, sender=self.incarnation)
+    def _join(self) -> None:
+        """One entry for every waiting worker of the host; it replaces the one in flight."""
+        if self.join_id is not None:
+            self.sim.pending_joins.pop(self.join_id, None)
+        slots = [[w.local_rank, w.waits_after, w.pid] for w in self.workers.values() if w.waits_after is not None]
+        self.join_id = self.sim.next_id()
+        self.join_frames = encode(
+            Message(
+                type="enter_round", body={"host": self.host, "slots": slots}, id=self.join_id, sender=self.incarnation
+            )
         )
-        worker.join_sent_at = time.time()
-        worker.join_resend_at = time.monotonic() + JOIN_RESEND
-        self.sim.send(self.rendezvous, worker.join_frames)
-        self.sim.pending_joins[worker.join_id] = worker
+        self.join_sent_at = time.time()
+        self.join_resend_at = time.monotonic() + JOIN_RESEND
+        self.sim.send(self.rendezvous, self.join_frames)
+        self.sim.pending_joins[self.join_id] = self
         self.sim.joins_sent += 1
 
-    def resend_joins(self, now: float) -> None:
-        for worker in self.workers.values():
-            if worker.join_id is not None and now >= worker.join_resend_at:
-                worker.join_resend_at = now + JOIN_RESEND
-                self.sim.send(self.rendezvous, worker.join_frames)
-                self.sim.joins_resent += 1
+    def resend_join(self, now: float) -> None:
+        if self.join_id is not None and now >= self.join_resend_at:
+            self.join_resend_at = now + JOIN_RESEND
+            self.sim.send(self.rendezvous, self.join_frames)
+            self.sim.joins_resent += 1
 
     def on_rendezvous(self) -> None:
         arrived = time.time()
         for reply in self.sim.replies(self.rendezvous):
-            worker = self.sim.pending_joins.pop(reply.id, None)
-            if worker is None:
+            if self.sim.pending_joins.pop(reply.id, None) is None:
                 continue
-            worker.join_id = None
+            self.join_id = None
             if reply.error is not None:
-                self.sim.errors[f"rendezvous:rank_and_size:{reply.error}"] += 1
-            elif reply.body.get("removed"):
-                del self.workers[worker.local_rank]
-                self.sim.workers_removed += 1
-            else:
-                self._took_rank(worker, reply.body, arrived)
+                self.sim.errors[f"rendezvous:enter_round:{reply.error}"] += 1
+                continue
+            for local_rank, pid, answer in reply.body["answers"]:
+                worker = self.workers.get(local_rank)
+                if worker is None or worker.pid != pid or worker.waits_after is None:
+                    continue
+                worker.waits_after = None
+                if answer.get("removed"):
+                    del self.workers[local_rank]
+                    self.sim.workers_removed += 1
+                else:
+                    self._took_rank(worker, answer, arrived)
+            if any(w.waits_after is not None for w in self.workers.values()):
+                self._join()
 
     def _took_rank(self, worker: Worker, answer: dict[str, Any], arrived: float) -> None:
-        worker.held_round, worker.rank_at, worker.rank_join_sent_at = int(answer["round"]), arrived, worker.join_sent_at
+        worker.held_round, worker.rank_at, worker.rank_join_sent_at = int(answer["round"]), arrived, self.join_sent_at
         worker.rank, worker.rank_checked = answer.get("rank"), False
         self._check_rank(worker)
 
@@ -318,9 +339,8 @@ class SimAgent:
         for sock in self.sockets:
             self.sim.forget_socket(sock)
             sock.close(linger=0)
-        for worker in self.workers.values():
-            if worker.join_id is not None:
-                self.sim.pending_joins.pop(worker.join_id, None)
+        if self.join_id is not None:
+            self.sim.pending_joins.pop(self.join_id, None)
         self.workers.clear()
 
 
@@ -337,7 +357,7 @@ class Simulator:
         self.decoder = EventDecoder()
         self._ids = itertools.count(1)
         self._pids = itertools.count(proc * 10_000_000 + 1)
-        self.pending_joins: dict[str, Worker] = {}  # by request id
+        self.pending_joins: dict[str, SimAgent] = {}  # the agents' joins in flight, by request id
         self.errors: Counter[str] = Counter()
         self.heartbeats_refused: Counter[str] = Counter()
         self.events_seen: Counter[str] = Counter()
@@ -430,7 +450,7 @@ class Simulator:
     def _resend_joins(self, now: float) -> None:
         if self.pending_joins:
             for agent in self.agents:
-                agent.resend_joins(now)
+                agent.resend_join(now)
         self.at(now + RESEND_SCAN, self._resend_joins)
 
     def _run_due_timers(self) -> None:
@@ -526,7 +546,7 @@ class Simulator:
         above = request["above"]
         holding = [w for a in self.agents if a.alive for w in a.workers.values() if w.held_round > above]
         return {
-            "join_errors": {code: n for code, n in self.errors.items() if code.startswith("rendezvous:rank_and_size:")},
+            "join_errors": {code: n for code, n in self.errors.items() if code.startswith("rendezvous:enter_round:")},
             "count": len(holding),
             "round": max((w.held_round for w in holding), default=0),
             "last_rank_at": max((w.rank_at for w in holding), default=0.0),

@@ -182,6 +182,11 @@ class AsyncClient:
         self._sock.send_multipart(frames, zmq.NOBLOCK)
         return msg_id
 
+    def cancel(self, msg_id: str) -> None:
+        """Stop waiting for a request's reply (it is no longer sent again; a reply that comes is dropped)."""
+        if self._pending.pop(msg_id, None) is not None:
+            self._in_flight_gauge.set(len(self._pending))
+
     @property
     def in_flight(self) -> int:
         return len(self._pending)

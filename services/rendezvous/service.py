@@ -1,16 +1,24 @@
 """RendezvousService: creates rounds, parks joins until a round is complete, serves the job's key-value store.
 
-Messages: new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round} -> {round,
-size, hosts, hosts_timestamp} hosts: the round's, as bus.assignments.round_hosts writes them; round: the number the
-caller expects it to get: asked for a round that exists (the caller gave up waiting and asks again), that round is the
-answer, as it is; answered before the joins it releases; replaces: a round still forming that this one replaces
-(refused, `released`, once that round is released) rank_and_size {host, local_rank, after_round, pid}   (parked) ->
-SlotInfo + {round, prefix, hosts_timestamp} | {removed} forget {host, local_rank, pid}                        drop the
-parked join of a worker that exited status {parked_after, pids} -> {round, released, size, pids, parked} parked: the
-joins after round `parked_after` (0: all); pids: the released round's workers, unless pids is false restore_round
-{round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]} the registry gives a restarted rendezvous the
-job's round reset                                                 a new job: no rounds, empty store kv_set {key} + value
-frame; kv_get {key} (parked until set) -> value frame
+Messages:
+- new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round} -> {round, size,
+  hosts, hosts_timestamp}. hosts: the round's, as bus.assignments.round_hosts writes them; round: the number the caller
+  expects it to get: asked for a round that exists (the caller gave up waiting and asks again), that round is the
+  answer, as it is; answered before the joins it releases; replaces: a round still forming that this one replaces
+  (refused, `released`, once that round is released).
+- enter_round {host, slots: [[local_rank, after_round, pid]]} (parked) -> {answers: [[local_rank, pid, SlotInfo +
+  {round, prefix, hosts_timestamp, snapshot_writer} | {removed, round}]]}: one per host, for all of its slots whose
+  processes wait for a round (agent/round_entry.py); each slot is a parked join. Answered as soon as any of its
+  slots has an answer, with every answer due then; its other slots leave the parking lot and come back in the host's
+  next entry. A newer entry of the host replaces a parked one (answered with no answers); an empty one withdraws it.
+  A slot the host does not have (by the latest round's host list) is refused, `no_such_slot`.
+- forget {host, local_rank, pid}: drop the parked join of a worker that exited.
+- status {parked_after, pids} -> {round, released, size, pids, parked}. parked: the joins after round `parked_after`
+  (0: all); pids: the released round's workers, unless pids is false.
+- restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}: the registry gives a
+  restarted rendezvous the job's round.
+- reset: a new job: no rounds, empty store.
+- kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame.
 
 The key-value store carries what a round needs to bootstrap torch.distributed
 (the address of the round's TCPStore), under the round's prefix; the keys of
@@ -39,6 +47,11 @@ MAX_KV_VALUE_BYTES = 4096
 # Every rank of a round waits for its round's store address at once: rounds of up to 65,536 ranks.
 MAX_KV_WAITERS = 65536
 LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
+MAX_SLOTS_PER_HOST = 1024  # a host's entry names at most this many slots
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _slots(value: Any) -> int | list[int] | None:
@@ -75,12 +88,15 @@ class RendezvousService(Service):
         self.kv: dict[str, bytes] = {}
         self.kv_waiters: dict[str, list[Request]] = defaultdict(list)
         self.kv_waiting = 0
+        self.host_entries: dict[str, Request] = {}  # each host's parked join
+        self.host_slot_counts: dict[str, int] = {}  # the hosts' slot counts, from the latest round's host list
 
     # -- rounds --------------------------------------------------------------------------------
     @handles("reset")
     def on_reset(self, request: Request) -> dict[str, Any]:
-        for join in self.rounds.parked.values():
-            join.ticket.fail("job_reset", "a new job replaced the one this worker joined")
+        for request in self.host_entries.values():
+            request.fail("job_reset", "a new job replaced the one this host's workers joined")
+        self.host_entries.clear()
         self.rounds = Rounds()
         self.kv.clear()
         self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
@@ -90,6 +106,7 @@ class RendezvousService(Service):
     def on_new_round(self, request: Request) -> dict[str, Any] | None:
         """A round on `hosts`; the registry hears of it before the joins it completes are answered."""
         hosts = _parse_hosts(request.body.get("hosts"))
+        self.host_slot_counts = {name: slots for name, slots in hosts if isinstance(slots, int)}
         number = request.body.get("round")
         if number is not None and (not isinstance(number, int) or isinstance(number, bool)):
             raise RequestError("bad_request", "round must be an integer or null")
@@ -165,28 +182,59 @@ class RendezvousService(Service):
         self._settle()
         return {"round": number}
 
-    @handles("rank_and_size")
-    def on_rank_and_size(self, request: Request) -> Any:
-        body = request.body
-        join = Join(
-            slot=(field(body, "host", str), field(body, "local_rank", int)),
-            after_round=field(body, "after_round", int),
-            pid=field(body, "pid", int),
-            ticket=request,
-        )
-        replaced = self.rounds.park(join)
-        if replaced is not None:
-            replaced.fail("superseded", "another join for this slot replaced this one")
+    @handles("enter_round")
+    def on_enter_round(self, request: Request) -> Any:
+        """A host's one entry for the slots whose processes wait for a round (a newer entry of the host replaces the
+        one still parked: that one is answered with what is due, nothing)."""
+        host = field(request.body, "host", str)
+        slots = self._parse_slots(host, request.body.get("slots"))
+        previous = self.host_entries.pop(host, None)
+        if previous is not None and not previous.answered:
+            self._unpark(previous)
+            previous.reply({"answers": []})
+        self.host_entries[host] = request
+        for local_rank, after_round, pid in slots:
+            self.rounds.park(Join((host, local_rank), after_round, pid, ticket=(request, local_rank, pid)))
         self._settle()
+        if not slots:
+            return {"answers": []}
         return DEFERRED
+
+    def _parse_slots(self, host: str, raw: Any) -> list[tuple[int, int, int]]:
+        """An entry's slots [[local_rank, after_round, pid]]: distinct slots that the host has (when the latest round's
+        host list says how many), else `bad_request` or `no_such_slot`."""
+        if not isinstance(raw, list) or len(raw) > MAX_SLOTS_PER_HOST:
+            raise RequestError(
+                "bad_request", f"slots must be a list of at most {MAX_SLOTS_PER_HOST} [local_rank, after_round, pid]"
+            )
+        slots = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 3 and all(_natural(value) for value in item)):
+                raise RequestError("bad_request", f"bad slot {item!r}: want [local_rank, after_round, pid], each >= 0")
+            slots.append((item[0], item[1], item[2]))
+        if len({local_rank for local_rank, _, _ in slots}) != len(slots):
+            raise RequestError("bad_request", f"a slot is named twice in {raw!r}")
+        count = self.host_slot_counts.get(host)
+        beyond = sorted(local_rank for local_rank, _, _ in slots if count is not None and local_rank >= count)
+        if beyond:
+            raise RequestError(
+                "no_such_slot", f"host {host} has {count} slot(s): no slot {', '.join(map(str, beyond))}"
+            )
+        return slots
+
+    def _unpark(self, request: Request) -> None:
+        """The joins still parked for a host's entry that is answered: its agent sends them again, in its next entry."""
+        for slot in [(request.body["host"], local_rank) for local_rank, _, _ in request.body["slots"]]:
+            join = self.rounds.parked.get(slot)
+            if join is not None and join.ticket[0] is request:
+                self.rounds.forget(slot, join.pid)
 
     @handles("forget")
     def on_forget(self, request: Request) -> dict[str, Any]:
+        """Drop the parked join of a worker that exited (its agent no longer sends it)."""
         join = self.rounds.forget(
             (field(request.body, "host", str), field(request.body, "local_rank", int)), field(request.body, "pid", int)
         )
-        if join is not None:
-            join.ticket.fail("forgotten", "the worker exited")
         return {"forgotten": join is not None}
 
     @handles("status")
@@ -209,8 +257,17 @@ class RendezvousService(Service):
         }
 
     def _settle(self) -> None:
-        for ticket, answer in self.rounds.settle():
-            ticket.reply(answer)
+        """Answer each host's entry that has answers due, once, with all of them: [[local_rank, pid, answer]]."""
+        due: dict[int, tuple[Request, list[list[Any]]]] = {}
+        for (request, local_rank, pid), answer in self.rounds.settle():
+            due.setdefault(id(request), (request, []))[1].append([local_rank, pid, answer])
+        for request, answers in due.values():
+            if request.answered:
+                continue
+            self._unpark(request)
+            if self.host_entries.get(request.body["host"]) is request:
+                del self.host_entries[request.body["host"]]
+            request.reply({"answers": answers})
 
     def _drop_old_keys(self) -> None:
         live = tuple(r.prefix for r in self.rounds.rounds.values())

@@ -51,7 +51,7 @@ def test_every_service_answers_bad_input_with_an_error_and_keeps_serving(cluster
         reply = _raw_exchange(endpoint, frames)
         assert reply is not None, f"{service}: no reply to {name}"
         assert reply.body.get("error") == code, f"{service}: {name} -> {reply.body}"
-    for msg_type in ("submit", "register", "new_round", "rank_and_size", "publish", "kv_set", "drain", "worker_exited"):
+    for msg_type in ("submit", "register", "new_round", "enter_round", "publish", "kv_set", "drain", "worker_exited"):
         reply = _raw_exchange(
             endpoint,
             encode(Message(type=msg_type, body={"host": 7, "spec": "nonsense"}, id=f"t-{msg_type}", sender="tester")),

@@ -112,12 +112,10 @@ def rendezvous_junk(rng: random.Random, n: int) -> Frames:
     if n % 8 == 0:
         return _request("kv_get", {"key": f"never-set/{n}"}, msg_id, sender)
     if n % 8 == 1:
-        return _request(
-            "rank_and_size", {"host": f"junk-host-{n}", "local_rank": n % 8, "after_round": 0, "pid": n}, msg_id, sender
-        )
+        return _request("enter_round", {"host": f"junk-host-{n}", "slots": [[n % 8, 0, n]]}, msg_id, sender)
     if n % 8 == 2:
         return _request("kv_set", {"key": f"junk/{n}"}, msg_id, sender, raw=(rng.randbytes(rng.randrange(1, 20_000)),))
-    return common_junk(("kv_set", "kv_get", "rank_and_size", "new_round", "forget"))(rng, n)
+    return common_junk(("kv_set", "kv_get", "enter_round", "new_round", "forget"))(rng, n)
 
 
 def notifier_junk(rng: random.Random, n: int) -> Frames:

@@ -11,6 +11,7 @@ import zmq
 
 from bus.client import Client, ServiceError
 from bus.config import Timing
+from bus.envelope import Message, decode, encode
 from bus.pubsub import Subscription
 from bus.sockets import client_socket
 from services.discovery.hostset import HostsDiff, apply_diff
@@ -79,23 +80,22 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
     admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
     answers: dict[tuple[str, int], Any] = {}
 
-    def join(host: str, local_rank: int) -> None:
-        client = Client(rendezvous.endpoint, f"worker-{host}-{local_rank}", timeout=1.0, deadline=10.0)
-        answers[(host, local_rank)] = client.request(
-            "rank_and_size", {"host": host, "local_rank": local_rank, "after_round": 0, "pid": 1000 + local_rank}
-        ).body
+    def join(host: str, local_ranks: tuple[int, ...]) -> None:
+        client = Client(rendezvous.endpoint, f"agent-{host}", timeout=1.0, deadline=10.0)
+        slots = [[local_rank, 0, 1000 + local_rank] for local_rank in local_ranks]
+        for local_rank, pid, answer in client.request("enter_round", {"host": host, "slots": slots}).body["answers"]:
+            assert pid == 1000 + local_rank
+            answers[(host, local_rank)] = answer
         client.close()
 
     try:
         admin.request("new_round", {"hosts": [["a", 2], ["b", 1]], "min_np": 2, "max_np": None, "hosts_timestamp": 1.0})
-        threads = [threading.Thread(target=join, args=slot) for slot in (("a", 0), ("a", 1))]
-        for t in threads:
-            t.start()
-        wait_for(lambda: len(admin.request("status").body["parked"]) == 2, 5, "both joins parked")
+        host_a = threading.Thread(target=join, args=("a", (0, 1)))
+        host_a.start()
+        wait_for(lambda: len(rendezvous.rounds.parked) == 2, 5, "host a's two slots parked")
         assert answers == {}, "a round is not released before every slot has joined"
-        join("b", 0)
-        for t in threads:
-            t.join(timeout=5)
+        join("b", (0,))
+        host_a.join(timeout=5)
         assert sorted((s, a["rank"], a["size"], a["cross_rank"]) for s, a in answers.items()) == [
             (("a", 0), 0, 3, 0),
             (("a", 1), 1, 3, 0),
@@ -133,8 +133,8 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
         with pytest.raises(ServiceError) as stale:
             admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 1})
         assert stale.value.code == "stale_round"
-        joined = admin.request("rank_and_size", {"host": "a", "local_rank": 0, "after_round": 0, "pid": 1}).body
-        assert joined["round"] == 2 and joined["size"] == 1
+        (joined,) = admin.request("enter_round", {"host": "a", "slots": [[0, 0, 1]]}).body["answers"]
+        assert joined[2]["round"] == 2 and joined[2]["size"] == 1
         with pytest.raises(ServiceError) as released:
             admin.request(
                 "new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2}
@@ -220,3 +220,60 @@ def test_discovery_keeps_each_agents_fork_server_report_and_refuses_a_malformed_
         }, "kept"
     finally:
         agent.close()
+
+
+def test_a_host_entry_answers_its_due_slots_once_and_gives_back_the_rest(rendezvous: RendezvousService) -> None:
+    """One join per host: a resend is answered once, a newer join replaces the parked one, a slot the round removed
+    is answered at once while the host's other slot goes back to its agent, bad slots are refused."""
+    admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=2.0)
+    agent = Client(rendezvous.endpoint, "agent-a", timeout=1.0, deadline=5.0)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.connect(rendezvous.endpoint)
+    try:
+        admin.request("new_round", {"hosts": [["a", 2], ["b", 1]], "min_np": 1, "hosts_timestamp": 1.0, "round": 1})
+        for slots, code in (
+            ([[2, 0, 7]], "no_such_slot"),
+            ([[0, 0, 7], [0, 0, 8]], "bad_request"),
+            ([[0, -1, 7]], "bad_request"),
+            ("all", "bad_request"),
+        ):
+            with pytest.raises(ServiceError) as refused:
+                agent.request("enter_round", {"host": "a", "slots": slots})
+            assert refused.value.code == code, slots
+        parked = Message(type="enter_round", body={"host": "a", "slots": [[0, 0, 10]]}, id="j-1", sender="agent-a")
+        raw.send_multipart(encode(parked))
+        raw.send_multipart(encode(parked))  # an agent's resend: the same id
+        wait_for(lambda: ("a", 0) in rendezvous.rounds.parked, 5, "slot a:0 parked")
+        raw.send_multipart(
+            encode(
+                Message(
+                    type="enter_round",
+                    body={"host": "a", "slots": [[0, 0, 10], [1, 0, 11]]},
+                    id="j-2",
+                    sender="agent-a",
+                )
+            )
+        )
+        replaced = decode(raw.recv_multipart())
+        assert (replaced.id, replaced.body) == ("j-1", {"answers": []}), "the replaced join is answered, with nothing"
+        (b,) = agent.request("enter_round", {"host": "b", "slots": [[0, 0, 20]]}).body["answers"]
+        released = decode(raw.recv_multipart())
+        assert released.id == "j-2" and sorted(a[:2] for a in released.body["answers"]) == [[0, 10], [1, 11]]
+        assert b[2]["size"] == 3
+        assert not raw.poll(200), "each join is answered once"
+        # Round 2 lacks slot a:1 (down): it is answered at once, and a:0 (waiting for b:0) goes back to the agent.
+        admin.request("new_round", {"hosts": [["a", [0]], ["b", 1]], "min_np": 1, "hosts_timestamp": 2.0, "round": 2})
+        (removed,) = agent.request("enter_round", {"host": "a", "slots": [[0, 1, 10], [1, 1, 11]]}).body["answers"]
+        assert removed == [1, 11, {"removed": True, "round": 2}]
+        assert ("a", 0) not in rendezvous.rounds.parked, "the host's other slot goes back to its agent"
+        raw.send_multipart(
+            encode(Message(type="enter_round", body={"host": "a", "slots": [[0, 1, 10]]}, id="j-3", sender="agent-a"))
+        )
+        wait_for(lambda: ("a", 0) in rendezvous.rounds.parked, 5, "slot a:0 parked again")
+        agent.request("enter_round", {"host": "b", "slots": [[0, 1, 20]]})
+        (kept,) = decode(raw.recv_multipart()).body["answers"]
+        assert kept[:2] == [0, 10] and kept[2]["round"] == 2 and kept[2]["size"] == 2
+    finally:
+        raw.close(linger=0)
+        agent.close()
+        admin.close()
