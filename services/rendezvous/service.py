@@ -195,9 +195,10 @@ class RendezvousService(Service):
         self.host_entries[host] = request
         for local_rank, after_round, pid in slots:
             self.rounds.park(Join((host, local_rank), after_round, pid, ticket=(request, local_rank, pid)))
-        self._settle()
         if not slots:
+            del self.host_entries[host]
             return {"answers": []}
+        self._settle()
         return DEFERRED
 
     def _parse_slots(self, host: str, raw: Any) -> list[tuple[int, int, int]]:
