@@ -510,8 +510,8 @@ class ScaleRun:
                 {
                     k: state[k]
                     for k in (
-                        "joins_sent",
-                        "joins_resent",
+                        "entries_sent",
+                        "entries_resent",
                         "workers_removed",
                         "events_missed",
                         "ranks_checked",

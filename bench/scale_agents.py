@@ -289,13 +289,13 @@ class SimAgent:
         self.join_resend_at = time.monotonic() + JOIN_RESEND
         self.sim.send(self.rendezvous, self.join_frames)
         self.sim.pending_joins[self.join_id] = self
-        self.sim.joins_sent += 1
+        self.sim.entries_sent += 1
 
     def resend_join(self, now: float) -> None:
         if self.join_id is not None and now >= self.join_resend_at:
             self.join_resend_at = now + JOIN_RESEND
             self.sim.send(self.rendezvous, self.join_frames)
-            self.sim.joins_resent += 1
+            self.sim.entries_resent += 1
 
     def on_rendezvous(self) -> None:
         arrived = time.time()
@@ -361,7 +361,7 @@ class Simulator:
         self.errors: Counter[str] = Counter()
         self.heartbeats_refused: Counter[str] = Counter()
         self.events_seen: Counter[str] = Counter()
-        self.heartbeats_ok = self.joins_sent = self.joins_resent = self.workers_removed = 0
+        self.heartbeats_ok = self.entries_sent = self.entries_resent = self.workers_removed = 0
         self.events_missed = self.ranks_checked = self.rank_mismatches = self.sends_dropped = 0
         self._epoll = select.epoll()
         self._by_fd: dict[int, zmq.Socket] = {}
@@ -529,8 +529,8 @@ class Simulator:
             "alive": len(live),
             "heartbeats_ok": self.heartbeats_ok,
             "heartbeats_refused": dict(self.heartbeats_refused),
-            "joins_sent": self.joins_sent,
-            "joins_resent": self.joins_resent,
+            "entries_sent": self.entries_sent,
+            "entries_resent": self.entries_resent,
             "workers_removed": self.workers_removed,
             "events_seen": dict(self.events_seen),
             "events_missed": self.events_missed,
