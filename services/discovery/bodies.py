@@ -61,6 +61,18 @@ def snapshots(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def same_reports(
+    body: dict[str, Any], snapshots: dict[str, dict[str, Any]], fork_server: dict[str, str] | None
+) -> bool:
+    """Whether the body repeats the snapshot, checkpoint and fork server reports kept for its host (checked when they
+    were first sent): what most heartbeats do, and they need neither checking nor copying again."""
+    return (
+        body.get("snapshot") == snapshots.get("snapshot")
+        and body.get("checkpoint") == snapshots.get("checkpoint")
+        and body.get("fork_server") == fork_server
+    )
+
+
 def fork_server(body: dict[str, Any]) -> dict[str, str] | None:
     """The agent's report of its fork server (None from an agent that does not report one)."""
     report = body.get("fork_server")

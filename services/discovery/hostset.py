@@ -258,11 +258,13 @@ class HostSet:
         return record.slots if listed is None else min(listed, record.slots)
 
     def _usable(self, record: HostRecord) -> SlotIds:
+        if not record.down:  # nearly every host, asked for on every `hosts` (the registry's, ten times a second)
+            return tuple(range(self._slots(record)))
         return tuple(i for i in range(self._slots(record)) if i not in record.down)
 
     def available(self) -> list[tuple[str, SlotIds]]:
         """Available hosts with the ids of their usable slots, in assignment order; updates the order."""
-        ready = {r.name: self._usable(r) for r in self.hosts.values() if self.state(r) == ACTIVE and self._usable(r)}
+        ready = {r.name: usable for r in self.hosts.values() if self.state(r) == ACTIVE and (usable := self._usable(r))}
         placed = set(self.order)
         self.order = [name for name in self.order if name in ready or name in self.held_places] + [
             name for name in ready if name not in placed

@@ -82,6 +82,7 @@ HEARTBEATS = Counter(
     "Agent heartbeats received, by answer: ok, unknown (register again), lost.",
     ["status"],
 )
+HEARTBEATS_BY_STATUS = {status: HEARTBEATS.labels(status) for status in ("ok", "unknown", "lost")}  # looked up once
 
 
 class DiscoveryService(Service):
@@ -141,17 +142,22 @@ class DiscoveryService(Service):
 
     @handles("heartbeat")
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
-        host = field(request.body, "host", str)
-        was_warm = host in self.hostset.hosts and self.hostset.hosts[host].warm
-        snapshots, fork_server = bodies.snapshots(request.body), bodies.fork_server(request.body)
-        status = self.hostset.heartbeat(
-            host, field(request.body, "incarnation", str), self.clock(), warm=bodies.warm(request.body)
-        )
-        HEARTBEATS.labels(status).inc()
-        if status == "ok":
-            self.hostset.hosts[host].snapshots = snapshots
-            self.hostset.hosts[host].fork_server = fork_server
-        if status == "ok" and not was_warm and self.hostset.hosts[host].warm:
+        """The hot path (4,096 hosts: 4,096 a second): a lookup, a move to the end of the silence order, and reports
+        checked and copied only when they differ from the host's last ones; nothing scans the host set or logs."""
+        body = request.body
+        host, incarnation, warm = field(body, "host", str), field(body, "incarnation", str), bodies.warm(body)
+        record = self.hostset.hosts.get(host)
+        reports_changed = record is None or not bodies.same_reports(body, record.snapshots, record.fork_server)
+        if reports_changed:
+            snapshots, fork_server = bodies.snapshots(body), bodies.fork_server(body)
+        was_warm = record is not None and record.warm
+        status = self.hostset.heartbeat(host, incarnation, self.clock(), warm=warm)
+        HEARTBEATS_BY_STATUS[status].inc()
+        if status != "ok":
+            return {"status": status}
+        if reports_changed:
+            self.hostset.hosts[host].snapshots, self.hostset.hosts[host].fork_server = snapshots, fork_server
+        if warm and not was_warm:
             self.log.info("host_warm", host=host)
             self._changed()
         return {"status": status}

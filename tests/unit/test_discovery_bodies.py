@@ -53,3 +53,17 @@ def test_a_malformed_body_is_bad_request(read, body) -> None:
     with pytest.raises(RequestError) as refused:
         read(body)
     assert refused.value.code == "bad_request"
+
+
+def test_a_heartbeat_that_repeats_the_kept_reports_is_the_same_and_any_change_is_not() -> None:
+    snapshot = {"commit": 4, "bytes": 10, "written_at": 2.0}
+    checkpoint = {"commit": 3, "bytes": 10, "written_at": 1.0, "path": "/ckpt/3"}
+    fork_server = {"state": "ready", "reason": ""}
+    body = {"host": "h1", "snapshot": dict(snapshot), "checkpoint": dict(checkpoint), "fork_server": dict(fork_server)}
+    kept = bodies.snapshots(body)
+    assert bodies.same_reports(body, kept, bodies.fork_server(body))
+    assert bodies.same_reports({"host": "h1"}, {}, None), "an agent that reports nothing, again"
+    assert not bodies.same_reports({**body, "snapshot": {**snapshot, "commit": 5}}, kept, fork_server)
+    assert not bodies.same_reports({**body, "checkpoint": None}, kept, fork_server)
+    assert not bodies.same_reports({**body, "fork_server": {"state": "off", "reason": ""}}, kept, fork_server)
+    assert not bodies.same_reports({**body, "snapshot": "junk"}, kept, fork_server), "checked again, then refused"

@@ -1,10 +1,13 @@
-"""The wire format: encode/decode round trip with raw frames, and decode errors with precise codes."""
+"""The wire format: encode/decode round trips with raw frames, the per-thread packer, precise decode errors."""
 
 from __future__ import annotations
+
+import threading
 
 import msgpack
 import pytest
 
+from bus import envelope
 from bus.envelope import VERSION, Message, WireError, decode, encode, error_body, reply_to
 
 
@@ -85,6 +88,76 @@ def test_message_exactly_at_max_bytes_is_accepted():
     frames = encode(Message(type="t", body={"k": "v"}, raw=(b"x" * 10,)))
     size = sum(len(f) for f in frames)
     assert decode(frames, max_bytes=size).raw == (b"x" * 10,)
+
+
+# -- the per-thread packer -----------------------------------------------------------------------
+
+
+def join_answer(round_: int) -> dict:
+    answers = [[i, {"rank": i, "local_rank": i % 8, "size": 32768, "host": f"host-{i}"}] for i in range(8)]
+    return {"round": round_, "prefix": f"round/{round_}/", "hosts_timestamp": 1.0, "answers": answers}
+
+
+def packb_frames(msg: Message) -> list[bytes]:
+    """What encode produced before it reused a packer: the wire format it must keep byte for byte."""
+    header = {"v": VERSION, "type": msg.type, "id": msg.id, "round": msg.round, "from": msg.sender, "reply": msg.reply}
+    return [pack(header), pack(msg.body), *msg.raw]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, join_answer(3), {"blob": b"\x00" * 70_000, "text": "é" * 40_000, "n": -(2**63), "f": 0.1, "t": True}],
+    ids=["empty", "join_answer", "bin_and_unicode"],
+)
+def test_encode_gives_the_bytes_of_msgpack_packb(body):
+    msg = Message(type="join", body=body, id="7", round=3, sender="rendezvous", reply=True)
+    assert encode(msg) == packb_frames(msg)
+
+
+def test_a_large_message_replaces_the_grown_packer_and_small_ones_after_it_are_right():
+    small = Message(type="heartbeat", body={"host": "h1", "seq": 1}, id="1", sender="agent/h1")
+    encode(small)
+    packer_before = envelope._thread_packer.packer
+    large = Message(type="hosts", body={"hosts": ["h" * 100] * 20_000}, id="2", sender="discovery", reply=True)
+    frames = encode(large)
+    assert len(frames[1]) > envelope.REPLACE_PACKER_ABOVE_BYTES
+    assert frames == packb_frames(large)
+    packer_after = envelope._thread_packer.packer
+    assert packer_after is not packer_before
+    for seq in range(3):
+        msg = Message(type="heartbeat", body={"host": "h1", "seq": seq}, id=str(seq), sender="agent/h1")
+        assert encode(msg) == packb_frames(msg)
+    assert envelope._thread_packer.packer is packer_after
+
+
+def test_a_message_that_cannot_be_packed_leaves_the_packer_usable():
+    with pytest.raises(TypeError):
+        encode(Message(type="t", body={"ok": [1, 2], "bad": object()}))
+    msg = Message(type="t", body={"ok": [1, 2]})
+    assert encode(msg) == packb_frames(msg)
+
+
+def test_threads_encoding_at_once_each_get_their_own_frames():
+    threads, rounds_per_thread = 4, 2000
+    start = threading.Barrier(threads)
+    wrong: list[tuple[int, int]] = []
+    packers: dict[int, msgpack.Packer] = {}  # kept alive, so that no two can be the same object
+
+    def encode_many(thread: int) -> None:
+        start.wait()
+        for n in range(rounds_per_thread):
+            msg = Message(type="join", body=join_answer(thread * rounds_per_thread + n), id=f"{thread}-{n}", reply=True)
+            if encode(msg) != packb_frames(msg):
+                wrong.append((thread, n))
+        packers[thread] = envelope._thread_packer.packer
+
+    workers = [threading.Thread(target=encode_many, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert wrong == []
+    assert len({id(packer) for packer in packers.values()}) == threads
 
 
 # -- errors --------------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Discovery's heartbeats through real sockets: reports a heartbeat repeats are kept as they are, a changed or
+malformed one is checked again, and the answers (ok, unknown, lost) are those of the host set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bus.client import Client, ServiceError
+from bus.config import Timing
+from services.discovery.service import DiscoveryService
+from services.notifier.service import NotifierService
+from testing.harness import free_ports, serve_in_thread
+
+SNAPSHOT = {"commit": 4, "bytes": 1024, "written_at": 2.0}
+FORK_SERVER = {"state": "ready", "reason": ""}
+
+
+@pytest.fixture
+def notifier() -> Iterator[NotifierService]:
+    ports = free_ports(2)
+    yield from serve_in_thread(
+        NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
+    )  # type: ignore[misc]
+
+
+@pytest.fixture
+def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
+    yield from serve_in_thread(
+        DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
+    )  # type: ignore[misc]
+
+
+@pytest.fixture
+def agent(discovery: DiscoveryService) -> Iterator[Client]:
+    client = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+    yield client
+    client.close()
+
+
+def beat(agent: Client, **reports: object) -> str:
+    return str(agent.request("heartbeat", {"host": "h1", "incarnation": "i", **reports}).body["status"])
+
+
+def test_repeated_reports_are_kept_as_they_are_and_a_changed_one_replaces_them(
+    discovery: DiscoveryService, agent: Client
+) -> None:
+    agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i"})
+    assert beat(agent, snapshot=SNAPSHOT, fork_server=FORK_SERVER) == "ok"
+    record = discovery.hostset.hosts["h1"]
+    kept_snapshots, kept_fork_server = record.snapshots, record.fork_server
+    for _ in range(3):
+        assert beat(agent, snapshot=SNAPSHOT, fork_server=FORK_SERVER) == "ok"
+    assert record.snapshots is kept_snapshots and record.fork_server is kept_fork_server, "not checked or copied again"
+    assert beat(agent, snapshot={**SNAPSHOT, "commit": 5}, fork_server=FORK_SERVER) == "ok"
+    shown = next(h for h in agent.request("hosts").body["all"] if h["host"] == "h1")
+    assert shown["snapshot"] == {**SNAPSHOT, "commit": 5}
+    assert shown["fork_server"] == FORK_SERVER
+    assert beat(agent) == "ok"
+    shown = next(h for h in agent.request("hosts").body["all"] if h["host"] == "h1")
+    assert (shown["snapshot"], shown["fork_server"]) == (None, None), "an agent that stops reporting shows none"
+
+
+def test_a_malformed_report_is_refused_whether_or_not_the_host_is_known(agent: Client) -> None:
+    with pytest.raises(ServiceError, match="snapshot"):
+        beat(agent, snapshot={"commit": -1, "bytes": 0, "written_at": 0.0})
+    agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i"})
+    assert beat(agent, snapshot=SNAPSHOT) == "ok"
+    with pytest.raises(ServiceError, match="snapshot"):
+        beat(agent, snapshot={**SNAPSHOT, "bytes": "big"})
+    shown = next(h for h in agent.request("hosts").body["all"] if h["host"] == "h1")
+    assert shown["snapshot"] == SNAPSHOT, "kept"
+
+
+def test_heartbeats_answer_unknown_for_another_incarnation_and_warm_a_host(
+    discovery: DiscoveryService, agent: Client
+) -> None:
+    agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i", "warm": False})
+    assert agent.request("heartbeat", {"host": "h1", "incarnation": "other"}).body["status"] == "unknown"
+    assert agent.request("heartbeat", {"host": "h2", "incarnation": "i"}).body["status"] == "unknown"
+    assert not discovery.hostset.hosts["h1"].warm
+    assert beat(agent, warm=True) == "ok"
+    assert discovery.hostset.hosts["h1"].warm
