@@ -21,9 +21,11 @@ The job's min_np is the slots of N-2 hosts, so the job runs on after the drain a
 first round still takes every slot, as all agents are registered before the submit.
 
 The last line, for the largest size: `SCALE hosts=N slots=S round_s=... fanout_p50_ms=... fanout_max_ms=...
-reset_s=... cpu_s=... reset_cpu_s=... registry_idle_cores=... discovery_idle_cores=...` (cpu_s: the services'
-CPU seconds for the first round; reset_cpu_s: theirs for the reset after the lost host, less the heartbeats'
-cost over its detection; *_idle_cores: what the service kept busy in the steady phase). With several sizes, each
+reset_s=... cpu_s=... round_cpu_s=... reset_cpu_s=... registry_idle_cores=... discovery_idle_cores=...` (cpu_s:
+the services' CPU seconds in the first round; round_cpu_s and reset_cpu_s: theirs in the first round and in the
+lost host's phase beyond what they spend idle over as many seconds, the steady phase's rate: what the round and the
+reset themselves cost on a machine shared with the simulators; *_idle_cores: what the service kept busy in the
+steady phase). With several sizes, each
 has its SCALE line, and between two sizes a line compares the growth of the services' CPU for the first
 round with that of N log N.
 
@@ -200,11 +202,11 @@ class SizeResult:
         """The cores `name` kept busy in the steady phase (heartbeats, the driver's idle passes)."""
         return self.cpu["steady"][name] / self.wall["steady"]
 
-    def reset_cpu(self) -> float:
-        """The services' CPU seconds for the reset after the lost host: the lost-host phase's, less what the steady
-        phase's heartbeats cost over the seconds it took to notice the host was lost."""
+    def above_idle(self, phase: str) -> float:
+        """The services' CPU seconds in `phase` beyond what they spend idle (the steady phase's rate: heartbeats,
+        the driver's passes) over its wall seconds: what the phase's round itself cost."""
         idle = sum(self.idle_cores(name) for name in SERVICES)
-        return self.services_cpu("lost host") - idle * self.numbers["detect_s"]
+        return self.services_cpu(phase) - idle * self.wall[phase]
 
     def scale_line(self) -> str:
         n = self.numbers
@@ -212,7 +214,8 @@ class SizeResult:
             f"SCALE hosts={self.hosts} slots={self.slots} round_s={n['round_s']:.3f} "
             f"fanout_p50_ms={n['fanout_p50_ms']:.1f} "
             f"fanout_max_ms={n['fanout_max_ms']:.1f} reset_s={n['reset_s']:.3f} "
-            f"cpu_s={self.services_cpu('first round'):.2f} reset_cpu_s={self.reset_cpu():.2f} "
+            f"cpu_s={self.services_cpu('first round'):.2f} round_cpu_s={self.above_idle('first round'):.2f} "
+            f"reset_cpu_s={self.above_idle('lost host'):.2f} "
             f"registry_idle_cores={self.idle_cores('registry'):.3f} "
             f"discovery_idle_cores={self.idle_cores('discovery'):.3f}"
         )
@@ -493,11 +496,11 @@ class ScaleRun:
             say(f"  {name:<22}" + "".join(f"{cpu[p][name]:>12.2f}" for p in phases) + f"{self.result.rss[name]:>14.1f}")
         say(f"  {'services':<22}" + "".join(f"{self.result.services_cpu(p):>12.2f}" for p in phases))
         say(f"  {'simulators':<22}" + "".join(f"{sum(cpu[p][s] for s in self.simulators.pids):>12.2f}" for p in phases))
+        idle = ", ".join(f"{name} {self.result.idle_cores(name):.3f}" for name in SERVICES)
         say(
-            f"services' CPU seconds: first round {self.result.services_cpu('first round'):.2f}, reset after the lost "
-            f"host {self.result.reset_cpu():.2f} (its phase less the steady heartbeats over the detection); idle "
-            f"cores: registry {self.result.idle_cores('registry'):.3f}, discovery "
-            f"{self.result.idle_cores('discovery'):.3f}, rendezvous {self.result.idle_cores('rendezvous'):.3f}"
+            f"services' CPU seconds beyond idle: first round {self.result.above_idle('first round'):.2f}, drain "
+            f"{self.result.above_idle('drain'):.2f}, lost host {self.result.above_idle('lost host'):.2f}; idle cores "
+            f"(steady): {idle}"
         )
 
     def _report_counters(self) -> None:
