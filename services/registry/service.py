@@ -200,7 +200,7 @@ class RegistryService(Service):
         pending = job.state == RUNNING_JOB and job.reports.count(PENDING) > 0
         hosts, rounds = yield [
             Read(self.discovery, "hosts", {"brief": True}),
-            Read(self.rendezvous, "status", {"parked_after": job.round, "pids": pending}),
+            Read(self.rendezvous, "status", driver.status_query(pids=pending)),
         ]
         now = self._now()
         try:

@@ -91,7 +91,7 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         threads = [threading.Thread(target=join, args=slot) for slot in (("a", 0), ("a", 1))]
         for t in threads:
             t.start()
-        wait_for(lambda: len(admin.request("status").body["parked"]) == 2, 5, "both joins parked")
+        wait_for(lambda: admin.request("status").body["parked"] == 2, 5, "both joins parked")
         assert answers == {}, "a round is not released before every slot has joined"
         join("b", 0)
         for t in threads:
@@ -140,7 +140,36 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
                 "new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2}
             )
         assert released.value.code == "released"
-        assert admin.request("status", {"parked_after": 2, "pids": False}).body["pids"] == []
+        assert admin.request("status", {"round": 2, "pids": False}).body["pids"] == []
+        status = admin.request("status", {"round": 2}).body
+        assert (status["pids"], status["rejoins"], status["rejoins_next"]) == ([["a", 0, 1]], [], 0)
+        refused: list[str] = []
+
+        def rejoin() -> None:
+            """The survivor asks for the next round; it waits until it is forgotten."""
+            client = Client(rendezvous.endpoint, "worker-a-0", timeout=1.0, deadline=10.0)
+            try:
+                client.request("rank_and_size", {"host": "a", "local_rank": 0, "after_round": 2, "pid": 1})
+            except ServiceError as exc:
+                refused.append(exc.code)
+            finally:
+                client.close()
+
+        survivor = threading.Thread(target=rejoin)
+        survivor.start()
+        try:
+            wait_for(lambda: admin.request("status").body["parked"] == 1, 5, "the survivor's join parked")
+            status = admin.request("status", {"round": 2, "rejoins_from": 0, "pids": False}).body
+            assert (status["round"], status["rejoins"], status["rejoins_next"]) == (2, [["a", 0, 1, 2]], 1)
+            again = admin.request("status", {"round": 2, "rejoins_from": 1, "pids": False}).body
+            assert (again["rejoins"], again["rejoins_next"]) == ([], 1), "only the rejoins since the cursor"
+            with pytest.raises(ServiceError) as bad:
+                admin.request("status", {"round": 2, "rejoins_from": "x"})
+            assert bad.value.code == "bad_request"
+        finally:
+            admin.request("forget", {"host": "a", "local_rank": 0, "pid": 1})
+            survivor.join(timeout=5)
+        assert refused == ["forgotten"]
     finally:
         admin.close()
 
