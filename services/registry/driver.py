@@ -120,6 +120,8 @@ class Driver:
         """A lost host's silent slots fail; so do those of a host whose agent restarted (its workers died with the
         old one; the host stays)."""
         lost, restarted = set(hosts.get("lost", [])), restarted_agents(hosts, self.job.agents)
+        if not lost and not restarted:
+            return
         for host, local_ranks in self.job.round_hosts:
             if host not in lost and host not in restarted:
                 continue
