@@ -120,13 +120,12 @@ class Driver:
         """A lost host's silent slots fail; so do those of a host whose agent restarted (its workers died with the
         old one; the host stays)."""
         lost, restarted = set(hosts.get("lost", [])), restarted_agents(hosts, self.job.agents)
-        if not lost and not restarted:
-            return
-        for host, local_ranks in self.job.round_hosts:
-            if host not in lost and host not in restarted:
-                continue
-            for slot in ((host, local_rank) for local_rank in local_ranks):
-                if self.job.reports[slot].state not in SILENT:
+        reports = self.job.reports
+        in_round = [slots for slots in map(reports.slots_on, lost | restarted) if slots]
+        for slots in sorted(in_round, key=lambda slots: reports[slots[0]].rank):  # in rank order
+            host = slots[0][0]
+            for slot in slots:
+                if reports[slot].state not in SILENT:
                     continue
                 if host in lost:
                     self._fail_slot(slot, "host lost (missed heartbeats)", now)

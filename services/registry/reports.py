@@ -59,7 +59,7 @@ class ReportTable:
         self._reports: dict[Slot, SlotReport] = {}
         self._by_state: dict[str, dict[Slot, None]] = {state: {} for state in STATES}
         self.retired_pids: dict[int, None] = dict.fromkeys(retired_pids)
-        self._local_ranks: dict[str, list[int]] = {}  # host: the local ranks of its slots in the round, ascending
+        self._local_ranks: dict[str, list[int]] = {}  # host: the local ranks of its slots in the round, in rank order
         self._unsaved: dict[str, None] = {}  # hosts whose reports changed since their row was saved
         self._saved_hosts: set[str] = set()  # hosts that have a saved row
         self._dropped: set[str] = set()  # hosts with a saved row that the round no longer has
@@ -112,6 +112,10 @@ class ReportTable:
             if slot[0] in wanted:
                 wanted[slot[0]].append(report.describe(slot))
         return wanted
+
+    def slots_on(self, host: str) -> list[Slot]:
+        """The slots of `host` in the round, in rank order (none for a host it does not have)."""
+        return [(host, local_rank) for local_rank in self._local_ranks.get(host, ())]
 
     def started_pids(self) -> list[list[Any]]:
         """[[host, local_rank, pid]] of the slots whose worker has its rank (to give a restarted rendezvous)."""
@@ -171,8 +175,6 @@ class ReportTable:
         self._local_ranks = {}
         for host, local_rank in self._reports:
             self._local_ranks.setdefault(host, []).append(local_rank)
-        for local_ranks in self._local_ranks.values():
-            local_ranks.sort()
         self._unsaved = dict.fromkeys(self._local_ranks)
         self._dropped = self._saved_hosts - self._local_ranks.keys()
 

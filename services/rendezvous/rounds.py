@@ -80,9 +80,9 @@ class Rounds:
         self.state_hosts: list[str] = []  # the hosts of the latest round released: the job's state is on them
         self._waiting = 0  # slots of the latest round with a parked join that waits for it
         self._due: list[tuple[Any, dict[str, Any]]] = []
-        # The rejoins of the latest round, in the order they were parked (read with a cursor: `rejoins_since`), and
-        # the (slot, pid) each was logged for: a slot that parks again with the same worker is not logged twice.
-        self.rejoins: list[Join] = []
+        # The rejoins of the latest round as (host, local_rank, pid, after_round), in the order they were parked (read
+        # with a cursor: `rejoins_since`), and the (slot, pid) of each: a worker that parks again is logged once.
+        self.rejoins: list[tuple[str, int, int, int]] = []
         self._rejoins_logged: set[tuple[Slot, int]] = set()
 
     @property
@@ -129,7 +129,7 @@ class Rounds:
         key = (join.slot, join.pid)
         if 0 < self.latest <= join.after_round and key not in self._rejoins_logged:
             self._rejoins_logged.add(key)
-            self.rejoins.append(join)
+            self.rejoins.append((*join.slot, join.pid, join.after_round))
 
     def _restart_rejoins(self) -> None:
         """A new latest round: the log starts again, with the joins already parked that are rejoins of it."""
@@ -137,7 +137,7 @@ class Rounds:
         for join in self.parked.values():
             self._log_rejoin(join)
 
-    def rejoins_since(self, round_number: int, cursor: int) -> tuple[list[Join], int]:
+    def rejoins_since(self, round_number: int, cursor: int) -> tuple[list[tuple[str, int, int, int]], int]:
         """The rejoins logged since `cursor` and the cursor after them. A cursor is one of round `round_number`'s
         log: for another round (the log was started again since) or past the log's end, the whole log."""
         if round_number != self.latest or not 0 <= cursor <= len(self.rejoins):

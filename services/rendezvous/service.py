@@ -210,7 +210,7 @@ class RendezvousService(Service):
             "size": len(current.slots) if current else 0,
             "parked": len(self.rounds.parked),
             "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current and with_pids else [],
-            "rejoins": [[j.slot[0], j.slot[1], j.pid, j.after_round] for j in rejoins],
+            "rejoins": rejoins,
             "rejoins_next": rejoins_next,
         }
 

@@ -1,5 +1,6 @@
-"""The registry's reading of the rounds, driven without processes: the rendezvous's rejoins read from a cursor kept
-by the driver, a release recording every worker, and an idle pass that changes nothing and saves nothing."""
+"""The registry's reading of the rounds and hosts, driven without processes: the rendezvous's rejoins read from a
+cursor kept by the driver, a release recording every worker, lost hosts and restarted agents failing their slots,
+and an idle pass that changes nothing and saves nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import structlog
 
 from bus.jobspec import JobSpec
 from services.registry.driver import Driver
+from services.registry.hosts import restarted_agents
 from services.registry.job import Job, Now
-from services.registry.reports import READY, RUNNING
+from services.registry.reports import FAILURE, READY, RUNNING
 from services.registry.store import SqliteJobStore
 
 HOSTS = [["a", [0, 1]], ["b", [0]]]
@@ -92,3 +94,23 @@ def test_an_idle_pass_over_32768_slots_does_no_work_per_slot() -> None:
         driver.drive(HOSTS_READ, status(), now=3.0 + tick)
         assert job.unsaved_parts() == {}
     assert time.process_time() - began < 1.0
+
+
+def test_restarted_agents_are_the_live_ones_whose_incarnation_changed() -> None:
+    known = {"a": "agent:1", "b": "agent:2", "gone": "agent:3"}
+    live = {"a": "agent:1", "b": "agent:9", "new": "agent:4", "odd": ["not", "a", "string"]}
+    assert restarted_agents({"agents": live}, known) == {"b", "new"}
+    assert restarted_agents({"agents": dict(known)}, known) == set()
+    assert restarted_agents({}, known) == set()
+
+
+def test_the_silent_slots_of_a_lost_host_and_of_a_restarted_agent_fail_in_rank_order() -> None:
+    job = Job.submitted(JobSpec.parse({"command": ["python", "train.py"]}), 1, now=0.0)
+    job.begin_round(1, [["c", [0]], ["a", [1, 0]], ["b", [0]]], 1.0, {"a": "agent:a", "b": "agent:b"}, False)
+    driver = Driver(job, None, None, Outbox(), structlog.get_logger())  # type: ignore[arg-type]
+    driver.drive({**HOSTS_READ, "agents": {"a": "agent:a", "b": "agent:b"}}, status(), now=2.0)
+    assert job.reports.count(FAILURE) == 0
+    read = {**HOSTS_READ, "lost": ["b", "elsewhere"], "agents": {"a": "agent:a2", "c": "agent:c"}}
+    driver.drive(read, status(), now=3.0)
+    failed = [(slot, report.failed_order, report.host_stays) for slot, report in job.reports.failures()]
+    assert failed == [(("c", 0), 1, True), (("a", 1), 2, True), (("a", 0), 3, True), (("b", 0), 4, False)]

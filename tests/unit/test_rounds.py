@@ -410,8 +410,7 @@ def test_a_first_join_waits_for_a_round_with_its_slot_when_no_replaced_round_had
 
 # -- the rejoin log: what the registry reads with a cursor ---------------------------------------
 def rejoined(rounds: Rounds, round_number: int, cursor: int) -> tuple[list[tuple[str, int, int, int]], int]:
-    joins, after = rounds.rejoins_since(round_number, cursor)
-    return [(*j.slot, j.pid, j.after_round) for j in joins], after
+    return rounds.rejoins_since(round_number, cursor)
 
 
 def released_round(rounds: Rounds, hosts: list[tuple[str, int]]) -> None:
