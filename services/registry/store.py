@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 SCHEMA_VERSION = 2
 DATABASE = "registry.sqlite3"
+_UPSERT = "INSERT INTO {table} (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 
 
 class StoreError(RuntimeError):
@@ -82,11 +83,8 @@ class SqliteJobStore:
         row = self._db.execute("SELECT value FROM registry WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def _write(self, key: str, value: str, table: str = "registry") -> None:
-        self._db.execute(
-            f"INSERT INTO {table} (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+    def _write(self, key: str, value: str) -> None:
+        self._db.execute(_UPSERT.format(table="registry"), (key, value))
 
     def load(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The last saved state and its parts (key: the part, parsed), or None for a new state directory."""
@@ -118,11 +116,8 @@ class SqliteJobStore:
             self._db.execute("BEGIN IMMEDIATE")
             if text != self._saved_state:
                 self._write("state", text)
-            for key, value in parts.items():
-                if value is None:
-                    self._db.execute("DELETE FROM parts WHERE key = ?", (key,))
-                else:
-                    self._write(key, value, "parts")
+            self._db.executemany("DELETE FROM parts WHERE key = ?", [(k,) for k, v in parts.items() if v is None])
+            self._db.executemany(_UPSERT.format(table="parts"), [(k, v) for k, v in parts.items() if v is not None])
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
