@@ -236,6 +236,12 @@ class ReportTable:
             else:
                 self._saved_hosts.add(host)
 
+    def replaces(self, previous: ReportTable) -> None:
+        """This table is saved in the place of `previous` (a new job's): the rows `previous` saved that this one
+        lacks are to be dropped with its next save."""
+        self._saved_hosts = set(previous._saved_hosts)
+        self._dropped = self._saved_hosts - self._local_ranks.keys()
+
     @classmethod
     def from_saved(cls, rows: Mapping[str, list[list[Any]]], retired_pids: Iterable[int]) -> ReportTable:
         """The table whose rows (host: its row as `unsaved_rows` wrote it, parsed) were saved."""

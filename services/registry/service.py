@@ -126,6 +126,7 @@ class RegistryService(Service):
         now = self._now()
         self.last_job_id += 1
         job = Job.submitted(spec, self.last_job_id, now.local)
+        job.reports.replaces(self.job.reports)  # the old job's rows go with the new job's first save
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.discovery_incarnation = configured.get("incarnation")
         metrics.job_state(job.state)

@@ -168,6 +168,16 @@ def test_a_new_round_drops_the_rows_of_the_hosts_it_left():
     assert saved_rows(table) == {"c": None, "a": [[0, 0, PENDING, None, None, "", 0, False]]}, "b's row went already"
 
 
+def test_a_new_job_s_table_drops_the_rows_the_old_job_saved():
+    old = started(("a", 0), ("b", 0))
+    saved_rows(old)
+    table = ReportTable()
+    table.replaces(old)
+    assert saved_rows(table) == {"a": None, "b": None}
+    table.begin_round([(("a", 0), 0)])
+    assert saved_rows(table) == {"a": [[0, 0, PENDING, None, None, "", 0, False]]}
+
+
 def test_saved_rows_load_back_equal_with_the_failures_in_their_order():
     table = started(("a", 0), ("a", 1), ("b", 0))
     table.record_success(("a", 0), 1000, 0, "exited with code 0")
