@@ -41,6 +41,9 @@ from services.registry.reports import SILENT, SUCCESS, Slot
 class Driver:
     def __init__(self, job: Job, discovery: Peer, rendezvous: Peer, outbox: Outbox, log: Any) -> None:
         self.job, self.discovery, self.rendezvous, self.outbox, self.log = job, discovery, rendezvous, outbox, log
+        # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
+        # a new driver reads the log from its start, and a rejoin read twice is recorded once).
+        self.rejoins_round, self.rejoins_from = 0, 0
 
     @property
     def spec(self) -> JobSpec:
@@ -50,9 +53,15 @@ class Driver:
     def blind(self, exc: Exception) -> None:
         self.log.warning("driver_blind", reason=str(exc))
 
+    def status_query(self, pids: bool) -> dict[str, Any]:
+        """The rendezvous's `status` request of a pass: the rejoins since the last pass, the workers' pids if `pids`."""
+        return {"round": self.rejoins_round, "rejoins_from": self.rejoins_from, "pids": pids}
+
     def drive(self, hosts: dict[str, Any], rounds: dict[str, Any], now: float) -> bool:
         """One look at the job with what the pass read; True when every slot of the round has reported (the pass
         then reads the hosts' snapshots for `judge`)."""
+        rejoins = rounds.get("rejoins", [])
+        self.rejoins_round, self.rejoins_from = rounds.get("round", 0), rounds.get("rejoins_next", 0)
         if self.job.state == WAITING:
             self._start_round(hosts, now)
             return False
@@ -63,7 +72,7 @@ class Driver:
         self._fail_slots_of_lost_hosts_and_restarted_agents(hosts, now)
         if current and rounds.get("released"):
             self._note_release(rounds.get("pids", []), now)
-        self._note_rejoins(rounds.get("parked", []), now)
+        self._note_rejoins(rejoins, now)
         self._check_hung(now)
         return self.job.reports.all_reported()
 
@@ -111,11 +120,12 @@ class Driver:
         """A lost host's silent slots fail; so do those of a host whose agent restarted (its workers died with the
         old one; the host stays)."""
         lost, restarted = set(hosts.get("lost", [])), restarted_agents(hosts, self.job.agents)
-        for host, local_ranks in self.job.round_hosts:
-            if host not in lost and host not in restarted:
-                continue
-            for slot in ((host, local_rank) for local_rank in local_ranks):
-                if self.job.reports[slot].state not in SILENT:
+        reports = self.job.reports
+        in_round = [slots for slots in map(reports.slots_on, lost | restarted) if slots]
+        for slots in sorted(in_round, key=lambda slots: reports[slots[0]].rank):  # in rank order
+            host = slots[0][0]
+            for slot in slots:
+                if reports[slot].state not in SILENT:
                     continue
                 if host in lost:
                     self._fail_slot(slot, "host lost (missed heartbeats)", now)
@@ -132,12 +142,11 @@ class Driver:
         for host, local_rank, pid in pids:
             self.job.reports.record_started((host, local_rank), pid)
 
-    def _note_rejoins(self, parked: list[dict[str, Any]], now: float) -> None:
-        """Workers that asked to join a round after this one are READY: they survived it."""
-        for join in parked:
-            if join["after_round"] >= self.job.round and self.job.reports.record_rejoined(
-                (join["host"], join["local_rank"]), join["pid"]
-            ):
+    def _note_rejoins(self, rejoins: list[list[Any]], now: float) -> None:
+        """Workers that asked to join a round after this one ([host, local_rank, pid, after_round]) are READY: they
+        survived it."""
+        for host, local_rank, pid, after_round in rejoins:
+            if after_round >= self.job.round and self.job.reports.record_rejoined((host, local_rank), pid):
                 self.job.note_report(now)
 
     def _check_hung(self, now: float) -> None:

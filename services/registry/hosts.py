@@ -36,8 +36,14 @@ def agent_incarnations(hosts: dict[str, Any]) -> dict[str, str]:
 
 
 def restarted_agents(hosts: dict[str, Any], agents: dict[str, str]) -> set[str]:
-    """The hosts whose agent's incarnation is not the one in `agents` (host: incarnation when the round began)."""
-    return {host for host, incarnation in agent_incarnations(hosts).items() if incarnation != agents.get(host)}
+    """The hosts whose agent's incarnation is not the one in `agents` (host: incarnation when the round began).
+    Read on every pass: the live agents that differ are found by a set difference (no step per host in Python)."""
+    live = hosts.get("agents", {})
+    try:
+        differ = live.items() - agents.items()
+    except TypeError:  # an incarnation that cannot be hashed (discovery sends strings)
+        differ = set(agent_incarnations(hosts).items()) - agents.items()
+    return {host for host, incarnation in differ if isinstance(incarnation, str)}
 
 
 def newest_snapshot(hosts: dict[str, Any], exit_reports: dict[str, int]) -> int:

@@ -12,12 +12,18 @@ first failure not yet recovered from). `to_saved` and `from_saved` walk those fi
 
 - the spec is saved as its map and parsed again;
 - an instant of this process's monotonic clock (a field marked `INSTANT`) is
-  saved as wall-clock seconds, which mean the same to the next registry:
-  `Now` is one reading of both clocks and converts between them;
-- the reports' rows are large and saved apart (`ReportTable.to_saved`), the
-  retired pids of the table with the job (`retired_pids`);
+  saved as wall-clock seconds to the millisecond, which mean the same to the
+  next registry: `Now` is one reading of both clocks and converts between
+  them (an unchanged instant saves the same, however the clocks jitter);
+- what grows with the job's size is saved apart, and only when it changed
+  (`unsaved_parts`, then `saved`): the round's hosts and their agents, with
+  the report table's retired pids, in one part (`round`, written when a
+  round begins); the reports in a part per host (`reports/<host>`, written
+  when one of its slots changed; a host the round no longer has loses its
+  part). The record itself is small: saving it when nothing changed writes
+  nothing;
 - a key that a saved map lacks (a field added since it was written) takes the
-  field's default, so a file written by an earlier registry loads.
+  field's default, so a record written by an earlier registry loads.
 
 Each job has a random key, handed to the agents with every `round`: host
 snapshots are tagged with it, so a snapshot of another job is never restored.
@@ -28,13 +34,13 @@ every worker failed resume from it (`resumed_from`).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from bus.assignments import get_host_assignments
 from bus.jobspec import JobSpec
 from services.registry.decisions import Decision
 from services.registry.reports import FAILURE, PENDING, ReportTable
@@ -43,6 +49,9 @@ NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", 
 JOB_STATES = (NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED)
 HISTORY_KEPT = 100  # decisions kept with the job (status shows the last 20): bounded however many resets
 INSTANT = {"clock": "monotonic"}  # the metadata of a field that holds an instant of this process's clock
+ROUND_PART = "round"  # the part that holds ROUND_FIELDS and the report table's retired pids
+ROUND_FIELDS = ("round_hosts", "agents")
+REPORTS_PART = "reports/"  # + a host: the part that holds that host's reports
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,9 @@ class Job:
     waiting_since: float = field(default=0.0, metadata=INSTANT)
     first_report_at: float | None = field(default=None, metadata=INSTANT)
     failure_seen_at: float | None = field(default=None, metadata=INSTANT)
+
+    def __post_init__(self) -> None:
+        self._round_unsaved = True  # the round part changed since it was last saved
 
     @classmethod
     def submitted(cls, spec: JobSpec, job_id: int, now: float) -> Job:
@@ -131,8 +143,10 @@ class Job:
             self.resets += 1
         self.round, self.round_hosts, self.round_hosts_timestamp = number, hosts, hosts_timestamp
         self.agents = agents
-        assigned = get_host_assignments([(host, slots) for host, slots in hosts], 0)
-        self.reports.begin_round(((s.hostname, s.local_rank), s.rank) for s in assigned)
+        self._round_unsaved = True
+        # The ranks of the round's slots, as bus.assignments gives them: one per slot, in the order of `hosts`.
+        slots = ((host, local_rank) for host, local_ranks in hosts for local_rank in local_ranks)
+        self.reports.begin_round((slot, rank) for rank, slot in enumerate(slots))
         self.first_report_at = None
         self.state = RUNNING_JOB
 
@@ -175,21 +189,43 @@ class Job:
 
     # -- saving --------------------------------------------------------------------------------
     def to_saved(self, now: Now) -> dict[str, Any]:
-        """The record as the map the registry saves (its reports' rows apart: `self.reports.to_saved()`)."""
-        saved: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reports"}
+        """The record as the map the registry saves (its round and reports apart: `unsaved_parts`)."""
+        apart = ("reports", *ROUND_FIELDS)
+        saved: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in apart}
         saved["spec"] = self.spec.to_dict() if self.spec else None
-        saved.update({name: now.as_wall(saved[name]) for name in INSTANTS})
-        saved["retired_pids"] = list(self.reports.retired_pids)
+        for name in INSTANTS:
+            wall = now.as_wall(saved[name])
+            saved[name] = None if wall is None else round(wall, 3)
         return saved
 
+    def unsaved_parts(self) -> dict[str, str | None]:
+        """The parts saved apart that changed since `saved` was last called, as JSON (None: a part to delete)."""
+        parts: dict[str, str | None] = {REPORTS_PART + host: row for host, row in self.reports.unsaved_rows().items()}
+        if self._round_unsaved:
+            apart = {name: getattr(self, name) for name in ROUND_FIELDS}
+            parts[ROUND_PART] = json.dumps({**apart, "retired_pids": list(self.reports.retired_pids)})
+        return parts
+
+    def saved(self, parts: dict[str, str | None]) -> None:
+        """`parts`, as `unsaved_parts` gave them, are saved."""
+        self.reports.saved({key[len(REPORTS_PART) :]: row for key, row in parts.items() if key != ROUND_PART})
+        if ROUND_PART in parts:
+            self._round_unsaved = False
+
     @classmethod
-    def from_saved(cls, saved: dict[str, Any], report_rows: list[dict[str, Any]] | None, now: Now) -> Job:
-        """The record `to_saved` made, with the reports' rows saved apart (None: none were)."""
+    def from_saved(cls, saved: dict[str, Any], parts: dict[str, Any], now: Now) -> Job:
+        """The record `to_saved` made, with the parts saved apart (key: parsed JSON; none for a job that had no
+        round yet)."""
         values = {f.name: saved[f.name] for f in fields(cls) if f.name in saved}
         values["spec"] = JobSpec.parse(saved["spec"]) if saved.get("spec") else None
         values.update({name: now.as_local(values[name]) for name in INSTANTS if name in values})
-        values["reports"] = ReportTable.from_saved(report_rows or [], saved.get("retired_pids", []))
-        return cls(**values)
+        apart = parts.get(ROUND_PART) or {}
+        values.update({name: apart[name] for name in ROUND_FIELDS if name in apart})
+        rows = {key[len(REPORTS_PART) :]: row for key, row in parts.items() if key.startswith(REPORTS_PART)}
+        values["reports"] = ReportTable.from_saved(rows, apart.get("retired_pids", []))
+        job = cls(**values)
+        job._round_unsaved = ROUND_PART not in parts
+        return job
 
 
 INSTANTS = tuple(f.name for f in fields(Job) if f.metadata == INSTANT)

@@ -13,31 +13,34 @@ owns:
   failure's exit code is the job's);
 - the pids of earlier rounds' workers, to tell a leftover's exit from the
   exit of a current worker that has not re-joined yet;
-- a dirty flag: every change sets it, and `to_saved` clears it, so the rows the
-  registry saves are serialized again only after a change.
+- which hosts' reports changed since they were last saved: the table is saved
+  as one row per host (`unsaved_rows`: only the hosts that changed, and the
+  hosts of an earlier round whose rows must go), so a change to one slot
+  writes its host's row, not 32,768 reports.
 
-A `SlotReport` is frozen: a change goes through a method of the table, which
-keeps the states, the failure order and the dirty flag true.
+A `SlotReport` is an immutable tuple, made anew for each change (cheaper than
+copying a dataclass: a round's release changes every slot); a change goes
+through a method of the table, which keeps the states, the failure order and
+the unsaved hosts true.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 PENDING, RUNNING, READY, SUCCESS, FAILURE = "PENDING", "RUNNING", "READY", "SUCCESS", "FAILURE"
 STATES = (PENDING, RUNNING, READY, SUCCESS, FAILURE)
 SILENT = (PENDING, RUNNING)
 RETIRED_PIDS_KEPT = 4096  # pids of earlier rounds' workers, to tell a leftover's exit from a current worker's
+ROW_FIELDS = ("local_rank", "rank", "state", "pid", "exit_code", "reason", "failed_order", "host_stays")  # a saved slot
 
 Slot = tuple[str, int]
 
 
-@dataclass(frozen=True)
-class SlotReport:
+class SlotReport(NamedTuple):
     rank: int
     state: str = PENDING
     pid: int | None = None
@@ -52,13 +55,15 @@ class SlotReport:
 
 class ReportTable:
     def __init__(self, reports: Mapping[Slot, SlotReport] | None = None, retired_pids: Iterable[int] = ()) -> None:
+        """A table of `reports` (in rank order), none of them saved yet."""
         self._reports: dict[Slot, SlotReport] = {}
         self._by_state: dict[str, dict[Slot, None]] = {state: {} for state in STATES}
         self.retired_pids: dict[int, None] = dict.fromkeys(retired_pids)
-        self.dirty = True
-        self._saved_text = ""
-        for slot, report in (reports or {}).items():
-            self._put(slot, report)
+        self._local_ranks: dict[str, list[int]] = {}  # host: the local ranks of its slots in the round, in rank order
+        self._unsaved: dict[str, None] = {}  # hosts whose reports changed since their row was saved
+        self._saved_hosts: set[str] = set()  # hosts that have a saved row
+        self._dropped: set[str] = set()  # hosts with a saved row that the round no longer has
+        self._fill(reports or {})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReportTable):
@@ -108,6 +113,10 @@ class ReportTable:
                 wanted[slot[0]].append(report.describe(slot))
         return wanted
 
+    def slots_on(self, host: str) -> list[Slot]:
+        """The slots of `host` in the round, in rank order (none for a host it does not have)."""
+        return [(host, local_rank) for local_rank in self._local_ranks.get(host, ())]
+
     def started_pids(self) -> list[list[Any]]:
         """[[host, local_rank, pid]] of the slots whose worker has its rank (to give a restarted rendezvous)."""
         return [
@@ -150,17 +159,30 @@ class ReportTable:
         )
         for pid in list(self.retired_pids)[: max(0, len(self.retired_pids) - RETIRED_PIDS_KEPT)]:
             del self.retired_pids[pid]
-        self._reports.clear()
+        self._fill({slot: SlotReport(rank, PENDING, survivors.get(slot)) for slot, rank in ranks})
+
+    def _fill(self, reports: Mapping[Slot, SlotReport]) -> None:
+        """The table holds `reports` (in rank order) and nothing else; every host's row is unsaved, and the rows of
+        hosts it no longer has are to be dropped."""
+        self._reports = dict(reports)
         for slots in self._by_state.values():
             slots.clear()
-        for slot, rank in ranks:
-            self._put(slot, SlotReport(rank=rank, pid=survivors.get(slot)))
+        for slot, report in self._reports.items():
+            if report.state != FAILURE:
+                self._by_state[report.state][slot] = None
+        failed = sorted((r.failed_order, slot) for slot, r in self._reports.items() if r.state == FAILURE)
+        self._by_state[FAILURE].update((slot, None) for _, slot in failed)
+        self._local_ranks = {}
+        for host, local_rank in self._reports:
+            self._local_ranks.setdefault(host, []).append(local_rank)
+        self._unsaved = dict.fromkeys(self._local_ranks)
+        self._dropped = self._saved_hosts - self._local_ranks.keys()
 
     def record_started(self, slot: Slot, pid: int) -> None:
         """The released round gave the worker of `slot` its rank: a PENDING slot becomes RUNNING with `pid`."""
         report = self._reports.get(slot)
         if report is not None and report.state == PENDING:
-            self._put(slot, replace(report, state=RUNNING, pid=pid))
+            self._put(slot, report, SlotReport(report.rank, RUNNING, pid))
 
     def record_rejoined(self, slot: Slot, pid: int) -> bool:
         """The worker of `slot` asked to join the next round: a slot still PENDING or RUNNING becomes READY with
@@ -168,11 +190,12 @@ class ReportTable:
         report = self._reports.get(slot)
         if report is None or report.state not in SILENT:
             return False
-        self._put(slot, replace(report, state=READY, pid=pid))
+        self._put(slot, report, SlotReport(report.rank, READY, pid))
         return True
 
     def record_success(self, slot: Slot, pid: int, exit_code: int | None, reason: str) -> None:
-        self._put(slot, replace(self._reports[slot], state=SUCCESS, pid=pid, exit_code=exit_code, reason=reason))
+        report = self._reports[slot]
+        self._put(slot, report, report._replace(state=SUCCESS, pid=pid, exit_code=exit_code, reason=reason))
 
     def record_failure(
         self, slot: Slot, reason: str, *, pid: int | None = None, exit_code: int | None = None, host_stays: bool = False
@@ -182,43 +205,47 @@ class ReportTable:
         report = self._reports[slot]
         failed_order = self.count(FAILURE) + 1
         pid = report.pid if pid is None else pid
-        self._put(
-            slot,
-            replace(
-                report,
-                state=FAILURE,
-                pid=pid,
-                exit_code=exit_code,
-                reason=reason,
-                failed_order=failed_order,
-                host_stays=host_stays,
-            ),
-        )
+        self._put(slot, report, SlotReport(report.rank, FAILURE, pid, exit_code, reason, failed_order, host_stays))
         return failed_order == 1
 
-    def _put(self, slot: Slot, report: SlotReport) -> None:
-        old = self._reports.get(slot)
-        if old is not None:
-            del self._by_state[old.state][slot]
+    def _put(self, slot: Slot, old: SlotReport, report: SlotReport) -> None:
+        """`slot`'s report `old` becomes `report`."""
+        del self._by_state[old.state][slot]
         self._reports[slot] = report
         self._by_state[report.state][slot] = None
-        self.dirty = True
+        self._unsaved[slot[0]] = None
 
-    # -- saving --------------------------------------------------------------------------------
-    def to_saved(self) -> str:
-        """The reports as the JSON rows the registry saves beside its state, serialized again only when the table
-        changed since the last call (which clears the dirty flag). The retired pids are saved with the job."""
-        if self.dirty:
-            rows = [{"host": slot[0], "local_rank": slot[1], **vars(report)} for slot, report in self._reports.items()]
-            self._saved_text = json.dumps(rows, separators=(",", ":"))
-            self.dirty = False
-        return self._saved_text
+    # -- saving: one row per host ------------------------------------------------------------------
+    def unsaved_rows(self) -> dict[str, str | None]:
+        """host: its row as JSON, for the hosts whose reports changed since `saved` was last called; None for a host
+        of an earlier round whose saved row must go. A row lists the host's slots as `ROW_FIELDS`. Empty when
+        nothing changed. The retired pids are saved with the job."""
+        rows: dict[str, str | None] = dict.fromkeys(self._dropped)
+        for host in self._unsaved:
+            row = [(local_rank, *self._reports[(host, local_rank)]) for local_rank in self._local_ranks[host]]
+            rows[host] = json.dumps(row, separators=(",", ":"))
+        return rows
+
+    def saved(self, rows: Mapping[str, str | None]) -> None:
+        """`rows`, as `unsaved_rows` gave them, are saved: those hosts are no longer unsaved."""
+        for host, row in rows.items():
+            self._unsaved.pop(host, None)
+            self._dropped.discard(host)
+            if row is None:
+                self._saved_hosts.discard(host)
+            else:
+                self._saved_hosts.add(host)
+
+    def replaces(self, previous: ReportTable) -> None:
+        """This table is saved in the place of `previous` (a new job's): the rows `previous` saved that this one
+        lacks are to be dropped with its next save."""
+        self._saved_hosts = set(previous._saved_hosts)
+        self._dropped = self._saved_hosts - self._local_ranks.keys()
 
     @classmethod
-    def from_saved(cls, rows: Iterable[dict[str, Any]], retired_pids: Iterable[int]) -> ReportTable:
-        reports = {}
-        for row in rows:
-            fields = dict(row)
-            slot = (fields.pop("host"), fields.pop("local_rank"))
-            reports[slot] = SlotReport(**fields)
-        return cls(reports, retired_pids)
+    def from_saved(cls, rows: Mapping[str, list[list[Any]]], retired_pids: Iterable[int]) -> ReportTable:
+        """The table whose rows (host: its row as `unsaved_rows` wrote it, parsed) were saved."""
+        reports = {(host, row[0]): SlotReport(*row[1:]) for host, host_rows in rows.items() for row in host_rows}
+        table = cls(dict(sorted(reports.items(), key=lambda item: item[1].rank)), retired_pids)
+        table._saved_hosts, table._unsaved, table._dropped = set(rows), {}, set()
+        return table

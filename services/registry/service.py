@@ -71,11 +71,12 @@ class RegistryService(Service):
         sender = incarnation_id(self.name)
         self.discovery, self.rendezvous = Peer(self, peers.discovery, sender), Peer(self, peers.rendezvous, sender)
         self.store = store
-        saved = self.store.load(parts=("reports",)) or {}
+        loaded = self.store.load()
+        saved, parts = loaded if loaded is not None else ({}, {})
         self.outbox = Outbox(self, peers.notifier, sender, self.security, ((e, d) for e, d in saved.get("outbox", [])))
         self.last_job_id: int = saved.get("last_job_id", 0)
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
-        job = Job.from_saved(saved["job"], saved["reports"], self._now()) if saved else Job()
+        job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.waits = WaitBoard(fresh_s=FRESH_HEARTBEATS * timing.heartbeat)
         if saved:
@@ -95,14 +96,17 @@ class RegistryService(Service):
 
     def _persist(self, now: Now) -> None:
         """Save what changed, in one transaction, then send the events it caused (`outbox.put` only queues them):
-        nothing goes out that a restart could forget."""
+        nothing goes out that a restart could forget. The state is a small document (compared with the last one
+        saved, so an unchanged one writes nothing); the parts that grow with the job are the changed ones only."""
         saved = {
             "last_job_id": self.last_job_id,
             "discovery_incarnation": self.discovery_incarnation,
             "outbox": [list(event) for event in self.outbox.queued],
             "job": self.job.to_saved(now),
         }
-        self.store.save(saved, {"reports": self.job.reports.to_saved()})
+        parts = self.job.unsaved_parts()
+        self.store.save(saved, parts)
+        self.job.saved(parts)
         self.outbox.flush()
 
     # -- requests ------------------------------------------------------------------------------
@@ -122,6 +126,7 @@ class RegistryService(Service):
         now = self._now()
         self.last_job_id += 1
         job = Job.submitted(spec, self.last_job_id, now.local)
+        job.reports.replaces(self.job.reports)  # the old job's rows go with the new job's first save
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.discovery_incarnation = configured.get("incarnation")
         metrics.job_state(job.state)
@@ -200,7 +205,7 @@ class RegistryService(Service):
         pending = job.state == RUNNING_JOB and job.reports.count(PENDING) > 0
         hosts, rounds = yield [
             Read(self.discovery, "hosts", {"brief": True}),
-            Read(self.rendezvous, "status", {"parked_after": job.round, "pids": pending}),
+            Read(self.rendezvous, "status", driver.status_query(pids=pending)),
         ]
         now = self._now()
         try:

@@ -1,20 +1,24 @@
 """JobStore: the registry's durable memory, as an interface; SqliteJobStore: one SQLite database (WAL,
 synchronous=FULL) under `--state-dir`, the store the registry runs on (services/registry/__main__.py chooses it).
 
-The registry saves one JSON document, the whole of what it must not forget
-(the job, its round and reports, its resets and decisions, the host decisions
-it made through discovery, the events not yet published), after every change
-and before it answers or publishes what the change caused. A transaction that
-returned is on disk: a kill -9 of the registry, or a reboot of its node, loses
-nothing it acknowledged. A save that changes nothing writes nothing.
-
-Parts that grow with the job's size (a report per worker: 32,768 of them on
-4,096 hosts x 8) are handed over already serialized and kept in rows of their
-own, written in the same transaction when they changed: the caller serializes
-such a part only when it changed, not on every save.
+The registry saves what it must not forget (the job, its round and reports,
+its resets and decisions, the host decisions it made through discovery, the
+events not yet published) after every change and before it answers or
+publishes what the change caused, in one transaction: a small state document,
+and beside it the parts that grow with the job's size, each a record of its
+own under its key (the round's hosts, and one per host for its reports:
+`reports/<host>`). The caller hands over only the parts that changed (a
+reset or a release changes every host's; a worker's exit one host's), and a
+part given as None is deleted in the same transaction (a host that left the
+round). A save whose state is unchanged and that has no part writes nothing.
+A transaction that returned is on disk: a kill -9 of the registry, or a
+reboot of its node, loses nothing it acknowledged. Loading reads the state
+and every part.
 
 A database that cannot be read is not replaced: `StoreError` names the file,
-and the registry refuses to start rather than forget a running job.
+and the registry refuses to start rather than forget a running job. A
+database of another schema version (version 1 kept the reports as one
+document) is refused the same way.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DATABASE = "registry.sqlite3"
+_UPSERT = "INSERT INTO {table} (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
 
 
 class StoreError(RuntimeError):
@@ -34,14 +40,15 @@ class StoreError(RuntimeError):
 
 
 class JobStore(Protocol):
-    """What the registry needs of its durable memory: the last saved state, a save that is durable when it returns
-    (only what changed is written), and where the state is kept (for its log)."""
+    """What the registry needs of its durable memory: the last saved state with its parts, a save that is durable
+    when it returns (the state if it changed, the parts given: JSON text, or None to delete one), and where the
+    state is kept (for its log)."""
 
     where: str
 
-    def load(self, parts: tuple[str, ...] = ()) -> dict[str, Any] | None: ...
+    def load(self) -> tuple[dict[str, Any], dict[str, Any]] | None: ...
 
-    def save(self, state: dict[str, Any], parts: dict[str, str] | None = None) -> bool: ...
+    def save(self, state: dict[str, Any], parts: Mapping[str, str | None] | None = None) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -59,62 +66,64 @@ class SqliteJobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("CREATE TABLE IF NOT EXISTS registry (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._db.execute("CREATE TABLE IF NOT EXISTS parts (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             found = self._read("schema")
             if found is None:
                 self._write("schema", json.dumps(SCHEMA_VERSION))
             elif json.loads(found) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {found}, this registry reads version {SCHEMA_VERSION}")
+                raise StoreError(
+                    f"{self.path}: schema version {found}, this registry reads version {SCHEMA_VERSION} "
+                    "(move the state directory away to start afresh)"
+                )
         except (sqlite3.Error, OSError, ValueError) as exc:
             raise StoreError(f"cannot use the registry's state database {self.path}: {exc}") from None
-        self._saved: dict[str, str | None] = {"state": self._read("state")}
+        self._saved_state = self._read("state")
 
     def _read(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM registry WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def _write(self, key: str, value: str) -> None:
-        self._db.execute(
-            "INSERT INTO registry (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
+        self._db.execute(_UPSERT.format(table="registry"), (key, value))
 
-    def load(self, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
-        """The last saved state with the `parts` saved beside it (each under its key, None if never saved), or None
-        for a new state directory."""
-        if self._saved["state"] is None:
+    def load(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The last saved state and its parts (key: the part, parsed), or None for a new state directory."""
+        if self._saved_state is None:
             return None
-        state = self._parse("state", self._saved["state"])
+        state = self._parse("state", self._saved_state)
         if not isinstance(state, dict):
             raise StoreError(f"{self.path}: the saved state is not a map")
-        loaded = {}
-        for key in parts:
-            self._saved[key] = self._read(key)
-            loaded[key] = self._parse(key, self._saved[key])
-        return {**state, **loaded}
-
-    def _parse(self, key: str, text: str | None) -> Any:
         try:
-            return None if text is None else json.loads(text)
+            rows = self._db.execute("SELECT key, value FROM parts").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read {self.path}: {exc}") from None
+        return state, {str(key): self._parse(str(key), str(text)) for key, text in rows}
+
+    def _parse(self, key: str, text: str) -> Any:
+        try:
+            return json.loads(text)
         except ValueError as exc:
             raise StoreError(f"{self.path}: the saved {key} is not readable: {exc}") from None
 
-    def save(self, state: dict[str, Any], parts: dict[str, str] | None = None) -> bool:
-        """Write `state` and the `parts` (key: JSON text) that differ from the last ones written, in one
-        transaction; True when anything was written."""
-        texts = {"state": json.dumps(state, sort_keys=True, separators=(",", ":")), **(parts or {})}
-        changed = {key: text for key, text in texts.items() if text != self._saved.get(key)}
-        if not changed:
+    def save(self, state: dict[str, Any], parts: Mapping[str, str | None] | None = None) -> bool:
+        """Write `state` if it differs from the last one written, and `parts` (key: JSON text, or None to delete
+        the part), in one transaction; True when anything was written."""
+        text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+        parts = parts or {}
+        if text == self._saved_state and not parts:
             return False
         try:
             self._db.execute("BEGIN IMMEDIATE")
-            for key, text in changed.items():
-                self._write(key, text)
+            if text != self._saved_state:
+                self._write("state", text)
+            self._db.executemany("DELETE FROM parts WHERE key = ?", [(k,) for k, v in parts.items() if v is None])
+            self._db.executemany(_UPSERT.format(table="parts"), [(k, v) for k, v in parts.items() if v is not None])
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise StoreError(f"cannot save to {self.path}: {exc}") from None
-        self._saved.update(changed)
+        self._saved_state = text
         return True
 
     def close(self) -> None:

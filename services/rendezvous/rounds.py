@@ -70,7 +70,8 @@ class Round:
 class Rounds:
     """The rounds and the parked joins. Each join is settled in O(1): the latest round counts the slots that have
     a join waiting for it, and is released when the count reaches its size; only a new (or restored) round looks at
-    every parked join, once."""
+    every parked join, once. The rejoins of the latest round (joins of its workers for the next one) are logged as
+    they are parked, so a reader with a cursor gets only the new ones (`rejoins_since`)."""
 
     def __init__(self) -> None:
         self.rounds: dict[int, Round] = {}
@@ -79,6 +80,10 @@ class Rounds:
         self.state_hosts: list[str] = []  # the hosts of the latest round released: the job's state is on them
         self._waiting = 0  # slots of the latest round with a parked join that waits for it
         self._due: list[tuple[Any, dict[str, Any]]] = []
+        # The rejoins of the latest round as (host, local_rank, pid, after_round), in the order they were parked (read
+        # with a cursor: `rejoins_since`), and the (slot, pid) of each: a worker that parks again is logged once.
+        self.rejoins: list[tuple[str, int, int, int]] = []
+        self._rejoins_logged: set[tuple[Slot, int]] = set()
 
     @property
     def current(self) -> Round | None:
@@ -91,6 +96,7 @@ class Rounds:
         for old in [n for n in self.rounds if n < new.number - 1]:
             del self.rounds[old]
         self._recount()
+        self._restart_rejoins()
         return new
 
     def restore(
@@ -104,6 +110,7 @@ class Rounds:
         if released:
             self.state_hosts = restored.hosts
         self._recount()
+        self._restart_rejoins()
         return restored
 
     def park(self, join: Join) -> Any | None:
@@ -113,7 +120,29 @@ class Rounds:
             self._waiting -= 1
         self.parked[join.slot] = join
         self._admit(join)
+        self._log_rejoin(join)
         return previous.ticket if previous is not None and previous.ticket is not join.ticket else None
+
+    def _log_rejoin(self, join: Join) -> None:
+        """Log `join` if it is a rejoin: its worker was in the latest round (or a later one) and asks for the next;
+        once per (slot, pid), so the log never holds more than one entry per worker of the round."""
+        key = (join.slot, join.pid)
+        if 0 < self.latest <= join.after_round and key not in self._rejoins_logged:
+            self._rejoins_logged.add(key)
+            self.rejoins.append((*join.slot, join.pid, join.after_round))
+
+    def _restart_rejoins(self) -> None:
+        """A new latest round: the log starts again, with the joins already parked that are rejoins of it."""
+        self.rejoins, self._rejoins_logged = [], set()
+        for join in self.parked.values():
+            self._log_rejoin(join)
+
+    def rejoins_since(self, round_number: int, cursor: int) -> tuple[list[tuple[str, int, int, int]], int]:
+        """The rejoins logged since `cursor` and the cursor after them. A cursor is one of round `round_number`'s
+        log: for another round (the log was started again since) or past the log's end, the whole log."""
+        if round_number != self.latest or not 0 <= cursor <= len(self.rejoins):
+            cursor = 0
+        return self.rejoins[cursor:], len(self.rejoins)
 
     def forget(self, slot: Slot, pid: int) -> Join | None:
         join = self.parked.get(slot)

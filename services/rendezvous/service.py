@@ -13,8 +13,11 @@ Messages:
   next entry. A newer entry of the host replaces a parked one (answered with no answers); an empty one withdraws it.
   A slot the host does not have (by the latest round's host list) is refused, `no_such_slot`.
 - forget {host, local_rank, pid}: drop the parked join of a worker that exited.
-- status {parked_after, pids} -> {round, released, size, pids, parked}. parked: the joins after round `parked_after`
-  (0: all); pids: the released round's workers, unless pids is false.
+- status {round, rejoins_from, pids} -> {round, released, size, parked, pids, rejoins: [[host, local_rank, pid,
+  after_round]], rejoins_next}. parked: how many joins are parked; rejoins: the joins of the latest round's workers
+  for the next round, parked since cursor `rejoins_from` of round `round` (a cursor of another round than the latest:
+  all of them), then ask from `rejoins_next`; pids: the released round's workers [[host, local_rank, pid]], unless
+  pids is false.
 - restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}: the registry gives a
   restarted rendezvous the job's round.
 - reset: a new job: no rounds, empty store.
@@ -240,21 +243,24 @@ class RendezvousService(Service):
 
     @handles("status")
     def on_status(self, request: Request) -> dict[str, Any]:
+        """Counts, and the rejoins logged since the caller's cursor (`round`, `rejoins_from`): a cursor of another
+        round than the latest is answered from the log's start."""
+        body = request.body
+        asked_round, cursor = body.get("round", 0), body.get("rejoins_from", 0)
+        for name, value in (("round", asked_round), ("rejoins_from", cursor)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise RequestError("bad_request", f"{name} must be an integer")
         current = self.rounds.current
-        parked_after = request.body.get("parked_after", 0)
-        if not isinstance(parked_after, int) or isinstance(parked_after, bool):
-            raise RequestError("bad_request", "parked_after must be a round number")
-        with_pids = request.body.get("pids", True) is not False
+        with_pids = body.get("pids", True) is not False
+        rejoins, rejoins_next = self.rounds.rejoins_since(asked_round, cursor)
         return {
             "round": self.rounds.latest,
             "released": bool(current and current.released),
             "size": len(current.slots) if current else 0,
+            "parked": len(self.rounds.parked),
             "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current and with_pids else [],
-            "parked": [
-                {"host": j.slot[0], "local_rank": j.slot[1], "after_round": j.after_round, "pid": j.pid}
-                for j in self.rounds.parked.values()
-                if j.after_round >= parked_after
-            ],
+            "rejoins": rejoins,
+            "rejoins_next": rejoins_next,
         }
 
     def _settle(self) -> None:

@@ -44,7 +44,7 @@ def _saved_running_job(tmp_path: Path) -> None:
         "outbox": [],
         "job": job.to_saved(Now.read(time.monotonic)),
     }
-    store.save(saved, {"reports": job.reports.to_saved()})
+    store.save(saved, job.unsaved_parts())
     store.close()
 
 
@@ -128,7 +128,7 @@ def test_waits_are_answered_with_the_limits_and_a_deadlock_is_killed(
         reader = SqliteJobStore(tmp_path)
         saved = reader.load()
         reader.close()
-        assert saved is not None and saved["job"]["wait_calibration"] == {"longest_wait_s": 2.0}, "saved before"
+        assert saved is not None and saved[0]["job"]["wait_calibration"] == {"longest_wait_s": 2.0}, "saved before"
         assert agent.request("status").body["waits"] == {"limit_s": 10.0, "upper_s": 120.0, "ranks": []}
 
         with pytest.raises(ServiceError) as refused:

@@ -92,7 +92,7 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         admin.request("new_round", {"hosts": [["a", 2], ["b", 1]], "min_np": 2, "max_np": None, "hosts_timestamp": 1.0})
         host_a = threading.Thread(target=join, args=("a", (0, 1)))
         host_a.start()
-        wait_for(lambda: len(rendezvous.rounds.parked) == 2, 5, "host a's two slots parked")
+        wait_for(lambda: admin.request("status").body["parked"] == 2, 5, "host a's two slots parked")
         assert answers == {}, "a round is not released before every slot has joined"
         join("b", (0,))
         host_a.join(timeout=5)
@@ -140,7 +140,36 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
                 "new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 3.0, "round": 3, "replaces": 2}
             )
         assert released.value.code == "released"
-        assert admin.request("status", {"parked_after": 2, "pids": False}).body["pids"] == []
+        assert admin.request("status", {"round": 2, "pids": False}).body["pids"] == []
+        status = admin.request("status", {"round": 2}).body
+        assert (status["pids"], status["rejoins"], status["rejoins_next"]) == ([["a", 0, 1]], [], 0)
+        answered: list[Any] = []
+
+        def rejoin() -> None:
+            """The survivor's host asks for the next round for it; it waits until its agent withdraws the entry."""
+            client = Client(rendezvous.endpoint, "agent-a", timeout=1.0, deadline=10.0)
+            try:
+                answered.append(client.request("enter_round", {"host": "a", "slots": [[0, 2, 1]]}).body)
+            finally:
+                client.close()
+
+        survivor = threading.Thread(target=rejoin)
+        survivor.start()
+        try:
+            wait_for(lambda: admin.request("status").body["parked"] == 1, 5, "the survivor's join parked")
+            status = admin.request("status", {"round": 2, "rejoins_from": 0, "pids": False}).body
+            assert (status["round"], status["rejoins"], status["rejoins_next"]) == (2, [["a", 0, 1, 2]], 1)
+            again = admin.request("status", {"round": 2, "rejoins_from": 1, "pids": False}).body
+            assert (again["rejoins"], again["rejoins_next"]) == ([], 1), "only the rejoins since the cursor"
+            with pytest.raises(ServiceError) as bad:
+                admin.request("status", {"round": 2, "rejoins_from": "x"})
+            assert bad.value.code == "bad_request"
+        finally:
+            admin.request("forget", {"host": "a", "local_rank": 0, "pid": 1})
+            admin.request("enter_round", {"host": "a", "slots": []})
+            survivor.join(timeout=5)
+        assert answered == [{"answers": []}], "the withdrawn entry is answered, with nothing"
+        assert admin.request("status").body["parked"] == 0
     finally:
         admin.close()
 

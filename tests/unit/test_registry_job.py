@@ -20,9 +20,9 @@ LOADED_AT = Now(local=20.0, wall=1_700_000_060.0)
 
 SPEC = JobSpec.parse({"command": ["python", "train.py"], "min_np": 2, "max_np": 4, "reset_limit": 3, "env": {"A": "1"}})
 
-# What the registry saved before the job became one record (its `_saved_state` and `_reports_text`), to the letter.
+# What a registry saved of a job before the fields added since (`failure_resets`, `wait_calibration`, the spec's
+# newer keys), to the letter: the record, and the parts beside it (the round, a row per host).
 OLDER_JOB = {
-    "agents": {"host-1": "agent:a", "host-2": "agent:b"},
     "exit_code": None,
     "failure_seen_at": None,
     "first_report_at": 1_699_999_990.0,
@@ -33,9 +33,7 @@ OLDER_JOB = {
     "reason": "",
     "resets": 1,
     "resumed_from": 0,
-    "retired_pids": [7, 8],
     "round": 2,
-    "round_hosts": [["host-1", [0, 1]], ["host-2", [0]]],
     "round_hosts_timestamp": 1_700_000_000.5,
     "snapshot_commits": {"host-1": 40},
     "spec": {
@@ -57,12 +55,15 @@ OLDER_JOB = {
     "state": "running",
     "waiting_since": 1_699_999_980.0,
 }
-OLDER_REPORTS = (
-    '[{"host":"host-1","local_rank":0,"rank":0,"state":"RUNNING","pid":101,"exit_code":null,"reason":"","failed_order":0,"host_stays":false},'
-    '{"host":"host-1","local_rank":1,"rank":1,"state":"READY","pid":102,"exit_code":null,"reason":"","failed_order":0,"host_stays":false},'
-    '{"host":"host-2","local_rank":0,"rank":2,"state":"FAILURE","pid":103,"exit_code":1,'
-    '"reason":"exited with code 1","failed_order":1,"host_stays":false}]'
-)
+OLDER_PARTS = {
+    "round": {
+        "round_hosts": [["host-1", [0, 1]], ["host-2", [0]]],
+        "agents": {"host-1": "agent:a", "host-2": "agent:b"},
+        "retired_pids": [7, 8],
+    },
+    "reports/host-1": [[0, 0, "RUNNING", 101, None, "", 0, False], [1, 1, "READY", 102, None, "", 0, False]],
+    "reports/host-2": [[0, 2, "FAILURE", 103, 1, "exited with code 1", 1, False]],
+}
 
 
 def running_job() -> Job:
@@ -93,24 +94,25 @@ def running_job() -> Job:
     return job
 
 
-def through_json(job: Job, now: Now) -> tuple[dict, list]:
-    """What the store keeps of the job: its map and its reports' rows, as JSON gives them back."""
-    return json.loads(json.dumps(job.to_saved(now))), json.loads(job.reports.to_saved())
+def through_json(job: Job, now: Now) -> tuple[dict, dict]:
+    """What the store keeps of the job: its map and its parts, as JSON gives them back."""
+    parts = {key: json.loads(text) for key, text in job.unsaved_parts().items() if text is not None}
+    return json.loads(json.dumps(job.to_saved(now))), parts
 
 
 def test_a_saved_job_loads_back_equal() -> None:
     job = running_job()
-    saved, rows = through_json(job, SAVED_AT)
-    assert Job.from_saved(saved, rows, SAVED_AT) == job
+    saved, parts = through_json(job, SAVED_AT)
+    assert Job.from_saved(saved, parts, SAVED_AT) == job
 
 
 def test_instants_keep_their_age_across_a_restart() -> None:
     """An instant of the old process's clock is saved as wall-clock time and becomes one of the new process's clock
     that lies as far in the past (plus the time the registry was away)."""
     job = running_job()
-    saved, rows = through_json(job, SAVED_AT)
+    saved, parts = through_json(job, SAVED_AT)
     assert saved["first_report_at"] == 1_699_999_990.0, "10 s before the save, on the wall clock"
-    loaded = Job.from_saved(saved, rows, LOADED_AT)
+    loaded = Job.from_saved(saved, parts, LOADED_AT)
     away = LOADED_AT.wall - SAVED_AT.wall
     assert LOADED_AT.local - loaded.first_report_at == SAVED_AT.local - job.first_report_at + away
     assert LOADED_AT.local - loaded.waiting_since == SAVED_AT.local - job.waiting_since + away
@@ -124,8 +126,8 @@ def test_instants_keep_their_age_across_a_restart() -> None:
     assert loaded == replace(job, **moved), "nothing else changes"
 
 
-def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
-    job = Job.from_saved(OLDER_JOB, json.loads(OLDER_REPORTS), SAVED_AT)
+def test_a_job_saved_before_the_fields_added_since_loads() -> None:
+    job = Job.from_saved(OLDER_JOB, OLDER_PARTS, SAVED_AT)
     assert (job.job_id, job.state, job.round, job.resets, job.spec) == (3, RUNNING_JOB, 2, 1, SPEC)
     assert job.reports[("host-2", 0)] == SlotReport(
         rank=2, state=FAILURE, pid=103, exit_code=1, reason="exited with code 1", failed_order=1
@@ -141,28 +143,60 @@ def test_a_job_saved_by_the_registry_before_the_record_loads() -> None:
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
         "and is saved again to the letter, with the fields it predates"
     )
-    assert job.reports.to_saved() == OLDER_REPORTS
+    assert job.unsaved_parts() == {}, "its parts are saved already"
+    job.reports.record_rejoined(("host-1", 0), 101)
+    assert {key: json.loads(text) for key, text in job.unsaved_parts().items()} == {
+        "reports/host-1": [[0, 0, "READY", 101, None, "", 0, False], OLDER_PARTS["reports/host-1"][1]]
+    }, "a change saves its host's row, and nothing else"
 
 
 def test_a_field_the_saved_map_lacks_takes_its_default() -> None:
     older = {key: value for key, value in OLDER_JOB.items() if key not in ("resumed_from", "snapshot_commits")}
-    job = Job.from_saved(older, None, SAVED_AT)
+    job = Job.from_saved(older, {}, SAVED_AT)
     assert (job.resumed_from, job.snapshot_commits, job.wait_calibration, len(job.reports)) == (0, {}, {}, 0)
 
 
 def test_the_job_goes_through_the_store_and_back(tmp_path: Path) -> None:
     job = running_job()
     store = SqliteJobStore(tmp_path)
-    store.save({"job": job.to_saved(SAVED_AT)}, {"reports": job.reports.to_saved()})
+    parts = job.unsaved_parts()
+    store.save({"job": job.to_saved(SAVED_AT)}, parts)
+    job.saved(parts)
     store.close()
-    saved = SqliteJobStore(tmp_path).load(parts=("reports",))
-    assert saved is not None
-    assert Job.from_saved(saved["job"], saved["reports"], SAVED_AT) == job
+    loaded = SqliteJobStore(tmp_path).load()
+    assert loaded is not None
+    saved, saved_parts = loaded
+    assert sorted(saved_parts) == ["reports/host-1", "reports/host-2", "round"]
+    assert Job.from_saved(saved["job"], saved_parts, SAVED_AT) == job
+
+
+def test_a_new_round_saves_every_row_and_drops_the_rows_of_hosts_it_left(tmp_path: Path) -> None:
+    job = running_job()
+    store = SqliteJobStore(tmp_path)
+    for hosts in ([["host-1", [0, 1]], ["host-2", [0]]], [["host-1", [0, 1]], ["host-3", [0, 1]]]):
+        job.begin_round(job.round + 1, hosts, 3.0, {}, replacing=False)
+        parts = job.unsaved_parts()
+        store.save({"job": job.to_saved(SAVED_AT)}, parts)
+        job.saved(parts)
+    assert parts["reports/host-2"] is None and parts["reports/host-3"] is not None
+    assert job.unsaved_parts() == {}
+    store.close()
+    loaded = SqliteJobStore(tmp_path).load()
+    assert loaded is not None
+    assert sorted(loaded[1]) == ["reports/host-1", "reports/host-3", "round"]
+    again = Job.from_saved(loaded[0]["job"], loaded[1], SAVED_AT)
+    assert again == job and again.round_hosts == [["host-1", [0, 1]], ["host-3", [0, 1]]]
+
+
+def test_instants_are_saved_to_the_millisecond_so_the_clocks_jitter_saves_nothing_new() -> None:
+    job = running_job()
+    jittered = Now(local=SAVED_AT.local, wall=SAVED_AT.wall + 0.00002)
+    assert job.to_saved(jittered) == job.to_saved(SAVED_AT)
 
 
 def test_no_job_saves_and_loads() -> None:
-    saved, rows = through_json(Job(), SAVED_AT)
-    assert Job.from_saved(saved, rows, SAVED_AT) == Job()
+    saved, parts = through_json(Job(), SAVED_AT)
+    assert Job.from_saved(saved, parts, SAVED_AT) == Job()
 
 
 # -- rounds --------------------------------------------------------------------------------------

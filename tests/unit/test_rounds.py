@@ -406,3 +406,71 @@ def test_a_first_join_waits_for_a_round_with_its_slot_when_no_replaced_round_had
     new_round(rounds, [("a", 1)])
     rounds.park(join("w", 0))  # a warming host's worker
     assert rounds.settle() == [] and ("w", 0) in rounds.parked
+
+
+# -- the rejoin log: what the registry reads with a cursor ---------------------------------------
+def rejoined(rounds: Rounds, round_number: int, cursor: int) -> tuple[list[tuple[str, int, int, int]], int]:
+    return rounds.rejoins_since(round_number, cursor)
+
+
+def released_round(rounds: Rounds, hosts: list[tuple[str, int]]) -> None:
+    """A new round on `hosts`, joined by every slot (pid 100 + local rank) and released."""
+    number = new_round(rounds, hosts).number
+    for host, slots in hosts:
+        for local_rank in range(slots):
+            rounds.park(join(host, local_rank, after_round=number - 1))
+    assert len(rounds.settle()) == sum(slots for _, slots in hosts)
+
+
+def test_rejoins_are_read_from_a_cursor_in_the_order_they_parked() -> None:
+    rounds = Rounds()
+    released_round(rounds, [("a", 2), ("b", 1)])
+    assert rejoined(rounds, 1, 0) == ([], 0)
+    rounds.park(join("b", 0, after_round=1))
+    rounds.park(join("a", 1, after_round=1))
+    assert rejoined(rounds, 1, 0) == ([("b", 0, 100, 1), ("a", 1, 101, 1)], 2)
+    rounds.park(join("a", 0, after_round=1))
+    assert rejoined(rounds, 1, 2) == ([("a", 0, 100, 1)], 3), "only what parked since the cursor"
+    assert rejoined(rounds, 1, 3) == ([], 3)
+
+
+def test_a_first_join_or_one_for_an_older_round_is_no_rejoin() -> None:
+    rounds = Rounds()
+    released_round(rounds, [("a", 1)])
+    released_round(rounds, [("a", 1), ("b", 1)])
+    rounds.park(join("c", 0, after_round=0))  # a warming host's worker
+    rounds.park(join("b", 0, after_round=1, pid=7))  # a leftover of round 1
+    assert rejoined(rounds, 2, 0) == ([], 0)
+
+
+def test_a_slot_parking_again_with_the_same_worker_is_logged_once() -> None:
+    rounds = Rounds()
+    released_round(rounds, [("a", 1)])
+    for _ in range(1000):
+        rounds.park(join("a", 0, after_round=1, ticket="retry"))
+    rounds.forget(("a", 0), 100)
+    rounds.park(join("a", 0, after_round=1))
+    rounds.park(join("a", 0, after_round=1, pid=200))  # another worker of the slot
+    assert rejoined(rounds, 1, 0) == ([("a", 0, 100, 1), ("a", 0, 200, 1)], 2)
+
+
+def test_a_new_round_starts_the_log_again_and_a_cursor_of_another_round_reads_it_all() -> None:
+    rounds = Rounds()
+    released_round(rounds, [("a", 1), ("b", 1)])
+    rounds.park(join("a", 0, after_round=1))
+    rounds.park(join("b", 0, after_round=1))
+    assert rejoined(rounds, 1, 0)[1] == 2
+    released_round(rounds, [("a", 1), ("b", 1)])
+    assert rejoined(rounds, 1, 2) == ([], 0), "round 2's log is empty; a cursor of round 1 reads it from the start"
+    rounds.park(join("a", 0, after_round=2))
+    assert rejoined(rounds, 1, 2) == ([("a", 0, 100, 2)], 1)
+    assert rejoined(rounds, 2, 5) == ([("a", 0, 100, 2)], 1), "a cursor past the log's end reads it all"
+
+
+def test_a_restored_round_logs_the_rejoins_parked_before_it() -> None:
+    """A restarted rendezvous hears the survivors' joins before the registry gives it the job's round back."""
+    rounds = Rounds()
+    rounds.park(join("a", 0, after_round=3, pid=100))
+    rounds.park(join("b", 0, after_round=0, pid=101))
+    rounds.restore(3, get_host_assignments([("a", 1), ("b", 1)], 1), 3.0, released=True, pids={})
+    assert rejoined(rounds, 0, 0) == ([("a", 0, 100, 3)], 1)
