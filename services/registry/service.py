@@ -76,6 +76,7 @@ class RegistryService(Service):
         self.outbox = Outbox(self, peers.notifier, sender, self.security, ((e, d) for e, d in saved.get("outbox", [])))
         self.last_job_id: int = saved.get("last_job_id", 0)
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
+        self.brief_hosts: dict[str, Any] = {}  # discovery's brief host list last read: asked again only when changed
         job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.waits = WaitBoard(fresh_s=FRESH_HEARTBEATS * timing.heartbeat)
@@ -203,10 +204,13 @@ class RegistryService(Service):
         hosts' snapshots and judge the round (after a blacklist, read whether any usable host is left)."""
         job = driver.job
         pending = job.state == RUNNING_JOB and job.reports.count(PENDING) > 0
-        hosts, rounds = yield [
-            Read(self.discovery, "hosts", {"brief": True}),
+        brief, rounds = yield [
+            Read(self.discovery, "hosts", {"brief": True, "unless": self.brief_hosts.get("generation")}),
             Read(self.rendezvous, "status", driver.status_query(pids=pending)),
         ]
+        if not brief.get("unchanged"):
+            self.brief_hosts = brief
+        hosts = self.brief_hosts
         now = self._now()
         try:
             if not self._reconciled(hosts, rounds, now):

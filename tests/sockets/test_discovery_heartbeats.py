@@ -82,3 +82,19 @@ def test_heartbeats_answer_unknown_for_another_incarnation_and_warm_a_host(
     assert not discovery.hostset.hosts["h1"].warm
     assert beat(agent, warm=True) == "ok"
     assert discovery.hostset.hosts["h1"].warm
+
+
+def test_the_brief_host_list_is_sent_again_only_when_it_changed(agent: Client) -> None:
+    """The registry reads the brief list every tick: asked with the generation it holds, an unchanged list is not
+    sent again; a registration (a new list) is, under a new generation."""
+    agent.request("configure", {})
+    agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i"})
+    first = agent.request("hosts", {"brief": True}).body
+    assert first["agents"] == {"h1": "i"} and "generation" in first
+    unchanged = agent.request("hosts", {"brief": True, "unless": first["generation"]}).body
+    assert unchanged == {"unchanged": True, "generation": first["generation"]}
+    agent.request("register", {"host": "h2", "slots": 2, "incarnation": "j"})
+    changed = agent.request("hosts", {"brief": True, "unless": first["generation"]}).body
+    assert changed["agents"] == {"h1": "i", "h2": "j"} and changed["generation"] != first["generation"]
+    stranger = agent.request("hosts", {"brief": True, "unless": ["another discovery", 1]}).body
+    assert stranger["agents"] == changed["agents"], "a generation of another incarnation gets the whole list"
