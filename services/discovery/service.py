@@ -107,7 +107,7 @@ class DiscoveryService(Service):
         self.version = 0
         self.timestamp = time.time()
         self._change_pending = False
-        self._brief: dict[str, Any] = {}  # the brief host list last given out, numbered by `_brief_generation`
+        self._brief: dict[str, Any] = {}  # the brief host list last given out (less its clocks), `_brief_generation`
         self._brief_generation = 0
         self._last_expire_check = self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
@@ -242,9 +242,11 @@ class DiscoveryService(Service):
     def _brief_answer(self, brief: dict[str, Any], unless: Any) -> dict[str, Any]:
         """The brief host list with its generation, or only that it is unchanged when the asker holds it already
         (`unless`: the [incarnation, generation] it was last given). The registry asks ten times a second; at 4,096
-        hosts the list is some 275 KB that it would decode again each time."""
-        if brief != self._brief:
-            self._brief, self._brief_generation = brief, self._brief_generation + 1
+        hosts the list is some 275 KB that it would decode again each time. The seconds a host has been lost or has
+        left of its cooldown do not make a new list: the registry reads a cooldown only when a blacklist is new."""
+        timeless = {**brief, "marked": [{**row, "lost_for": None, "cooldown_left": None} for row in brief["marked"]]}
+        if timeless != self._brief:
+            self._brief, self._brief_generation = timeless, self._brief_generation + 1
         generation = [self.incarnation, self._brief_generation]
         if unless == generation:
             return {"unchanged": True, "generation": generation}

@@ -87,7 +87,7 @@ def test_heartbeats_answer_unknown_for_another_incarnation_and_warm_a_host(
 def test_the_brief_host_list_is_sent_again_only_when_it_changed(agent: Client) -> None:
     """The registry reads the brief list every tick: asked with the generation it holds, an unchanged list is not
     sent again; a registration (a new list) is, under a new generation."""
-    agent.request("configure", {})
+    agent.request("configure", {"cooldown": [600, 600]})
     agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i"})
     first = agent.request("hosts", {"brief": True}).body
     assert first["agents"] == {"h1": "i"} and "generation" in first
@@ -98,3 +98,8 @@ def test_the_brief_host_list_is_sent_again_only_when_it_changed(agent: Client) -
     assert changed["agents"] == {"h1": "i", "h2": "j"} and changed["generation"] != first["generation"]
     stranger = agent.request("hosts", {"brief": True, "unless": ["another discovery", 1]}).body
     assert stranger["agents"] == changed["agents"], "a generation of another incarnation gets the whole list"
+    agent.request("blacklist", {"host": "h2", "reason": "a worker failed"})
+    marked = agent.request("hosts", {"brief": True, "unless": changed["generation"]}).body
+    assert [row["host"] for row in marked["marked"]] == ["h2"] and marked["marked"][0]["cooldown_left"] is not None
+    again = agent.request("hosts", {"brief": True, "unless": marked["generation"]}).body
+    assert again.get("unchanged"), "a cooldown's seconds running down do not make a new list"
