@@ -31,7 +31,7 @@ from bus.outbox import Outbox
 from services.registry import metrics
 from services.registry.decisions import Decision, decide, reset_cause
 from services.registry.exits import WorkerExit
-from services.registry.hosts import agent_incarnations, any_usable, available_slots, newest_snapshot, restarted_agents
+from services.registry.hosts import agent_incarnations, available_slots, newest_snapshot, restarted_agents
 from services.registry.job import FAILED, SUCCEEDED, WAITING, Job
 from services.registry.peers import Peer
 from services.registry.plan import round_plan
@@ -189,15 +189,15 @@ class Driver:
             self.outbox.put("abort", {"round": self.job.round})
 
     # -- every slot reported -------------------------------------------------------------------
-    def judge(self, hosts: dict[str, Any], now: float) -> Decision:
+    def judge(self, snapshots: dict[str, Any], now: float) -> Decision:
         """Every slot has reported: apply `decisions.decide` to the reports and the newest snapshot live hosts keep
-        (`hosts`: discovery's full answer)."""
+        (`snapshots`: discovery's answer to `snapshots`)."""
         job, torchrun = self.job, self.spec.mode == "torchrun"
         decision = decide(
             job.reports.reports,
             job.resets_toward_limit(torchrun),
             self.spec.reset_limit,
-            newest_snapshot(hosts, job.snapshot_commits),
+            newest_snapshot(snapshots, job.snapshot_commits),
             job.resumed_from,
             torchrun,
         )
@@ -225,8 +225,10 @@ class Driver:
         self.job.wait_for_next_round(now)
         metrics.job_state(self.job.state)
 
-    def fail_if_no_usable_host(self, hosts: dict[str, Any], reason: str) -> None:
-        if not any_usable(hosts):
+    def fail_if_no_usable_host(self, snapshots: dict[str, Any], reason: str) -> None:
+        """`snapshots`: discovery's answer to `snapshots`, which says whether any host is neither lost nor
+        blacklisted."""
+        if not snapshots.get("usable"):
             self.finish(FAILED, f"every host is blacklisted ({reason})", 1)
 
     def _blacklist(self, host: str, reason: str) -> None:

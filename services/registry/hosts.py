@@ -3,9 +3,10 @@
 Discovery's `hosts` answer (services/discovery/service.py) carries the
 `available` hosts with their usable slot ids, the `lost` ones, the host set's
 `timestamp` and discovery's `incarnation`; the brief one adds the live
-`agents` with their incarnations and the `marked` hosts (drains, blacklists),
-the full one adds `all` hosts with their snapshots. Every function here is
-pure: it reads a map and returns plain values.
+`agents` with their incarnations and the `marked` hosts (drains, blacklists).
+Its `snapshots` answer has the commit of each live host's snapshot and
+whether any host is usable. Every function here is pure: it reads a map and
+returns plain values.
 """
 
 from __future__ import annotations
@@ -46,21 +47,16 @@ def restarted_agents(hosts: dict[str, Any], agents: dict[str, str]) -> set[str]:
     return {host for host, incarnation in differ if isinstance(incarnation, str)}
 
 
-def newest_snapshot(hosts: dict[str, Any], exit_reports: dict[str, int]) -> int:
-    """The newest commit held in a snapshot that an agent keeps now: a host that is not lost and whose agent
-    reports one (an agent that restarted starts with an empty snapshot). Its `exit_reports` (host: the newest commit
-    a worker's exit report named) may be newer than its last heartbeat."""
+def newest_snapshot(snapshots: dict[str, Any], exit_reports: dict[str, int]) -> int:
+    """The newest commit held in a snapshot that an agent keeps now (`snapshots`: discovery's answer, the commit of
+    each host that is not lost and whose agent reports one: an agent that restarted starts with an empty snapshot).
+    A host's `exit_reports` (host: the newest commit a worker's exit report named) may be newer than its last
+    heartbeat."""
     newest = 0
-    for host in hosts.get("all", []):
-        snapshot = host.get("snapshot") or {}
-        if host.get("state") != "lost" and isinstance(snapshot.get("commit"), int) and snapshot["commit"] > 0:
-            newest = max(newest, snapshot["commit"], exit_reports.get(host["host"], 0))
+    for host, commit in snapshots.get("commits", {}).items():
+        if isinstance(commit, int) and commit > 0:
+            newest = max(newest, commit, exit_reports.get(host, 0))
     return newest
-
-
-def any_usable(hosts: dict[str, Any]) -> bool:
-    """Is any host neither lost nor blacklisted?"""
-    return any(h["state"] != "lost" and not h["blacklisted"] for h in hosts["all"])
 
 
 def host_marks(hosts: dict[str, Any], known: dict[str, dict[str, Any]], wall_now: float) -> dict[str, dict[str, Any]]:

@@ -220,11 +220,11 @@ class RegistryService(Service):
             return
         if not driver.drive(hosts, rounds, now.local):
             return
-        (hosts,) = yield [Read(self.discovery, "hosts", {})]
-        decision = driver.judge(hosts, self._now().local)
+        (snapshots,) = yield [Read(self.discovery, "snapshots", {})]
+        decision = driver.judge(snapshots, self._now().local)
         if decision.action == "resume" and decision.blacklist:
-            (hosts,) = yield [Read(self.discovery, "hosts", {})]
-            driver.fail_if_no_usable_host(hosts, decision.reason)
+            (snapshots,) = yield [Read(self.discovery, "snapshots", {})]
+            driver.fail_if_no_usable_host(snapshots, decision.reason)
 
     def _end_of_pass(self) -> None:
         """The pass's one write: the metrics and the store catch up with what it changed."""

@@ -103,3 +103,15 @@ def test_the_brief_host_list_is_sent_again_only_when_it_changed(agent: Client) -
     assert [row["host"] for row in marked["marked"]] == ["h2"] and marked["marked"][0]["cooldown_left"] is not None
     again = agent.request("hosts", {"brief": True, "unless": marked["generation"]}).body
     assert again.get("unchanged"), "a cooldown's seconds running down do not make a new list"
+
+
+def test_snapshots_names_each_live_hosts_commit_and_whether_a_host_is_usable(agent: Client) -> None:
+    """What the registry reads to judge a round: not the full host list."""
+    agent.request("configure", {})
+    agent.request("register", {"host": "h1", "slots": 2, "incarnation": "i", "snapshot": SNAPSHOT})
+    agent.request("register", {"host": "h2", "slots": 2, "incarnation": "j"})
+    assert agent.request("snapshots").body["commits"] == {"h1": 4} and agent.request("snapshots").body["usable"]
+    agent.request("blacklist", {"host": "h1", "reason": "a worker failed"})
+    assert agent.request("snapshots").body["usable"], "h2 is still usable"
+    agent.request("blacklist", {"host": "h2", "reason": "a worker failed"})
+    assert not agent.request("snapshots").body["usable"]
