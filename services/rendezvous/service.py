@@ -53,10 +53,6 @@ LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
 MAX_SLOTS_PER_HOST = 1024  # a host's entry names at most this many slots
 
 
-def _natural(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _slots(value: Any) -> int | list[int] | None:
     """A host's slots: a count, or the ids of its usable slots (distinct, non-negative); None if neither."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -211,15 +207,21 @@ class RendezvousService(Service):
             raise RequestError(
                 "bad_request", f"slots must be a list of at most {MAX_SLOTS_PER_HOST} [local_rank, after_round, pid]"
             )
-        slots = []
+        slots: list[tuple[int, int, int]] = []
         for item in raw:
-            if not (isinstance(item, list) and len(item) == 3 and all(_natural(value) for value in item)):
+            # `type(...) is int`: a bool is no count; one test per value, on the path of every host of every round.
+            if type(item) is not list or len(item) != 3 or not all(type(v) is int and v >= 0 for v in item):
                 raise RequestError("bad_request", f"bad slot {item!r}: want [local_rank, after_round, pid], each >= 0")
             slots.append((item[0], item[1], item[2]))
-        if len({local_rank for local_rank, _, _ in slots}) != len(slots):
+        local_ranks = {local_rank for local_rank, _, _ in slots}
+        if len(local_ranks) != len(slots):
             raise RequestError("bad_request", f"a slot is named twice in {raw!r}")
         count = self.host_slot_counts.get(host)
-        beyond = sorted(local_rank for local_rank, _, _ in slots if count is not None and local_rank >= count)
+        beyond = (
+            []
+            if count is None or max(local_ranks, default=-1) < count
+            else sorted(r for r in local_ranks if r >= count)
+        )
         if beyond:
             raise RequestError(
                 "no_such_slot", f"host {host} has {count} slot(s): no slot {', '.join(map(str, beyond))}"
