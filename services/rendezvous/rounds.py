@@ -113,15 +113,14 @@ class Rounds:
         self._restart_rejoins()
         return restored
 
-    def park(self, join: Join) -> Any | None:
-        """Park a join; return the ticket of a join it replaces (same slot), if any."""
+    def park(self, join: Join) -> None:
+        """Park a join; it replaces a join parked for the same slot."""
         previous = self.parked.get(join.slot)
         if previous is not None and self._counts(previous):
             self._waiting -= 1
         self.parked[join.slot] = join
         self._admit(join)
         self._log_rejoin(join)
-        return previous.ticket if previous is not None and previous.ticket is not join.ticket else None
 
     def _log_rejoin(self, join: Join) -> None:
         """Log `join` if it is a rejoin: its worker was in the latest round (or a later one) and asks for the next;

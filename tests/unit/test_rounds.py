@@ -291,10 +291,10 @@ def test_forgotten_join_no_longer_counts_for_release():
     assert rounds.settle() == []
 
 
-def test_park_returns_the_replaced_ticket_for_a_duplicate_slot():
+def test_a_join_for_a_parked_slot_replaces_it():
     rounds = Rounds()
-    assert rounds.park(join("a", 0, pid=1, ticket="old")) is None
-    assert rounds.park(join("a", 0, pid=2, ticket="new")) == "old"
+    rounds.park(join("a", 0, pid=1, ticket="old"))
+    rounds.park(join("a", 0, pid=2, ticket="new"))
     assert rounds.parked[("a", 0)].ticket == "new"
     assert rounds.parked[("a", 0)].pid == 2
 
