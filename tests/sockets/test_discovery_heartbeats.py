@@ -8,28 +8,10 @@ from collections.abc import Iterator
 import pytest
 
 from bus.client import Client, ServiceError
-from bus.config import Timing
 from services.discovery.service import DiscoveryService
-from services.notifier.service import NotifierService
-from testing.harness import free_ports, serve_in_thread
 
 SNAPSHOT = {"commit": 4, "bytes": 1024, "written_at": 2.0}
 FORK_SERVER = {"state": "ready", "reason": ""}
-
-
-@pytest.fixture
-def notifier() -> Iterator[NotifierService]:
-    ports = free_ports(2)
-    yield from serve_in_thread(
-        NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
-    )  # type: ignore[misc]
-
-
-@pytest.fixture
-def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
-    yield from serve_in_thread(
-        DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
-    )  # type: ignore[misc]
 
 
 @pytest.fixture

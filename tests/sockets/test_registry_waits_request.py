@@ -21,14 +21,7 @@ from services.notifier.service import NotifierService
 from services.registry.job import Job, Now
 from services.registry.service import RegistryService
 from services.registry.store import SqliteJobStore
-from testing.harness import free_ports, serve_in_thread, wait_for
-
-
-@pytest.fixture
-def notifier() -> Iterator[NotifierService]:
-    ports = free_ports(2)
-    service = NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
-    yield from serve_in_thread(service)  # type: ignore[misc]
+from testing.harness import free_ports, wait_for
 
 
 def _saved_running_job(tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from agent.round_entry import HostEntry, RoundKeyLookups
 from bus.client import AsyncClient, Client, ServiceError, Unreachable
 from bus.metrics import MESSAGES
@@ -44,11 +42,6 @@ class EntryHost(Service):
 
 def handled(msg_type: str) -> float:
     return MESSAGES.labels("rendezvous", msg_type, "handled")._value.get()
-
-
-@pytest.fixture
-def rendezvous() -> Iterator[RendezvousService]:
-    yield from serve_in_thread(RendezvousService(f"tcp://127.0.0.1:{free_ports(1)[0]}"))  # type: ignore[misc]
 
 
 def host(rendezvous: RendezvousService, name: str, slots: int, live: set[int]) -> Iterator[EntryHost]:

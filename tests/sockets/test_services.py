@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import zmq
 
 from bus.client import Client, ServiceError
-from bus.config import Timing
 from bus.envelope import Message, decode, encode
 from bus.pubsub import Subscription
 from bus.sockets import client_socket
@@ -18,20 +16,7 @@ from services.discovery.hostset import HostsDiff, apply_diff
 from services.discovery.service import DiscoveryService
 from services.notifier.service import NotifierService
 from services.rendezvous.service import RendezvousService
-from testing.harness import free_ports, serve_in_thread, wait_for
-
-
-@pytest.fixture
-def notifier() -> Iterator[NotifierService]:
-    ports = free_ports(2)
-    yield from serve_in_thread(
-        NotifierService(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}", heartbeat=0.1)
-    )  # type: ignore[misc]
-
-
-@pytest.fixture
-def rendezvous() -> Iterator[RendezvousService]:
-    yield from serve_in_thread(RendezvousService(f"tcp://127.0.0.1:{free_ports(1)[0]}"))  # type: ignore[misc]
+from testing.harness import wait_for
 
 
 def _publish(client: Client, n: int, start: int) -> None:
@@ -172,13 +157,6 @@ def test_a_new_round_asked_again_is_the_round_made_and_a_forming_round_can_be_re
         assert admin.request("status").body["parked"] == 0
     finally:
         admin.close()
-
-
-@pytest.fixture
-def discovery(notifier: NotifierService) -> Iterator[DiscoveryService]:
-    yield from serve_in_thread(
-        DiscoveryService(f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0))
-    )  # type: ignore[misc]
 
 
 def test_a_burst_of_registrations_makes_a_few_numbered_diffs_that_rebuild_the_host_list(
