@@ -1,0 +1,83 @@
+"""How an etcd member of the control plane is started: its command line, shared by the tests and `elasticctl local`.
+
+The flags that matter, and why:
+- `--heartbeat-interval 50 --election-timeout 500`: a dead leader is replaced
+  within a second (etcd's defaults, 100 ms and 1 s, take twice as long); the
+  members of one control plane sit in one data centre.
+- `--experimental-watch-progress-notify-interval 1s`: a watch that asks for
+  progress notifications hears from its member every second even when nothing
+  changes, so a silent stream means a dead or cut-off member (EtcdClient.watch).
+- `--max-txn-ops 1024 --max-request-bytes 8388608`: the registry saves a job's
+  state and every part that changed in one txn, all or nothing; a job of a
+  thousand hosts is that many parts and megabytes of JSON, over etcd's
+  defaults of 128 operations and 1.5 MiB.
+- `--logger zap --log-level warn`: one JSON line per event worth reading.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+HEARTBEAT_MS = 50
+ELECTION_TIMEOUT_MS = 500
+MAX_TXN_OPS = 1024
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    name: str
+    host: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+
+def initial_cluster(members: list[MemberSpec]) -> str:
+    """etcd's --initial-cluster: `name=peer_url,...`."""
+    return ",".join(f"{member.name}={member.peer_url}" for member in members)
+
+
+def member_command(
+    spec: MemberSpec, cluster: list[MemberSpec], *, state: str = "new", token: str = "elastic"
+) -> list[str]:
+    """The command line of member `spec` of `cluster` (every member, `spec` included). `state` is "new" for the
+    members that found a cluster together, "existing" for one added to a running cluster (after `member_add`);
+    a member whose data directory holds data ignores both and rejoins as what it was."""
+    return [
+        etcd_binary(),
+        f"--name={spec.name}",
+        f"--data-dir={spec.data_dir}",
+        f"--listen-client-urls={spec.client_url}",
+        f"--advertise-client-urls={spec.client_url}",
+        f"--listen-peer-urls={spec.peer_url}",
+        f"--initial-advertise-peer-urls={spec.peer_url}",
+        f"--initial-cluster={initial_cluster(cluster)}",
+        f"--initial-cluster-state={state}",
+        f"--initial-cluster-token={token}",
+        f"--heartbeat-interval={HEARTBEAT_MS}",
+        f"--election-timeout={ELECTION_TIMEOUT_MS}",
+        "--experimental-watch-progress-notify-interval=1s",
+        f"--max-txn-ops={MAX_TXN_OPS}",
+        f"--max-request-bytes={MAX_REQUEST_BYTES}",
+        "--logger=zap",
+        "--log-level=warn",
+    ]
+
+
+def etcd_binary() -> str:
+    """The path of the etcd server; FileNotFoundError saying how to install it when it is not on PATH."""
+    found = shutil.which("etcd")
+    if found is None:
+        raise FileNotFoundError("etcd is not on PATH: apt-get install etcd-server etcd-client (etcd 3.4 or later)")
+    return found
