@@ -166,6 +166,9 @@ class Service:
         self._parking_types: set[str] = set()
         self._traffic_bytes = 0
         self._stopping = threading.Event()
+        # Asked before every turn of the loop: a replica that lost its role (replication/election.py) stops before it
+        # handles anything more.
+        self.may_serve: Callable[[], bool] = lambda: True
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
 
@@ -201,6 +204,9 @@ class Service:
             due = min((t[0] for t in self._timers), default=now + 0.5)
             timeout_ms = max(0, min(500, int((due - now) * 1000)))
             ready = dict(self.poller.poll(timeout_ms))
+            if not self.may_serve():
+                self.stop()
+                return
             if not ready and self._traffic_bytes >= RELEASE_AFTER_BYTES:
                 self._traffic_bytes = 0
                 release_freed_memory()

@@ -1,8 +1,11 @@
-"""The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint, and for
-a service that keeps state on disk (the registry), its state directory."""
+"""The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint, where
+the hard state is kept (`--store`: the registry's SQLite database under `--state-dir`, or etcd, which makes the
+process one replica of its service: replication/replica.py)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +18,13 @@ from bus.config import DEFAULT_HOST, Endpoints, Timing, check_host, default_run_
 from bus.logs import setup_logging
 from bus.service import Service
 from bus.sockets import Security, SecurityError
+from replication.replica import StoreUnusable, serve_replica
+from replication.store_choice import StoreChoice
 from services.registry.store import StoreError
 
-Factory = Callable[..., Service]  # (bind, connect, timing, security, log), and state_dir for a service with state
+# (bind, connect, timing, security, log, replica): replica is None with the SQLite store; a service that keeps state
+# on disk (the registry) is given its state_dir too.
+Factory = Callable[..., Service]
 
 
 def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> Endpoints:
@@ -33,26 +40,57 @@ def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> E
     )
 
 
+def replica_name(address: str) -> str:
+    """How a replica is known in etcd: ELASTIC_REPLICA, else the address it binds, else (a wildcard bind, as in a
+    container) its host name."""
+    host = endpoint_host(address)
+    return os.environ.get("ELASTIC_REPLICA") or (
+        host if host not in (None, "0.0.0.0", "::", "*") else socket.gethostname()
+    )
+
+
 def service_command(name: str, factory: Factory, keeps_state: bool = False) -> click.Command:
     def run(
-        bind: str | None, keys: Path | None, insecure: bool, metrics_port: str | None, state_dir: Path | None = None
+        bind: str | None,
+        keys: Path | None,
+        insecure: bool,
+        metrics_port: str | None,
+        store: str,
+        state_dir: Path | None = None,
     ) -> None:
         log = setup_logging(name)
         try:
             timing = Timing.from_env()
             connect = Endpoints.from_env()
-            from_env = click.get_current_context().get_parameter_source("bind") is ParameterSource.ENVIRONMENT
-            bind_to = bind_endpoints(connect, bind, "ELASTIC_BIND" if from_env else "--bind")
+            source = click.get_current_context().get_parameter_source
+            bind_to = bind_endpoints(
+                connect, bind, "ELASTIC_BIND" if source("bind") is ParameterSource.ENVIRONMENT else "--bind"
+            )
+            choice = StoreChoice.parse(
+                "ELASTIC_STORE" if source("store") is ParameterSource.ENVIRONMENT else "--store", store
+            )
             security = Security(keys_dir=keys, insecure=insecure)
+            address = getattr(bind_to, name)
             if metrics_port is not None:
                 metrics.serve(
                     "--metrics-port",
-                    endpoint_host(getattr(bind_to, name)) or DEFAULT_HOST,
+                    endpoint_host(address) or DEFAULT_HOST,
                     metrics.metrics_port("--metrics-port", metrics_port),
                 )
             state = {"state_dir": state_dir or default_run_dir() / "state" / name} if keeps_state else {}
-            service = factory(bind_to, connect, timing, security, log, **state)
-        except (SecurityError, ValueError, OSError, StoreError) as exc:
+            if choice.kind == "etcd":
+                serve_replica(
+                    name,
+                    f"services.{name}",
+                    choice,
+                    replica_name(address),
+                    address,
+                    lambda replica: factory(bind_to, connect, timing, security, log, replica=replica, **state),
+                    log,
+                )
+                return
+            service = factory(bind_to, connect, timing, security, log, replica=None, **state)
+        except (SecurityError, ValueError, OSError, StoreError, StoreUnusable) as exc:
             click.echo(f"{name}: {exc}", err=True)
             sys.exit(2)
         except Exception as exc:  # zmq.ZMQError on bind, mostly
@@ -83,6 +121,15 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
             metavar="PORT",
             default=None,
             help="Serve Prometheus metrics over HTTP on this port, on the interface the service binds (default: off).",
+        ),
+        click.Option(
+            ["--store"],
+            envvar="ELASTIC_STORE",
+            default="sqlite",
+            show_default=True,
+            metavar="sqlite|etcd://H:P,H:P,H:P[/PREFIX]",
+            help="Where the control plane's hard state is kept. With etcd this process is one replica of the "
+            "service: a standby until etcd elects it (run one per control host, each with --bind).",
         ),
     ]
     if keeps_state:

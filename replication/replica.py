@@ -1,0 +1,134 @@
+"""Running a service as one replica of several over etcd (`--store etcd://H:P,H:P,H:P[/PREFIX]`,
+replication/store_choice.py).
+
+The process is one replica of its service: it registers as a standby, campaigns for the role
+(replication/election.py), and only once elected builds its service: it
+reads its state from etcd and binds its sockets (a standby binds nothing,
+so clients given every control host reach the active replica only). When
+it loses the role it stops at once and starts again as a standby (`exec` of
+the same command: nothing it held in memory survives).
+
+The layout under PREFIX: `schema` (STORE_SCHEMA; a newer one is refused),
+`leader/<service>` and `replicas/<service>/<replica>` (election.py), and
+each service's own keys under `<service>/`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from bus import metrics
+from bus.service import Service
+from replication.election import Leadership, Outage
+from replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
+from replication.store_choice import StoreChoice
+
+STORE_SCHEMA = 1
+# How long a service waits for etcd when it starts before it says so and exits.
+START_DEADLINE = 10.0
+# Set in the environment of a replica that stepped down and started again: it waits for etcd rather than exit.
+STEPPED_DOWN = "ELASTIC_REPLICA_STEPPED_DOWN"
+
+
+class StoreUnusable(RuntimeError):
+    """The etcd store cannot be used (unreachable, or written by a newer version): the message is one line."""
+
+
+def open_etcd(choice: StoreChoice, outage: Outage | None = None, stop: threading.Event | None = None) -> EtcdClient:
+    """A client of the store, checked: etcd answers and its schema is one this version reads (written if none).
+    Unreachable: `StoreUnusable`, or with `outage` (a replica that stepped down), try again until it answers or
+    `stop` is set."""
+    client = EtcdClient(list(choice.endpoints))
+    key = f"{choice.prefix}/schema".encode()
+    while True:
+        try:
+            client.txn(
+                [create_revision_is(key, 0)], [put_op(key, str(STORE_SCHEMA).encode())], [], deadline=START_DEADLINE
+            )
+            found = client.get(key, deadline=START_DEADLINE)
+            break
+        except EtcdError as exc:
+            if outage is None or stop is None or stop.is_set():
+                client.close()
+                raise StoreUnusable(f"etcd at {','.join(choice.endpoints)} cannot be used: {exc}") from None
+            outage.failed(exc)
+    schema = found.value.decode() if found is not None else ""
+    if not schema.isdigit() or int(schema) > STORE_SCHEMA:
+        client.close()
+        raise StoreUnusable(
+            f"etcd {choice.prefix}/schema is {schema!r}: written by a newer version (this one reads {STORE_SCHEMA})"
+        )
+    return client
+
+
+@dataclass
+class Replica:
+    """What an elected replica's service is built with: the store's client, the prefix, and its role's fence."""
+
+    client: EtcdClient
+    prefix: str
+    leadership: Leadership
+
+    def key(self, service: str, name: str) -> bytes:
+        return f"{self.prefix}/{service}/{name}".encode()
+
+
+def serve_replica(
+    name: str,
+    module: str,
+    choice: StoreChoice,
+    replica_name: str,
+    address: str,
+    build: Callable[[Replica], Service],
+    log: structlog.stdlib.BoundLogger,
+) -> None:
+    """Register, wait for the role, build the service and serve until SIGTERM (resign: a standby takes over at once)
+    or until the role is lost (then `exec` this command again, as a standby)."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    outage = Outage(log) if os.environ.get(STEPPED_DOWN) else None  # only the first start gives up on etcd
+    client = open_etcd(choice, outage, stopping)
+    leadership = Leadership(client, choice.prefix, name, replica_name, address, log=log)
+    if outage is not None:
+        leadership.outage = outage
+    if not leadership.register(stopping):
+        return
+    log.info("standby", replica=replica_name, store=",".join(choice.endpoints))
+    waited = time.monotonic()
+    if not leadership.campaign(stopping):
+        if stopping.is_set():
+            leadership.resign()
+            return
+        step_down(leadership, module, log)
+    log.info("active", replica=replica_name, fence=leadership.revision, waited_s=round(time.monotonic() - waited, 3))
+    service = build(Replica(client, choice.prefix, leadership))
+    service.may_serve = lambda: leadership.held() and not stopping.is_set()
+    metrics.watch_service(service)
+    try:
+        service.run()
+    finally:
+        service.close()
+    if stopping.is_set():
+        leadership.resign()
+        log.info("stopped", replica=replica_name)
+        return
+    step_down(leadership, module, log)
+
+
+def step_down(leadership: Leadership, module: str, log: structlog.stdlib.BoundLogger) -> None:
+    """Stop renewing and start this command afresh as a standby: nothing of the lost role stays in memory."""
+    leadership.stop_renewing()
+    log.warning("stepped_down", reason=leadership.lost_reason or "the lease was lost")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ[STEPPED_DOWN] = "1"
+    os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])
