@@ -1,13 +1,19 @@
 """`python -m services.registry`: run the registry."""
 
 from services.cli import service_command
+from services.registry.etcd_store import EtcdJobStore
 from services.registry.service import RegistryService
 from services.registry.store import SqliteJobStore
 
 main = service_command(
     "registry",
-    lambda bind, connect, timing, security, log, state_dir: RegistryService(
-        bind.registry, connect, timing, SqliteJobStore(state_dir), security=security, log=log
+    lambda bind, connect, timing, security, log, replica, state_dir: RegistryService(
+        bind.registry,
+        connect,
+        timing,
+        EtcdJobStore(replica) if replica is not None else SqliteJobStore(state_dir),
+        security=security,
+        log=log,
     ),
     keeps_state=True,
 )
