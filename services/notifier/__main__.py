@@ -1,12 +1,18 @@
 """`python -m services.notifier`: run the notifier."""
 
 from services.cli import service_command
+from services.notifier.event_log import EventLog
 from services.notifier.service import NotifierService
 
 main = service_command(
     "notifier",
-    lambda bind, connect, timing, security, log: NotifierService(
-        bind.notifier, bind.events, heartbeat=timing.heartbeat, security=security, log=log
+    lambda bind, connect, timing, security, log, replica: NotifierService(
+        bind.notifier,
+        bind.events,
+        heartbeat=timing.heartbeat,
+        security=security,
+        log=log,
+        event_log=EventLog(replica) if replica is not None else None,
     ),
 )
 

@@ -7,7 +7,10 @@ number so a subscriber notices a gap even when no new event follows it.
 
 Bounds: an event larger than `MAX_EVENT_BYTES` is refused (`too_large`); the
 history keeps at most `HISTORY` events and `HISTORY_BYTES` of them, oldest
-dropped first. The events socket is a `bus.pubsub.Publisher`: once its peers'
+dropped first. Replicated (`--store etcd://...`), the incarnation, the
+sequence and the history are kept in etcd as well (services/notifier/event_log.py),
+written before an event is sent: a replica that takes over goes on from them.
+The events socket is a `bus.pubsub.Publisher`: once its peers'
 subscriptions to topics no subscriber uses add up past its bound, it is bound
 again (every peer disconnected and its topics freed); subscribers reconnect,
 subscribe again and fill the gap from the history.
@@ -23,6 +26,7 @@ from typing import Any
 from bus.pubsub import HEARTBEAT, Publisher, encode_event
 from bus.service import LimitExceeded, Request, RequestError, Service, handles
 from bus.sockets import Security
+from services.notifier.event_log import EventLog, EventLogError
 
 # A subscriber away for a while catches up from here with one `since` request.
 HISTORY = 4096
@@ -52,6 +56,16 @@ class History:
         while len(self._kept) > self.events or self.nbytes > self.max_bytes:
             self.nbytes -= self._kept.popleft()[2]
 
+    def dropped_by(self, size: int) -> list[int]:
+        """The numbers of the events that keeping one more of `size` bytes would let go."""
+        count, nbytes, dropped = len(self._kept) + 1, self.nbytes + size, []
+        for _, body, kept_size in self._kept:
+            if count <= self.events and nbytes <= self.max_bytes:
+                break
+            count, nbytes = count - 1, nbytes - kept_size
+            dropped.append(body["seq"])
+        return dropped
+
     def since(self, seq: int) -> list[list[Any]]:
         """The kept events numbered after `seq`, oldest first, as [type, body] pairs."""
         return [[event, body] for event, body, _ in self._kept if body["seq"] > seq]
@@ -61,15 +75,36 @@ class NotifierService(Service):
     name = "notifier"
 
     def __init__(
-        self, endpoint: str, events_endpoint: str, *, heartbeat: float = 1.0, security: Security = Security(), **kw: Any
+        self,
+        endpoint: str,
+        events_endpoint: str,
+        *,
+        heartbeat: float = 1.0,
+        security: Security = Security(),
+        event_log: EventLog | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(endpoint, security=security, **kw)
+        self.event_log = event_log
         self.incarnation = uuid.uuid4().hex
         self.seq = 0
         self.history = History()
+        if event_log is not None:
+            self._take_over(event_log)
         self.events = Publisher(events_endpoint, security)
         self.watch(self.events.sock, self._on_subscription)
         self.every(heartbeat, self._heartbeat)
+
+    def _take_over(self, event_log: EventLog) -> None:
+        """Go on from the incarnation, number and history the last active replica left in etcd."""
+        incarnation, seq, events = event_log.load()
+        if incarnation is None:
+            event_log.start(self.incarnation)
+            return
+        self.incarnation, self.seq = incarnation, seq
+        for event, body in events:
+            self.history.append(event, body, encode_event(event, body, self.name).nbytes)
+        self.log.info("took_over", incarnation=incarnation, seq=seq, history=len(events))
 
     def _on_subscription(self) -> None:
         """Count what peers sent the events socket; bind it again once it holds too many foreign topics."""
@@ -97,6 +132,11 @@ class NotifierService(Service):
             raise LimitExceeded(
                 "too_large", f"event {event[:64]!r} of {encoded.nbytes} bytes exceeds the notifier's {MAX_EVENT_BYTES}"
             )
+        if self.event_log is not None:
+            try:
+                self.event_log.append(self.incarnation, event, body, self.history.dropped_by(encoded.nbytes))
+            except EventLogError as exc:
+                raise RequestError("unavailable", str(exc)) from None
         self.seq += 1
         self.history.append(event, body, encoded.nbytes)
         self.events.send(encoded)

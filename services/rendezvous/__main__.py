@@ -1,11 +1,14 @@
 """`python -m services.rendezvous`: run the rendezvous."""
 
 from services.cli import service_command
+from services.rendezvous.kv_log import KvLog
 from services.rendezvous.service import RendezvousService
 
 main = service_command(
     "rendezvous",
-    lambda bind, connect, timing, security, log: RendezvousService(bind.rendezvous, security=security, log=log),
+    lambda bind, connect, timing, security, log, replica: RendezvousService(
+        bind.rendezvous, kv_log=KvLog(replica) if replica is not None else None, security=security, log=log
+    ),
 )
 
 if __name__ == "__main__":

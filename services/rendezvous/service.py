@@ -30,15 +30,23 @@ them are refused (`stale_round`). The store is bounded: past `MAX_KV_KEYS`
 keys, `MAX_KV_KEY_BYTES` per key, `MAX_KV_VALUE_BYTES` per value or
 `MAX_KV_WAITERS` waiting lookups a request is refused (`too_many_keys`,
 `key_too_long`, `value_too_large`, `too_many_waiters`).
+
+Replicated (`--store etcd://...`), the store is kept in etcd as well
+(services/rendezvous/kv_log.py), written before a value is acknowledged, and a
+replica that takes over starts with it. Until the registry gives it the job's
+round back, it parks lookups of any round's key rather than refusing them as
+stale.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
 from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
+from services.rendezvous.kv_log import KvLog, KvLogError
 from services.rendezvous.rounds import Join, Round, Rounds
 
 # A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
@@ -81,10 +89,11 @@ def _parse_hosts(raw: Any) -> list[tuple[str, int | list[int]]]:
 class RendezvousService(Service):
     name = "rendezvous"
 
-    def __init__(self, endpoint: str, **kw: Any) -> None:
+    def __init__(self, endpoint: str, kv_log: KvLog | None = None, **kw: Any) -> None:
         super().__init__(endpoint, **kw)
         self.rounds = Rounds()
-        self.kv: dict[str, bytes] = {}
+        self.kv_log = kv_log
+        self.kv: dict[str, bytes] = kv_log.load() if kv_log is not None else {}
         self.kv_waiters: dict[str, list[Request]] = defaultdict(list)
         self.kv_waiting = 0
         self.host_entries: dict[str, Request] = {}  # each host's parked join
@@ -97,6 +106,8 @@ class RendezvousService(Service):
             request.fail("job_reset", "a new job replaced the one this host's workers joined")
         self.host_entries.clear()
         self.rounds = Rounds()
+        if self.kv_log is not None:
+            self._log_write(self.kv_log.clear)
         self.kv.clear()
         self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
         return {}
@@ -178,6 +189,7 @@ class RendezvousService(Service):
             number, slots, float(body.get("hosts_timestamp") or 0.0), body.get("released") is True, pids
         )
         self.log.info("round_restored", round=number, size=len(slots), released=body.get("released") is True)
+        self._drop_old_keys()
         self._settle()
         return {"round": number}
 
@@ -280,7 +292,13 @@ class RendezvousService(Service):
 
     def _drop_old_keys(self) -> None:
         live = tuple(r.prefix for r in self.rounds.rounds.values())
-        for key in [k for k in self.kv if k.startswith("round/") and not k.startswith(live)]:
+        old = [k for k in self.kv if k.startswith("round/") and not k.startswith(live)]
+        if self.kv_log is not None and old:
+            try:
+                self.kv_log.drop(old)
+            except KvLogError as exc:
+                self.log.warning("old_keys_left_in_etcd", keys=len(old), reason=str(exc))
+        for key in old:
             del self.kv[key]
         stale = [k for k in self.kv_waiters if k.startswith("round/") and not k.startswith(live)]
         self._fail_waiters(stale, "stale_round", "the round of this key is over")
@@ -292,7 +310,9 @@ class RendezvousService(Service):
         size = len(key.encode())
         if size > MAX_KV_KEY_BYTES:
             raise LimitExceeded("key_too_long", f"a key of {size} bytes exceeds the store's {MAX_KV_KEY_BYTES}")
-        if key.startswith("round/") and not key.startswith(tuple(r.prefix for r in self.rounds.rounds.values())):
+        awaiting_restore = self.kv_log is not None and not self.rounds.rounds
+        live = tuple(r.prefix for r in self.rounds.rounds.values())
+        if key.startswith("round/") and not awaiting_restore and not key.startswith(live):
             raise RequestError(
                 "stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})"
             )
@@ -312,10 +332,18 @@ class RendezvousService(Service):
             raise LimitExceeded(
                 "too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them"
             )
+        if self.kv_log is not None and self.kv.get(key) != value:
+            self._log_write(lambda: self.kv_log.set(key, value))  # type: ignore[union-attr]
         self.kv[key] = value
         for waiter in self._take_waiters(key):
             waiter.reply({}, raw=(value,))
         return {}
+
+    def _log_write(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except KvLogError as exc:
+            raise RequestError("unavailable", str(exc)) from None
 
     @handles("kv_get")
     def on_kv_get(self, request: Request) -> Any:
