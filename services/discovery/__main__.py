@@ -1,12 +1,18 @@
 """`python -m services.discovery`: run discovery."""
 
 from services.cli import service_command
+from services.discovery.marks_log import MarksLog
 from services.discovery.service import DiscoveryService
 
 main = service_command(
     "discovery",
-    lambda bind, connect, timing, security, log: DiscoveryService(
-        bind.discovery, connect.notifier, timing, security=security, log=log
+    lambda bind, connect, timing, security, log, replica: DiscoveryService(
+        bind.discovery,
+        connect.notifier,
+        timing,
+        marks_log=MarksLog(replica) if replica is not None else None,
+        security=security,
+        log=log,
     ),
 )
 

@@ -83,6 +83,23 @@ class HostsChange:
     removed: bool
 
 
+def hosts_updated_body(
+    timestamp: float,
+    version: int,
+    change: HostsChange,
+    hosts: list[tuple[str, tuple[int, ...]]],
+    diff: HostsDiff | None,
+) -> dict[str, Any]:
+    """The `hosts_updated` event: Horovod's flags, and the diff from the last list published (or the whole list)."""
+    event: dict[str, Any] = {"timestamp": timestamp, "version": version, "added": change.added}
+    event["removed"] = change.removed
+    if diff is None:
+        event["hosts"] = [[name, list(slots)] for name, slots in hosts]
+    else:
+        event["set"], event["remove"] = [[name, list(slots)] for name, slots in diff.set], diff.remove
+    return event
+
+
 def cooldown(count: int, low: float, high: float, rng: random.Random) -> float:
     """Exponential backoff with jitter, like Horovod's blacklist cooldown: low * 2^(count-1), capped at high."""
     base = min(high, low * (2 ** max(0, count - 1)))

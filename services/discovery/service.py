@@ -46,8 +46,10 @@ Changes are coalesced: they are published at most every COALESCE_WINDOW, and
 at once before a `hosts` reply, so a burst of thousands of registrations makes
 a handful of events and whoever reads the hosts sees what was announced.
 
-Metrics (bus/metrics.py serves them): `elastic_discovery_hosts{state}`, set
-every second from the loop, and `elastic_discovery_heartbeats_total{status}`.
+Replicated (`--store etcd://...`), the drains and blacklists are kept in etcd
+as well (services/discovery/marks_log.py), written before a change is
+acknowledged; a replica that takes over starts from them and keeps them over
+the registry's `restore`. Metrics: services/discovery/metrics.py.
 """
 
 from __future__ import annotations
@@ -56,47 +58,33 @@ import time
 import uuid
 from typing import Any
 
-from prometheus_client import Counter, Gauge
-
 from bus.client import incarnation_id
 from bus.config import Timing
 from bus.outbox import Outbox
 from bus.service import Request, RequestError, Service, field, handles
 from services.discovery import bodies
-from services.discovery.hostset import (
-    ACTIVE,
-    BLACKLISTED,
-    DRAINING,
-    LOST,
-    UNLISTED,
-    WARMING,
-    HostSet,
-    compare,
-    effective,
-    hosts_diff,
-)
+from services.discovery.hostset import LOST, HostSet, compare, effective, hosts_diff, hosts_updated_body
+from services.discovery.marks_log import MarksLog, MarksLogError, raw_marks
+from services.discovery.metrics import HEARTBEATS_BY_STATUS, METRICS_INTERVAL, count_hosts_by_state
 from services.discovery.script import DiscoveryScript
 
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
-METRICS_INTERVAL = 1.0
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
 LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
-HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
-HEARTBEATS = Counter(
-    "elastic_discovery_heartbeats",
-    "Agent heartbeats received, by answer: ok, unknown (register again), lost.",
-    ["status"],
-)
-HEARTBEATS_BY_STATUS = {status: HEARTBEATS.labels(status) for status in ("ok", "unknown", "lost")}  # looked up once
 
 
 class DiscoveryService(Service):
     name = "discovery"
 
-    def __init__(self, endpoint: str, notifier_endpoint: str, timing: Timing, **kw: Any) -> None:
+    def __init__(
+        self, endpoint: str, notifier_endpoint: str, timing: Timing, marks_log: MarksLog | None = None, **kw: Any
+    ) -> None:
         super().__init__(endpoint, **kw)
         self.timing = timing
         self.hostset = HostSet()
+        self.marks_log = marks_log
+        if marks_log is not None:
+            self.hostset.restore(bodies.marks(marks_log.load(), self.clock(), time.time()))
         self.incarnation = uuid.uuid4().hex
         self.settle_until: float | None = self.clock() + max(SETTLE_MIN, timing.lost_after)
         self.expected: list[tuple[str, tuple[int, ...]]] | None = None
@@ -279,6 +267,7 @@ class DiscoveryService(Service):
     def _set_draining(self, request: Request, draining: bool) -> dict[str, Any]:
         host = self._known(request)
         self.hostset.set_draining(host, draining)
+        self._save_marks()
         self.log.info("host_draining" if draining else "host_undrained", host=host)
         self._changed()
         return {"host": host, "state": self.hostset.state(self.hostset.hosts[host])}
@@ -287,6 +276,7 @@ class DiscoveryService(Service):
     def on_blacklist(self, request: Request) -> dict[str, Any]:
         host = self._known(request)
         until = self.hostset.blacklist(host, self.clock(), str(request.body.get("reason", "")))
+        self._save_marks()
         self.log.warning(
             "host_blacklisted", host=host, cooldown=None if until is None else round(until - self.clock(), 3)
         )
@@ -299,6 +289,7 @@ class DiscoveryService(Service):
         self.hostset.pending_marks.clear()
         for record in self.hostset.hosts.values():
             record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
+        self._save_marks()
         self._read_script(wait=True)
         self.settle_until, self.expected = None, None
         self._set_published(effective(self.hostset.available(), self.max_np))
@@ -310,6 +301,8 @@ class DiscoveryService(Service):
             bodies.marks(request.body.get("marks"), self.clock(), time.time()),
             bodies.expected(request.body.get("expected")),
         )
+        if self.marks_log is not None:
+            marks = {}  # the marks kept in etcd, taken at the start, are newer than the registry's
         self._settings(request.body)
         self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
@@ -325,6 +318,14 @@ class DiscoveryService(Service):
             self.log.info("restored_after_settling", missing=missing)
             self._changed()
         return {"incarnation": self.incarnation}
+
+    def _save_marks(self) -> None:
+        """With etcd, keep the hosts' marks there before the change is acknowledged."""
+        try:
+            if self.marks_log is not None:
+                self.marks_log.save(raw_marks(self.hostset.hosts.values(), self.hostset.pending_marks, self.clock()))
+        except MarksLogError as exc:
+            raise RequestError("unavailable", str(exc)) from None
 
     def _settings(self, body: dict[str, Any]) -> None:
         settings = bodies.settings(body)
@@ -365,16 +366,7 @@ class DiscoveryService(Service):
         self.timestamp = max(time.time(), self.timestamp + 1e-6)
         self.version += 1
         self.published = now_used
-        event: dict[str, Any] = {
-            "timestamp": self.timestamp,
-            "version": self.version,
-            "added": change.added,
-            "removed": change.removed,
-        }
-        if diff is None:
-            event["hosts"] = [[name, list(slots)] for name, slots in now_used]
-        else:
-            event["set"], event["remove"] = [[name, list(slots)] for name, slots in diff.set], diff.remove
+        event = hosts_updated_body(self.timestamp, self.version, change, now_used, diff)
         self.log.info(
             "hosts_updated",
             version=self.version,
@@ -390,9 +382,7 @@ class DiscoveryService(Service):
 
     def _update_metrics(self) -> None:
         """Count hosts by state here, in the loop: the thread serving metrics must not iterate the host set."""
-        states = [self.hostset.state(record) for record in self.hostset.hosts.values()]
-        for state in (ACTIVE, LOST, DRAINING, BLACKLISTED, WARMING, UNLISTED):
-            HOSTS_BY_STATE.labels(state).set(states.count(state))
+        count_hosts_by_state([self.hostset.state(record) for record in self.hostset.hosts.values()])
 
     def close(self) -> None:
         self.script.stop()

@@ -1,0 +1,73 @@
+"""MarksLog: discovery's decisions about hosts (drains, blacklists with their cooldowns) kept in etcd (`--store
+etcd://...`), so an operator's drain that discovery acknowledged survives a failover before the registry read it.
+
+Under `<prefix>/discovery/marks`: one JSON map {host: {draining, blacklisted,
+until (wall-clock seconds, or null: for good), count, reason}}, the form the
+registry's `restore` gives (services/discovery/bodies.py `marks`). Written,
+fenced by the replica's role, after every drain, undrain, blacklist and
+configure and before discovery answers; a replica that takes over starts from
+it, and then keeps it over the (possibly older) marks of the registry's
+`restore`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from replication.election import LostRole
+from replication.etcd import EtcdError, put_op
+from replication.replica import Replica
+from services.discovery.hostset import HostRecord, Mark
+
+
+class MarksLogError(RuntimeError):
+    """The marks did not reach etcd (out of reach, or the role was lost): the request is refused."""
+
+
+def raw_marks(records: Iterable[HostRecord], pending: dict[str, Mark], local_now: float) -> dict[str, dict[str, Any]]:
+    """Every host's mark in the saved form: the marked hosts' records, and the marks of hosts not registered yet
+    (`local_now`: discovery's clock, turned into wall-clock seconds here)."""
+    wall_now = time.time()
+
+    def wall(until: float) -> float | None:
+        return None if until == float("inf") else round(wall_now + (until - local_now), 3)
+
+    marks = {
+        name: {
+            "draining": mark.draining,
+            "blacklisted": mark.blacklisted,
+            "until": wall(mark.until),
+            "count": mark.count,
+            "reason": mark.reason,
+        }
+        for name, mark in pending.items()
+    }
+    for record in records:
+        if record.draining or record.blacklist_count or record.blacklisted_until is not None:
+            marks[record.name] = {
+                "draining": record.draining,
+                "blacklisted": record.blacklisted_until is not None,
+                "until": None if record.blacklisted_until is None else wall(record.blacklisted_until),
+                "count": record.blacklist_count,
+                "reason": record.blacklist_reason,
+            }
+    return marks
+
+
+class MarksLog:
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self._key = replica.key("discovery", "marks")
+
+    def load(self) -> dict[str, Any]:
+        found = self.replica.client.get(self._key)
+        return {} if found is None else json.loads(found.value)
+
+    def save(self, marks: dict[str, dict[str, Any]]) -> None:
+        try:
+            self.replica.leadership.write([put_op(self._key, json.dumps(marks, sort_keys=True).encode())])
+        except (LostRole, EtcdError) as exc:
+            raise MarksLogError(f"the host marks did not reach etcd: {exc}") from None
