@@ -1,0 +1,149 @@
+"""docker-compose.replicated.yml without a Docker engine: parse it, then run its commands as local processes.
+
+The file is checked for shape: three etcd members that name each other, two
+replicas of each service, every replica given the store and both replicas of
+every service. Then each etcd member's command runs with this machine's etcd
+(member N on 127.0.0.N, free ports, a data directory of the test's own), and
+each replica's command with the compose environment (replica a on 127.0.0.1,
+b on 127.0.0.2, same free ports, the store's addresses rewritten): each
+service answers through its list, one replica of each is active, and when the
+active registry is SIGKILLed the other takes over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from replication.election import leader_key
+from replication.etcd import EtcdClient
+from replication.etcd_member import etcd_binary
+from testing.harness import free_ports, wait_for
+from tests.integration.test_compose import (
+    REPO,
+    SERVICES,
+    environment_of,
+    local_argv,
+    ping,
+    published_ports,
+    stop,
+)
+
+COMPOSE_FILE = REPO / "docker-compose.replicated.yml"
+MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
+REPLICAS = {"a": "127.0.0.1", "b": "127.0.0.2"}
+SERVICE_PORTS = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553, "events": 5554}
+ENDPOINT_VAR = {name: f"ELASTIC_{name.upper()}_ENDPOINT" for name in SERVICE_PORTS}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    with COMPOSE_FILE.open() as f:
+        return yaml.safe_load(f)
+
+
+def test_three_members_that_name_each_other_and_two_replicas_of_each_service(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    replicas = {f"{name}-{replica}" for name in SERVICES for replica in REPLICAS}
+    assert set(services) == set(MEMBERS) | replicas
+    clusters = {next(a for a in services[m]["command"] if a.startswith("--initial-cluster=")) for m in MEMBERS}
+    assert clusters == {"--initial-cluster=" + ",".join(f"{m}=http://{m}:2380" for m in MEMBERS)}
+    for name in SERVICES:
+        for replica in REPLICAS:
+            service = services[f"{name}-{replica}"]
+            assert service["hostname"] == f"{name}-{replica}"
+            assert service["command"][:3] == ["python", "-m", f"services.{name}"]
+            env = environment_of(service)
+            assert env["ELASTIC_STORE"] == "etcd://" + ",".join(f"{m}:2379" for m in MEMBERS)
+            for peer, port in SERVICE_PORTS.items():
+                owner = "notifier" if peer == "events" else peer
+                assert env[ENDPOINT_VAR[peer]] == f"tcp://{owner}-a:{port},tcp://{owner}-b:{port}"
+    published = [p for name in replicas for p in map(str, services[name].get("ports", []))]
+    host_ports = [entry.split(":")[0] for entry in published]
+    assert len(host_ports) == len(set(host_ports)), f"two replicas publish one host port: {published}"
+    assert published_ports(services["notifier-b"]) == {5553, 5554, 9553}
+
+
+@pytest.fixture
+def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    services = compose["services"]
+    member_hosts = {m: f"127.0.0.{i}" for i, m in enumerate(MEMBERS, start=1)}
+    client_port, peer_port, *service_ports = free_ports(2 + len(SERVICE_PORTS))
+    ports = dict(zip(SERVICE_PORTS, service_ports))
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def local(text: str, host: str | None = None) -> str:
+        text = text.replace(":2379", f":{client_port}").replace(":2380", f":{peer_port}")
+        for member, address in member_hosts.items():
+            text = text.replace(f"//{member}:", f"//{address}:").replace(
+                f"{member}:{client_port}", f"{address}:{client_port}"
+            )
+        return text.replace("0.0.0.0", host) if host else text
+
+    try:
+        for member, host in member_hosts.items():
+            argv = [local(arg, host) for arg in services[member]["command"]]
+            argv = [etcd_binary() if arg == "etcd" else arg for arg in argv]
+            argv = [f"--data-dir={tmp_path / member}" if arg.startswith("--data-dir=") else arg for arg in argv]
+            with open(tmp_path / f"{member}.log", "ab") as log:
+                processes[member] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        store = local(environment_of(services["registry-a"])["ELASTIC_STORE"])
+        endpoints = {
+            ENDPOINT_VAR[name]: ",".join(f"tcp://{host}:{ports[name]}" for host in REPLICAS.values())
+            for name in SERVICE_PORTS
+        }
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_")}
+        for name in SERVICES:
+            for replica, host in REPLICAS.items():
+                compose_name = f"{name}-{replica}"
+                env = {**environment_of(services[compose_name]), **endpoints, "ELASTIC_STORE": store}
+                env.update(ELASTIC_BIND=host, ELASTIC_REPLICA=services[compose_name]["hostname"], PYTHONPATH=str(REPO))
+                metrics = free_ports(1)[0]
+                argv = local_argv(services[compose_name]["command"])
+                argv[argv.index("--metrics-port") + 1] = str(metrics)
+                with open(tmp_path / f"{compose_name}.log", "ab") as log:
+                    processes[compose_name] = subprocess.Popen(
+                        argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+                    )
+        yield {
+            "processes": processes,
+            "endpoints": endpoints,
+            "etcd": [f"{host}:{client_port}" for host in member_hosts.values()],
+            "logs": tmp_path,
+        }
+    finally:
+        for process in processes.values():
+            stop(process)
+
+
+def test_its_commands_run_one_active_replica_of_each_service_and_the_other_takes_over(
+    replicated_compose: dict[str, Any],
+) -> None:
+    endpoints = replicated_compose["endpoints"]
+    for name in SERVICES:
+        assert ping(endpoints[ENDPOINT_VAR[name]], time.monotonic() + 60)["service"] == name
+    client = EtcdClient(replicated_compose["etcd"])
+    try:
+
+        def holder(service: str) -> str | None:
+            found = client.get(leader_key("elastic", service))
+            return None if found is None else json.loads(found.value)["replica"]
+
+        active = wait_for(lambda: holder("registry"), 30, "an active registry")
+        assert re.fullmatch(r"registry-[ab]", active), active
+        replicated_compose["processes"][active].send_signal(signal.SIGKILL)
+        other = {"registry-a": "registry-b", "registry-b": "registry-a"}[active]
+        wait_for(lambda: holder("registry") == other, 30, f"{other} to take over")
+        assert ping(endpoints["ELASTIC_REGISTRY_ENDPOINT"], time.monotonic() + 30)["service"] == "registry"
+    finally:
+        client.close()
