@@ -12,6 +12,13 @@ A service that dies while the job runs is started again at once, as
 `restart: unless-stopped` does under docker compose (the registry's state is
 in the run directory): the job rides through it. An agent that dies is not:
 that is a host lost, and the job goes on without it.
+
+With `--control-hosts N` (N > 1) the control plane is replicated, as on N
+machines: control host i is the address 127.0.0.i, with one etcd member
+(ETCD_CLIENT_PORT and ETCD_PEER_PORT, its data directory in the run
+directory) and one replica of each service on the default ports of that
+address (`--store etcd://...`, replication/replica.py). Nothing is started
+again when it dies: the other replicas are the redundancy.
 """
 
 from __future__ import annotations
@@ -30,14 +37,37 @@ from typing import IO, Any
 import click
 
 from agent.gpus import check_standby, gpu_devices
-from bus.config import Endpoints
+from bus.config import DEFAULT_PORTS, Endpoints, tcp_endpoint
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
+from replication.etcd import EtcdClient
+from replication.etcd_member import MemberSpec, member_command
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 START_TIMEOUT = 30.0
 CPU_SLOTS = 2
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+
+
+def control_addresses(count: int) -> list[str]:
+    """The loopback addresses of `count` control hosts: 127.0.0.1, 127.0.0.2, ..."""
+    return [f"127.0.0.{i}" for i in range(1, count + 1)]
+
+
+def replicated_endpoints(addresses: list[str]) -> Endpoints:
+    """Each service's default port on every control host, as endpoint lists."""
+    return Endpoints(
+        **{name: ",".join(tcp_endpoint(host, port) for host in addresses) for name, port in DEFAULT_PORTS.items()}
+    )
+
+
+def etcd_members(addresses: list[str], run_dir: Path) -> list[MemberSpec]:
+    return [
+        MemberSpec(f"control-{i}", host, ETCD_CLIENT_PORT, ETCD_PEER_PORT, run_dir / f"etcd-{i}")
+        for i, host in enumerate(addresses, start=1)
+    ]
 
 
 def default_local_slots(gpus: int, hosts: int) -> int:
@@ -68,6 +98,7 @@ class LocalCluster:
     devices: list[str | None]
     share_gpus: bool = False
     standby: int | None = None
+    control_hosts: int = 1
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -80,7 +111,7 @@ class LocalCluster:
             self._logs.append(handle)
             out = handle
         process = subprocess.Popen(
-            [sys.executable, *args],
+            args if name.startswith("etcd@") else [sys.executable, *args],
             env=env,
             stderr=out,
             stdout=out,
@@ -89,10 +120,28 @@ class LocalCluster:
         )
         self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]
 
+    def _start_etcd(self, members: list[MemberSpec]) -> None:
+        for member in members:
+            self._start(f"etcd@{member.host}", member_command(member, members), dict(os.environ), log_to_file=True)
+        client = EtcdClient([f"{m.host}:{m.client_port}" for m in members], deadline=1.0)
+        try:
+            self._wait(lambda: client.members(), "etcd to answer")
+        finally:
+            client.close()
+
     def start(self) -> None:
         env = {**os.environ, **self.endpoints.as_env(), "ELASTIC_STATE_DIR": str(self.log_dir / "state")}
-        for service in SERVICES:
-            self._start(service, ["-m", f"services.{service}"], env, log_to_file=True)
+        if self.control_hosts > 1:
+            addresses = control_addresses(self.control_hosts)
+            members = etcd_members(addresses, self.log_dir)
+            self._start_etcd(members)
+            env["ELASTIC_STORE"] = "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in members)
+            for host in addresses:
+                for service in SERVICES:
+                    self._start(f"{service}@{host}", ["-m", f"services.{service}", "--bind", host], env, True)
+        else:
+            for service in SERVICES:
+                self._start(service, ["-m", f"services.{service}"], env, log_to_file=True)
         plane = ControlPlane(self.endpoints, timeout=0.5)
         try:
             for service in SERVICES:
@@ -114,6 +163,8 @@ class LocalCluster:
                 )
         finally:
             plane.close()
+        if self.control_hosts > 1:
+            return  # the replicas are the redundancy: nothing is started again
         threading.Thread(target=self._supervise, args=(env,), name="supervise-services", daemon=True).start()
 
     def _supervise(self, env: dict[str, str]) -> None:
@@ -149,11 +200,15 @@ class LocalCluster:
         raise CommandError(f"timed out after {START_TIMEOUT:g}s waiting for {what} (logs: {self.log_dir})")
 
     def stop(self) -> None:
-        """Agents first (they stop their workers), then services; SIGKILL whatever lingers."""
+        """Agents first (they stop their workers), then services, then etcd; SIGKILL whatever lingers."""
         self._stopping.set()
         with self._lock:
             processes = list(self.processes)
-        for group in (lambda n: n.startswith("agent"), lambda n: not n.startswith("agent")):
+        for group in (
+            lambda n: n.startswith("agent"),
+            lambda n: not n.startswith(("agent", "etcd@")),
+            lambda n: n.startswith("etcd@"),
+        ):
             members = [p for n, p in processes if group(n)]
             for process in members:
                 if process.poll() is None:
@@ -185,7 +240,12 @@ def _interrupted(*_: Any) -> None:
 
 
 def run_local(
-    hosts: int, slots: int | None, spec: dict[str, Any], share_gpus: bool = False, standby: int | None = None
+    hosts: int,
+    slots: int | None,
+    spec: dict[str, Any],
+    share_gpus: bool = False,
+    standby: int | None = None,
+    control_hosts: int = 1,
 ) -> int:
     gpus = gpu_devices()
     slots = default_local_slots(len(gpus), hosts) if slots is None else slots
@@ -195,15 +255,16 @@ def run_local(
     except ValueError as exc:
         raise CommandError(str(exc), 2) from None
     devices = agent_devices(gpus, hosts, slots, share_gpus)
-    endpoints = Endpoints.from_env()
+    endpoints = replicated_endpoints(control_addresses(control_hosts)) if control_hosts > 1 else Endpoints.from_env()
     if already_running(endpoints):
         raise CommandError(
             f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker "
             "compose?); stop it first"
         )
     log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
-    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus, standby)
+    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus, standby, control_hosts)
     shown = f", {len(gpus)} GPU(s){' shared' if share_gpus else ''}" if gpus else ""
+    shown += f", {control_hosts} control hosts (127.0.0.1-{control_hosts}, etcd)" if control_hosts > 1 else ""
     click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s){shown}; service logs in {log_dir}", err=True)
     previous = signal.signal(signal.SIGTERM, _interrupted)
     try:

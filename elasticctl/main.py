@@ -14,6 +14,7 @@ from click.core import ParameterSource
 from bus.config import ConfigError, Endpoints, unresolved_hosts
 from bus.sockets import SecurityError, generate_keys
 from elasticctl.control import CommandError, ControlPlane
+from elasticctl.control_hosts import gather_control_hosts
 from elasticctl.events import follow_events, print_history
 from elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elasticctl.local import run_local
@@ -21,6 +22,7 @@ from elasticctl.options import build_spec, job_options
 from elasticctl.status import as_json, gather, render
 from elasticctl.torchrun import LaunchError, parse_launch
 from elasticctl.watch import watch_status
+from replication.store_choice import StoreChoice
 
 keys_option = click.option(
     "--keys",
@@ -89,8 +91,23 @@ def run(control: str | None, keys: Path | None, **options: Any) -> None:
 @click.option(
     "--interval", type=float, default=None, metavar="S", help="Seconds between redraws with --watch (default 1)."
 )
-def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bool, interval: float | None) -> None:
-    """Show the job, its hosts and its workers."""
+@click.option(
+    "--store",
+    envvar="ELASTIC_STORE",
+    default="sqlite",
+    metavar="etcd://H:P,H:P,H:P[/PREFIX]",
+    help="With a replicated control plane: its etcd, to show every control host (etcd member, each service's "
+    "replica: active or standby).",
+)
+def status(
+    control: str | None, keys: Path | None, as_json_flag: bool, watch: bool, interval: float | None, store: str
+) -> None:
+    """Show the job, its hosts and its workers (and, with --store etcd://..., the control hosts)."""
+    from_env = click.get_current_context().get_parameter_source("store") is ParameterSource.ENVIRONMENT
+    try:
+        choice = StoreChoice.parse("ELASTIC_STORE" if from_env else "--store", store)
+    except ConfigError as exc:
+        raise CommandError(str(exc), 2) from None
     if interval is not None and not watch:
         raise CommandError("--interval needs --watch", 2)
     interval = 1.0 if interval is None else interval
@@ -103,6 +120,8 @@ def status(control: str | None, keys: Path | None, as_json_flag: bool, watch: bo
         view = gather(plane)
     finally:
         plane.close()
+    if choice.kind == "etcd":
+        view["control_hosts"] = gather_control_hosts(choice)
     click.echo(as_json(view) if as_json_flag else render(view, time.time()))
 
 
@@ -178,11 +197,21 @@ _host_command("undrain", "Put HOST back into the job from the next round.", "und
     help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once (default: 1 where the "
     "fork server runs, else 0).",
 )
+@click.option(
+    "--control-hosts",
+    type=click.IntRange(min=1, max=9),
+    default=1,
+    show_default=True,
+    help="Control hosts: more than 1 replicates the control plane over etcd, control host i on 127.0.0.i (one etcd "
+    "member and one replica of each service each); none is restarted when it dies.",
+)
 @job_options
-def local(hosts: int, slots: int | None, share_gpus: bool, standby: int | None, **options: Any) -> None:
+def local(
+    hosts: int, slots: int | None, share_gpus: bool, standby: int | None, control_hosts: int, **options: Any
+) -> None:
     """Run the whole system on this machine (services + agents on loopback) for one job."""
     spec = build_spec(options)
-    sys.exit(run_local(hosts, slots, spec, share_gpus, standby))
+    sys.exit(run_local(hosts, slots, spec, share_gpus, standby, control_hosts))
 
 
 @cli.command(

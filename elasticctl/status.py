@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from elasticctl.control import ControlPlane
+from elasticctl.control_hosts import render_control_hosts
 
 
 def gather(plane: ControlPlane) -> dict[str, Any]:
@@ -102,6 +103,8 @@ def render(view: dict[str, Any], now: float) -> str:
         lines += ["", "recent rounds:"] + [
             f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]
         ]
+    if view.get("control_hosts"):
+        lines += ["", *render_control_hosts(view["control_hosts"])]
     return "\n".join(lines)
 
 

@@ -1,0 +1,72 @@
+"""The control hosts of a replicated control plane, for `elasticctl status`: each host's etcd member (healthy, leader)
+and each service's replica on it (pid, active or standby), read from etcd (`--store` / ELASTIC_STORE)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from replication.election import leader_key
+from replication.etcd import EtcdClient, EtcdError
+from replication.store_choice import StoreChoice
+
+SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+
+
+def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
+    """One row per control host: `{host, etcd: {member, client_url, healthy, leader} | None, replicas: {service:
+    {pid, role}}}`; etcd out of reach gives one row per endpoint, each with `etcd.healthy` false."""
+    client = EtcdClient(list(choice.endpoints), deadline=2.0)
+    try:
+        try:
+            members = client.members()
+        except EtcdError as exc:
+            return [
+                {"host": ep.rpartition(":")[0], "etcd": {"healthy": False, "error": str(exc)}, "replicas": {}}
+                for ep in choice.endpoints
+            ]
+        hosts: dict[str, dict[str, Any]] = {}
+        leader = None
+        for member in members:
+            url = member.client_urls[0] if member.client_urls else ""
+            status = client.endpoint_status(urlsplit(url).netloc) if url else None
+            leader = leader or (status or {}).get("leader")
+            host = urlsplit(url).hostname or member.name or str(member.id)
+            hosts[host] = {
+                "host": host,
+                "etcd": {"member": member.name, "id": member.id, "client_url": url, "healthy": status is not None},
+                "replicas": {},
+            }
+        for row in hosts.values():
+            row["etcd"]["leader"] = row["etcd"]["id"] == leader
+        for service in SERVICES:
+            holder = client.get(leader_key(choice.prefix, service))
+            active = json.loads(holder.value)["replica"] if holder is not None else None
+            records, _ = client.get_prefix(f"{choice.prefix}/replicas/{service}/".encode())
+            for kv in records:
+                record = json.loads(kv.value)
+                row = hosts.setdefault(record["replica"], {"host": record["replica"], "etcd": None, "replicas": {}})
+                role = "active" if record["replica"] == active else "standby"
+                row["replicas"][service] = {"pid": record["pid"], "role": role}
+        return sorted(hosts.values(), key=lambda row: row["host"])
+    finally:
+        client.close()
+
+
+def render_control_hosts(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["control hosts:"]
+    for row in rows:
+        etcd = row["etcd"]
+        if etcd is None:
+            member = "no etcd member"
+        elif not etcd["healthy"]:
+            member = "etcd DOWN" + (f" ({etcd['error']})" if etcd.get("error") else "")
+        else:
+            member = "etcd leader" if etcd.get("leader") else "etcd follower"
+        replicas = ", ".join(
+            f"{service} {replica['role']} (pid {replica['pid']})"
+            for service, replica in sorted(row["replicas"].items())
+        )
+        lines.append(f"  {row['host']}: {member}; {replicas or 'no replicas'}")
+    return lines
