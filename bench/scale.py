@@ -58,6 +58,7 @@ import msgpack
 import zmq
 
 from bench.scale_agents import host_name, raise_fd_limit
+from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -185,6 +186,7 @@ class Simulators:
 class SizeResult:
     hosts: int
     slots: int
+    store: str = "sqlite"
     lines: list[str] = field(default_factory=list)
     numbers: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> process -> seconds
@@ -211,7 +213,7 @@ class SizeResult:
     def scale_line(self) -> str:
         n = self.numbers
         return (
-            f"SCALE hosts={self.hosts} slots={self.slots} round_s={n['round_s']:.3f} "
+            f"SCALE hosts={self.hosts} slots={self.slots} store={self.store} round_s={n['round_s']:.3f} "
             f"fanout_p50_ms={n['fanout_p50_ms']:.1f} "
             f"fanout_max_ms={n['fanout_max_ms']:.1f} reset_s={n['reset_s']:.3f} "
             f"cpu_s={self.services_cpu('first round'):.2f} round_cpu_s={self.above_idle('first round'):.2f} "
@@ -230,19 +232,22 @@ def deadline_for(workers: int) -> float:
 class ScaleRun:
     """One size: fresh services, simulators, the phases, and the numbers."""
 
-    def __init__(self, workdir: Path, hosts: int, slots: int, procs: int, heartbeat: float) -> None:
+    def __init__(
+        self, workdir: Path, hosts: int, slots: int, procs: int, heartbeat: float, store_url: str | None = None
+    ) -> None:
         timing = {
             "ELASTIC_HEARTBEAT": str(heartbeat),
             "ELASTIC_MISSED_HEARTBEATS": "3",
             "ELASTIC_DISCOVERY_POLL": "1.0",
             "ELASTIC_DRIVER_TICK": "0.1",
+            **({"ELASTIC_STORE": store_url} if store_url else {}),
         }
         self.cluster = Cluster(workdir, timing)
         self.simulators = Simulators(self.cluster, hosts, slots, procs)
         self.hosts, self.slots, self.heartbeat = hosts, slots, heartbeat
         self.workers = hosts * slots
         self.deadline = deadline_for(self.workers)
-        self.result = SizeResult(hosts, slots)
+        self.result = SizeResult(hosts, slots, "etcd" if store_url else "sqlite")
         self.drained, self.lost = hosts - 1, hosts - 2
         self.round = 0
         self._phase_name = "start"
@@ -279,7 +284,7 @@ class ScaleRun:
         say = self.result.say
         say(
             f"== {self.hosts} hosts x {self.slots} slots = {self.workers} workers ({self.simulators.procs} "
-            f"simulator processes, heartbeat {self.heartbeat:g} s) =="
+            f"simulator processes, heartbeat {self.heartbeat:g} s, {self.result.store} store) =="
         )
         try:
             self._measure()
@@ -566,15 +571,23 @@ def keep_logs(workdir: Path, into: Path, hosts: int, slots: int) -> None:
         shutil.copy(log, target / log.name)
 
 
-def run_size(hosts: int, slots: int, procs: int, heartbeat: float, logs: Path | None) -> SizeResult:
+def run_size(hosts: int, slots: int, procs: int, heartbeat: float, logs: Path | None, store: str) -> SizeResult:
+    """One size on fresh services; with `store` etcd, their hard state in a fresh 3-member etcd on loopback."""
     with tempfile.TemporaryDirectory(prefix="elastic-scale-") as tmp:
-        run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat)
+        etcd = EtcdCluster(Path(tmp) / "etcd") if store == "etcd" else None
         try:
-            return run.run()
+            if etcd is not None:
+                etcd.start()
+            run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat, etcd.store_url if etcd else None)
+            try:
+                return run.run()
+            finally:
+                run.close()
+                if logs is not None:
+                    keep_logs(Path(tmp), logs, hosts, slots)
         finally:
-            run.close()
-            if logs is not None:
-                keep_logs(Path(tmp), logs, hosts, slots)
+            if etcd is not None:
+                etcd.stop()
 
 
 def n_log_n(n: int) -> float:
@@ -594,7 +607,17 @@ def sizes(text: str) -> list[int]:
 def results(args: argparse.Namespace) -> Iterator[SizeResult]:
     previous: SizeResult | None = None
     for hosts in args.hosts:
-        result = run_size(hosts, args.slots, args.procs, args.heartbeat, args.keep_logs)
+        by_store = {}
+        for store in args.store:
+            by_store[store] = result = run_size(hosts, args.slots, args.procs, args.heartbeat, args.keep_logs, store)
+        if len(by_store) == 2:
+            sqlite, etcd = by_store["sqlite"].numbers, by_store["etcd"].numbers
+            print(
+                f"STORE hosts={hosts} slots={args.slots} etcd/sqlite: "
+                f"round_s x{etcd['round_s'] / sqlite['round_s']:.2f} "
+                f"reset_s x{etcd['reset_s'] / sqlite['reset_s']:.2f}",
+                flush=True,
+            )
         if previous is not None:
             cpu_ratio = result.services_cpu("first round") / max(previous.services_cpu("first round"), 1e-9)
             print(
@@ -615,6 +638,13 @@ def main() -> None:
         help="Simulated hosts; a comma list runs each size with fresh services.",
     )
     parser.add_argument("--slots", type=int, default=8, help="Slots (workers) per host.")
+    parser.add_argument(
+        "--store",
+        type=lambda text: text.split(","),
+        default=["sqlite"],
+        help="sqlite, etcd or sqlite,etcd: where the services keep their state (etcd: a fresh 3-member etcd on "
+        "127.0.0.1-3 per size); with both, each size runs on each and a STORE line compares them.",
+    )
     parser.add_argument("--procs", type=int, default=2, help="Simulator processes the agents are spread over.")
     parser.add_argument(
         "--heartbeat", type=float, default=1.0, help="Heartbeat interval in seconds (services and agents)."

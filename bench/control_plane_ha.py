@@ -1,0 +1,205 @@
+"""What losing a whole control host costs a training job, over many losses in a row (issue 33).
+
+A 3-host job (3 agents x 1 slot) on a replicated control plane: 3 control hosts on 127.0.0.1-3, each with an etcd
+member and one replica of each service (testing/control_hosts.py). Each loss: the control host holding the most
+active replicas (ties: etcd's leader) is lost outright (SIGKILL of its replicas and its etcd member, its data
+directory deleted); once every service answers from another host, it is replaced (a new member with an empty data
+directory, new replicas as standbys); then a worker is SIGKILLed. Before the first loss, a worker SIGKILL with
+nothing lost is the baseline.
+
+Per loss it prints, and at the end the worst and the median of:
+- `takeover_s` per service: the loss -> that service answers from another replica;
+- `max_pause_s`: the longest time between two commits of rank 0 from the loss to the worker kill;
+- `resets`: resets between the loss and the worker kill (0: the loss cost none);
+- `lost`: acknowledged decisions lost: the job's (round, resets) going back across the loss;
+- `event_problems` (so far): notifier events missed, repeated, or under another incarnation, as a subscriber that
+  followed the events through every loss saw them;
+- `recovery_s`: worker SIGKILL -> the job back at full size, training (the survivors' first commit in the new
+  round with every rank), and its ratio to the baseline's.
+
+    python -m bench.control_plane_ha [--losses 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from bench.control_plane_restart import commits
+from bus.client import incarnation_id
+from bus.pubsub import Subscription
+from testing.control_hosts import ReplicatedCluster
+from testing.etcd_cluster import EtcdCluster
+from testing.harness import SERVICES, wait_for, worker_pid
+
+HOSTS = ("host-1", "host-2", "host-3")
+JOB = [sys.executable, "tests/workers/counter.py", "--batches", "10000000", "--step-delay", "0.02"]
+
+
+class EventWitness:
+    """Follows the notifier's events through every loss (a subscriber like an agent) and counts what went wrong:
+    a number missed or repeated, an incarnation changed."""
+
+    def __init__(self, cluster: ReplicatedCluster) -> None:
+        self.ctx = zmq.Context()
+        self.subscription = Subscription(
+            self.ctx, cluster.endpoints.events, cluster.endpoints.notifier, incarnation_id("bench-witness")
+        )
+        self.subscription.start()
+        self.incarnation = self.subscription.incarnation
+        self.seqs: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            if self.subscription.sock.poll(100):
+                self.seqs += [int(m.body["seq"]) for m in self.subscription.receive()]
+
+    def problems(self) -> int:
+        repeated = len(self.seqs) - len(set(self.seqs))
+        missed = sum(b - a - 1 for a, b in zip(self.seqs, self.seqs[1:]) if b > a + 1)
+        return repeated + missed + (self.subscription.incarnation != self.incarnation)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.subscription.close()
+        self.ctx.term()
+
+
+def busiest(cluster: ReplicatedCluster) -> str:
+    actives = cluster.actives()
+    leader = cluster.control_hosts[cluster.etcd.leader_index()]
+    return max(cluster.control_hosts, key=lambda h: (sum(a == h for a in actives.values()), h == leader))
+
+
+def takeover_times(cluster: ReplicatedCluster, lost: str, since: float) -> dict[str, float]:
+    """Seconds from `since` until each service answers from a replica on another host than `lost`."""
+    took: dict[str, float] = {}
+
+    def all_answered() -> bool:
+        for service in SERVICES:
+            if service in took:
+                continue
+            try:
+                if cluster.active(service) not in (None, lost) and cluster.call(service, "ping", timeout=0.3):
+                    took[service] = time.monotonic() - since
+            except Exception:  # not answering yet
+                pass
+        return len(took) == len(SERVICES)
+
+    wait_for(all_answered, 60, "every service to answer from another replica", interval=0.01)
+    return took
+
+
+def recover_from_a_worker_kill(cluster: ReplicatedCluster, log_dir: Path) -> float:
+    """SIGKILL of host-3's worker; seconds until every rank has committed in the new round."""
+    before = cluster.job()
+    victim = worker_pid(cluster, "host-3", 0)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+
+    def full_size() -> float | None:
+        fresh = [e for e in commits(log_dir) if e["time"] > killed_at and e["round"] > before["round"]]
+        ranks = {e["rank"] for e in fresh}
+        return max(e["time"] for e in fresh) if len(ranks) == len(HOSTS) else None
+
+    return wait_for(full_size, 120, "every rank committing in the new round") - killed_at
+
+
+def lose_one(cluster: ReplicatedCluster, log_dir: Path, witness: EventWitness) -> dict[str, Any]:
+    before = cluster.job()
+    lost = busiest(cluster)
+    lost_at_wall, lost_at = time.time(), time.monotonic()
+    cluster.kill_control_host(lost)
+    took = takeover_times(cluster, lost, lost_at)
+    cluster.replace_control_host(lost)
+    wait_for(lambda: commits(log_dir)[-1]["time"] > time.time() - 0.5, 60, "steady training")
+    after = cluster.job()
+    lost_decisions = int((after["round"], after["resets"]) < (before["round"], before["resets"]))
+    worker_killed_at = time.time()
+    recovery = recover_from_a_worker_kill(cluster, log_dir)
+    times = sorted(
+        e["time"] for e in commits(log_dir) if e["rank"] == 0 and lost_at_wall - 1 <= e["time"] <= worker_killed_at
+    )
+    return {
+        "host": lost,
+        "takeover_s": took,
+        "max_pause_s": max(b - a for a, b in zip(times, times[1:])),
+        "resets": after["resets"] - before["resets"],
+        "lost": lost_decisions,
+        "event_problems": witness.problems(),
+        "recovery_s": recovery,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--losses", type=int, default=50, help="Control hosts lost (and replaced) in a row.")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-ha-"))
+    etcd = EtcdCluster(workdir / "etcd")
+    cluster: ReplicatedCluster | None = None
+    witness: EventWitness | None = None
+    finished = False
+    try:
+        etcd.start()
+        cluster = ReplicatedCluster(workdir / "cluster", etcd)
+        cluster.start_services()
+        log_dir = workdir / "train"
+        for host in HOSTS:
+            cluster.start_agent(host, 1)
+        cluster.submit("--min-np", "2", "--", *JOB, "--log-dir", str(log_dir))
+        wait_for(lambda: len(commits(log_dir)) >= 100 and cluster.job()["state"] == "running", 120, "training")
+        witness = EventWitness(cluster)
+        baseline = recover_from_a_worker_kill(cluster, log_dir)
+        print(f"baseline (nothing lost): recovery_s={baseline:.2f}", flush=True)
+        results = []
+        for number in range(1, args.losses + 1):
+            result = lose_one(cluster, log_dir, witness)
+            results.append(result)
+            takeovers = " ".join(f"{s}={t:.2f}" for s, t in sorted(result["takeover_s"].items()))
+            print(
+                f"loss {number:>3} of {result['host']}: takeover_s {takeovers} max_pause_s={result['max_pause_s']:.3f} "
+                f"resets={result['resets']} lost={result['lost']} event_problems={result['event_problems']} "
+                f"recovery_s={result['recovery_s']:.2f} ratio={result['recovery_s'] / baseline:.2f}",
+                flush=True,
+            )
+        worst_takeover = max(max(r["takeover_s"].values()) for r in results)
+        median_takeover = statistics.median(max(r["takeover_s"].values()) for r in results)
+        print(
+            f"HA losses={len(results)} takeover_s(all services) median={median_takeover:.2f} max={worst_takeover:.2f} "
+            f"max_pause_s={max(r['max_pause_s'] for r in results):.3f} resets={sum(r['resets'] for r in results)} "
+            f"lost={sum(r['lost'] for r in results)} event_problems={witness.problems()} "
+            f"recovery_s median={statistics.median(r['recovery_s'] for r in results):.2f} "
+            f"max={max(r['recovery_s'] for r in results):.2f} baseline={baseline:.2f}",
+            flush=True,
+        )
+        finished = True
+    finally:
+        if witness is not None:
+            witness.close()
+        if cluster is not None:
+            cluster.close()
+        etcd.stop()
+        if finished:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"(logs are kept in {workdir})", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
