@@ -8,9 +8,13 @@ round waits `request_timeout` per member (0.3 s: a leader's death stops writes
 for about a second, and a member that lost its leader holds a request for
 seconds), each later round twice as long, so that a slow disk is not taken for
 a dead member; a big request gets `SECONDS_PER_MIB` more per MiB (the gateway
-decodes a put of 7 MiB in 0.65 s on an idle machine). Any other error answer (a request too large, a txn of too many
-operations) raises `EtcdRefused` at once. What the requests and answers look
-like is replication/etcd_wire.py's business.
+takes 0.65 s to decode a put of 7 MiB on an idle machine). Any other error
+answer (a request too large, a txn of too many operations) raises
+`EtcdRefused` at once.
+
+How requests and answers are spelled is replication/etcd_wire.py's business;
+its record types and txn builders are imported here, so that callers import
+this module only.
 
 A retried request may have been applied by the member that did not answer.
 Callers therefore send requests that are safe to repeat: puts and txns of
