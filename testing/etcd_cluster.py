@@ -69,9 +69,11 @@ class EtcdCluster:
         return process is not None and process.poll() is None
 
     def start(self) -> None:
-        """Starts every member and waits until each answers and they agree on a leader."""
+        """Starts every member that is not running (all of them at first, or those killed) and waits until each
+        answers and they agree on a leader."""
         for index in range(len(self.members)):
-            self._spawn(index)
+            if not self.running(index):
+                self._spawn(index)
         self.wait_healthy()
 
     def _spawn(self, index: int) -> None:
