@@ -167,18 +167,19 @@ class Leadership:
                     [],
                 )
                 self.outage.ended()
-                if won.succeeded:
-                    self.revision = won.revision
-                    self.client.put(
-                        replica_key(self.prefix, self.service, self.replica),
-                        self._record(active=True),
-                        lease=self.lease,
-                    )
-                    return self.held()
-                holder = self.client.get(self.key)
-                if holder is None:
-                    continue
-                self._wait_for_deletion(holder.mod_revision + 1, stop)
+                if not won.succeeded:
+                    holder = self.client.get(self.key)
+                    if holder is None:
+                        continue
+                    if holder.lease != self.lease:
+                        self._wait_for_deletion(holder.mod_revision + 1, stop)
+                        continue
+                    # A retried txn whose first attempt won: the key is this replica's.
+                self.revision = won.revision if won.succeeded else holder.create_revision
+                self.client.put(
+                    replica_key(self.prefix, self.service, self.replica), self._record(active=True), lease=self.lease
+                )
+                return self.held()
             except EtcdError as exc:
                 self.outage.failed(exc)
                 stop.wait(0.2)

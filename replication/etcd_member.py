@@ -7,10 +7,11 @@ The flags that matter, and why:
 - `--experimental-watch-progress-notify-interval 1s`: a watch that asks for
   progress notifications hears from its member every second even when nothing
   changes, so a silent stream means a dead or cut-off member (EtcdClient.watch).
-- `--max-txn-ops 1024 --max-request-bytes 8388608`: the registry saves a job's
-  state and every part that changed in one txn, all or nothing; a job of a
-  thousand hosts is that many parts and megabytes of JSON, over etcd's
-  defaults of 128 operations and 1.5 MiB.
+- `--max-request-bytes 8388608`: the registry saves a job's state and every
+  part that changed in one txn, all or nothing. Its parts sit in at most 64
+  compressed buckets (services/registry/etcd_store.py), within etcd's default
+  of 128 operations per txn, but a reset of thousands of hosts rewrites every
+  bucket: more than etcd's default 1.5 MiB per request leaves room for it.
 - `--logger zap --log-level warn`: one JSON line per event worth reading.
 """
 
@@ -22,7 +23,6 @@ from pathlib import Path
 
 HEARTBEAT_MS = 50
 ELECTION_TIMEOUT_MS = 500
-MAX_TXN_OPS = 1024
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
@@ -68,7 +68,6 @@ def member_command(
         f"--heartbeat-interval={HEARTBEAT_MS}",
         f"--election-timeout={ELECTION_TIMEOUT_MS}",
         "--experimental-watch-progress-notify-interval=1s",
-        f"--max-txn-ops={MAX_TXN_OPS}",
         f"--max-request-bytes={MAX_REQUEST_BYTES}",
         "--logger=zap",
         "--log-level=warn",
