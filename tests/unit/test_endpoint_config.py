@@ -1,10 +1,20 @@
-"""Endpoints built from flags and the environment are checked once, in bus/config: scheme, host, port."""
+"""Endpoints built from flags and the environment are checked once, in bus/config: scheme, host, port; endpoint
+lists (several control hosts) element by element; and what a service replica binds of them (services/cli.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bus.config import ConfigError, Endpoints, Timing, check_endpoint, check_host, tcp_endpoint, unresolved_hosts
+from bus.config import (
+    ConfigError,
+    Endpoints,
+    Timing,
+    check_endpoint,
+    check_host,
+    endpoint_list,
+    tcp_endpoint,
+    unresolved_hosts,
+)
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
 
@@ -116,3 +126,67 @@ def test_unresolved_hosts_are_named_once() -> None:
         "ipc:///tmp/x.sock",
     ]
     assert unresolved_hosts(endpoints) == ["not-a-host.invalid"]
+
+
+THREE_HOSTS = "127.0.0.1,127.0.0.2,127.0.0.3"
+
+
+def test_several_control_hosts_give_every_service_an_endpoint_list_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoints = Endpoints.from_env(THREE_HOSTS)
+    assert endpoints.rendezvous == "tcp://127.0.0.1:5551,tcp://127.0.0.2:5551,tcp://127.0.0.3:5551"
+    assert endpoint_list(endpoints.events) == ["tcp://127.0.0.1:5554", "tcp://127.0.0.2:5554", "tcp://127.0.0.3:5554"]
+    assert Endpoints.from_env("::1,control-b").registry == "tcp://[::1]:5552,tcp://control-b:5552"
+    assert Endpoints.on_hosts(["127.0.0.1"]) == Endpoints.on_host("127.0.0.1") == Endpoints.from_env()
+    monkeypatch.setenv("ELASTIC_CONTROL", "a,b")
+    assert Endpoints.from_env().discovery == "tcp://a:5550,tcp://b:5550"
+
+
+def test_an_endpoint_setting_may_be_an_endpoint_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    replicas = "tcp://10.0.0.1:6000,tcp://10.0.0.2:6000,ipc:///tmp/registry.sock"
+    monkeypatch.setenv("ELASTIC_CONTROL", "a,b")
+    monkeypatch.setenv("ELASTIC_REGISTRY_ENDPOINT", replicas)
+    endpoints = Endpoints.from_env()
+    assert endpoints.registry == replicas
+    assert endpoints.notifier == "tcp://a:5553,tcp://b:5553"
+    assert endpoint_list("tcp://a:1") == ["tcp://a:1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (
+            "tcp://a:5552,tcp://bad host:5552",
+            "in 'tcp://bad host:5552': 'bad host' is not a host name or an IP address",
+        ),
+        ("tcp://a:5552,tcp://b", "in 'tcp://b': no port (want tcp://HOST:PORT)"),
+        ("tcp://a:5552,", "in '': not an endpoint (want tcp://HOST:PORT or ipc://PATH)"),
+        ("tcp://a:5552,tcp://b:5552,tcp://a:5552", "'tcp://a:5552' is named twice"),
+    ],
+)
+def test_a_bad_endpoint_of_a_list_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    monkeypatch.setenv("ELASTIC_REGISTRY_ENDPOINT", value)
+    with pytest.raises(ConfigError) as raised:
+        Endpoints.from_env()
+    assert str(raised.value) == f"ELASTIC_REGISTRY_ENDPOINT={value!r}: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("control", "problem"),
+    [
+        ("a,b,a", "'a' is named twice"),
+        ("a,b c", "'b c' is not a host name or an IP address"),
+        ("a,,b", "an empty host"),
+        ("a,tcp://b:5550", "'tcp://b:5550' is not a host name or an IP address"),
+    ],
+)
+def test_a_bad_or_twice_named_control_host_is_refused(control: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Endpoints.from_env(control)
+    assert str(raised.value) == f"--control={control!r}: {problem}"
+
+
+def test_unresolved_hosts_of_endpoint_lists() -> None:
+    lists = ["tcp://127.0.0.1:5550,tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551,ipc:///tmp/x.sock"]
+    assert unresolved_hosts(lists) == ["not-a-host.invalid"]
