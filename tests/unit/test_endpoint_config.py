@@ -12,9 +12,11 @@ from bus.config import (
     check_endpoint,
     check_host,
     endpoint_list,
+    is_loopback,
     tcp_endpoint,
     unresolved_hosts,
 )
+from bus.sockets import Security, SecurityError
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
 
@@ -190,3 +192,16 @@ def test_a_bad_or_twice_named_control_host_is_refused(control: str, problem: str
 def test_unresolved_hosts_of_endpoint_lists() -> None:
     lists = ["tcp://127.0.0.1:5550,tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551,ipc:///tmp/x.sock"]
     assert unresolved_hosts(lists) == ["not-a-host.invalid"]
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.3", "[::1]"])
+def test_loopback_hosts_bind_without_keys(host: str) -> None:
+    assert is_loopback(host)
+    Security().check_bind(tcp_endpoint(host, 5550))
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "control-a", "0.0.0.0"])
+def test_other_hosts_are_no_loopback_and_need_keys_to_bind(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(SecurityError):
+        Security().check_bind(tcp_endpoint(host, 5550))
