@@ -17,6 +17,7 @@ from bus.config import (
     unresolved_hosts,
 )
 from bus.sockets import Security, SecurityError
+from services.cli import BIND_NEEDED, bind_endpoints
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
 
@@ -192,6 +193,30 @@ def test_a_bad_or_twice_named_control_host_is_refused(control: str, problem: str
 def test_unresolved_hosts_of_endpoint_lists() -> None:
     lists = ["tcp://127.0.0.1:5550,tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551,ipc:///tmp/x.sock"]
     assert unresolved_hosts(lists) == ["not-a-host.invalid"]
+
+
+def test_a_replica_binds_its_own_host_of_the_list() -> None:
+    connect = Endpoints.from_env(THREE_HOSTS)
+    bind = bind_endpoints(connect, "127.0.0.2", "--bind", "notifier")
+    assert bind == Endpoints.on_host("127.0.0.2")
+    moved = Endpoints(**{**vars(connect), "registry": "tcp://127.0.0.1:6000,tcp://127.0.0.2:6001"})
+    assert bind_endpoints(moved, "127.0.0.2", "--bind", "registry").registry == "tcp://127.0.0.2:6001"
+    assert bind_endpoints(moved, "0.0.0.0", "--bind", "registry").registry == "tcp://0.0.0.0:6000", "the first's port"
+
+
+def test_a_replica_of_a_service_on_several_hosts_needs_bind() -> None:
+    connect = Endpoints.from_env(THREE_HOSTS)
+    for service in ("discovery", "rendezvous", "registry", "notifier"):
+        with pytest.raises(ConfigError, match=f": {BIND_NEEDED}$") as raised:
+            bind_endpoints(connect, None, "--bind", service)
+        assert raised.value.setting == f"ELASTIC_{service.upper()}_ENDPOINT"
+        assert "\n" not in str(raised.value)
+    single = Endpoints.on_host("127.0.0.1")
+    assert bind_endpoints(single, None, "--bind", "registry") is single
+    events_replicated = Endpoints(**{**vars(single), "events": connect.events})
+    assert bind_endpoints(events_replicated, None, "--bind", "registry") is events_replicated
+    with pytest.raises(ConfigError, match=r"^ELASTIC_EVENTS_ENDPOINT="):
+        bind_endpoints(events_replicated, None, "--bind", "notifier")
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.3", "[::1]"])
