@@ -30,7 +30,7 @@ from typing import IO, Any
 import click
 
 from agent.gpus import check_standby, gpu_devices
-from bus.config import Endpoints
+from bus.config import Endpoints, endpoint_list
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
@@ -196,6 +196,12 @@ def run_local(
         raise CommandError(str(exc), 2) from None
     devices = agent_devices(gpus, hosts, slots, share_gpus)
     endpoints = Endpoints.from_env()
+    if any(len(endpoint_list(value)) > 1 for value in endpoints.values()):
+        raise CommandError(
+            "elasticctl local runs one control plane on this machine: ELASTIC_CONTROL (or ELASTIC_*_ENDPOINT) names "
+            "several hosts",
+            2,
+        )
     if already_running(endpoints):
         raise CommandError(
             f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker "
