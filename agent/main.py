@@ -1,4 +1,4 @@
-"""`elastic-agent --host NAME --slots N --control HOST`: run the agent of one host."""
+"""`elastic-agent --host NAME --slots N --control HOST[,HOST...]`: run the agent of one host."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from agent.agent import AgentService
 from agent.fork_server import enabled as fork_server_enabled
 from agent.gpus import check_slots, check_standby, default_slots, gpu_devices
 from bus import metrics
-from bus.config import Endpoints, Timing, default_run_dir
+from bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
 from bus.logs import setup_logging
 from bus.sockets import Security, SecurityError
 
@@ -38,7 +38,8 @@ from bus.sockets import Security, SecurityError
     "--control",
     envvar="ELASTIC_CONTROL",
     default=None,
-    help="Host of the control plane (default 127.0.0.1; ELASTIC_*_ENDPOINT override each service).",
+    help="Host(s) of the control plane, comma-separated for a replicated control plane (default 127.0.0.1; "
+    "ELASTIC_*_ENDPOINT override each service).",
 )
 @click.option(
     "--keys",
@@ -51,8 +52,8 @@ from bus.sockets import Security, SecurityError
     "--advertise-addr",
     envvar="ELASTIC_ADVERTISE_ADDR",
     default=None,
-    help="Address other hosts reach this host's workers at (default: 127.0.0.1 with a local control plane, else this "
-    "host's name).",
+    help="Address other hosts reach this host's workers at (default: 127.0.0.1 when every control host is a loopback "
+    "address, else this host's name).",
 )
 @click.option(
     "--drain-timeout",
@@ -100,10 +101,13 @@ def main(
         sys.exit(2)
     gpus = len(gpu_devices())
     slots = default_slots(gpus) if slots is None else slots
-    if advertise_addr is None:
-        advertise_addr = "127.0.0.1" if control in (None, "127.0.0.1", "localhost") else socket.getfqdn()
     from_env = click.get_current_context().get_parameter_source("control") is ParameterSource.ENVIRONMENT
+    control_setting = "ELASTIC_CONTROL" if from_env else "--control"
     try:
+        endpoints = Endpoints.from_env(control, control_setting)
+        if advertise_addr is None:
+            local = not control or all(map(is_loopback, control_hosts(control_setting, control)))
+            advertise_addr = "127.0.0.1" if local else socket.getfqdn()
         check_slots(slots, gpus, share_gpus)
         if standby is not None:
             check_standby(standby, slots)
@@ -112,7 +116,7 @@ def main(
         agent = AgentService(
             host,
             slots,
-            Endpoints.from_env(control, "ELASTIC_CONTROL" if from_env else "--control"),
+            endpoints,
             Timing.from_env(),
             run_dir=default_run_dir(),
             share_gpus=share_gpus,

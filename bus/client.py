@@ -7,6 +7,10 @@ An error reply raises `ServiceError`.
 
 `AsyncClient` does the same without blocking: replies arrive through the owning
 Service's poll loop and are handed to callbacks.
+
+An endpoint may be an endpoint list (bus/config.py): the socket connects to every replica of the service and sends
+only once a connection to the bound one has completed (bus/sockets.py). Until then `Client.request` waits for room
+within its attempt, and `AsyncClient` keeps the request and tries again at its next resend tick.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from bus.sockets import Security, client_socket
 
 
 class Unreachable(ConnectionError):
-    """No reply from an endpoint within the deadline."""
+    """No reply from an endpoint (list) within the deadline."""
 
     def __init__(self, endpoint: str, waited: float) -> None:
         super().__init__(f"no reply from {endpoint} within {waited:.1f}s")
@@ -49,6 +53,18 @@ _request_ids = itertools.count(1)  # one sequence per process: clients sharing a
 def incarnation_id(role: str, name: str = "") -> str:
     """A sender id unique to this process's life: peers tell a restart from a slow peer."""
     return f"{role}:{name}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _send_before(sock: zmq.Socket, frames: list[bytes], until: float) -> bool:
+    """Send `frames` as soon as the socket has a connection to take them, if that is before `until`."""
+    while True:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            left = until - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLOUT):
+                return False
 
 
 def _check(reply: Message) -> Message:
@@ -109,9 +125,9 @@ class Client:
             started = time.monotonic()
             while True:
                 sock = self._socket()
-                sock.send_multipart(frames)
                 attempt_end = min(time.monotonic() + timeout, started + deadline)
-                while (left := attempt_end - time.monotonic()) > 0:
+                sent = _send_before(sock, frames, attempt_end)
+                while sent and (left := attempt_end - time.monotonic()) > 0:
                     if not sock.poll(int(left * 1000) + 1):
                         continue
                     try:
@@ -142,8 +158,9 @@ class _Pending:
 
 
 class AsyncClient:
-    """Non-blocking requests from inside a Service loop; resends until a reply or the deadline. The number of
-    requests without a reply yet is the metric `elastic_client_requests_in_flight` (bus/metrics.py)."""
+    """Non-blocking requests from inside a Service loop; resends until a reply or the deadline. A request that finds
+    no connection to take it is sent at the next resend tick. The number of requests without a reply yet is the
+    metric `elastic_client_requests_in_flight` (bus/metrics.py)."""
 
     def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
         # Imported here, not at the top: elasticctl and libworker import this module but never make an AsyncClient,
@@ -173,14 +190,23 @@ class AsyncClient:
     ) -> str:
         msg_id = str(next(_request_ids))
         msg = Message(type=msg_type, body=body or {}, id=msg_id, round=round, sender=self.sender, raw=raw)
-        frames = encode(msg)
         now = time.monotonic()
-        self._pending[msg_id] = _Pending(
-            frames, on_reply, on_timeout, timeout, now + timeout, None if deadline is None else now + deadline
+        pending = _Pending(
+            encode(msg), on_reply, on_timeout, timeout, now, None if deadline is None else now + deadline
         )
+        self._pending[msg_id] = pending
         self._in_flight_gauge.set(len(self._pending))
-        self._sock.send_multipart(frames, zmq.NOBLOCK)
+        self._send(pending, now)
         return msg_id
+
+    def _send(self, pending: _Pending, now: float) -> None:
+        """Send a request, to be sent again after its timeout; or at the next tick if no connection can take it."""
+        try:
+            self._sock.send_multipart(pending.frames, zmq.NOBLOCK)
+        except zmq.Again:
+            pending.resend_at = now
+            return
+        pending.resend_at = now + pending.timeout
 
     def cancel(self, msg_id: str) -> None:
         """Stop waiting for a request's reply (it is no longer sent again; a reply that comes is dropped)."""
@@ -215,8 +241,4 @@ class AsyncClient:
                 if pending.on_timeout is not None:
                     pending.on_timeout()
             elif now >= pending.resend_at:
-                pending.resend_at = now + pending.timeout
-                try:
-                    self._sock.send_multipart(pending.frames, zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
+                self._send(pending, now)

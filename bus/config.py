@@ -7,7 +7,12 @@ the environment through `Endpoints.from_env` / `Timing.from_env`.
 Every value is checked here, once, while the config is built and before any
 socket is made: an endpoint is `tcp://HOST:PORT` (port 1-65535) or
 `ipc://PATH`, a host is a host name or an IP address. A bad one raises
-`ConfigError`, whose message names the setting and its value. Whether a name
+`ConfigError`, whose message names the setting and its value.
+
+A replicated control plane runs each service on every control host, and only its active replica binds. Clients are
+given every control host (`--control A,B,C`), and each setting of an endpoint then holds an endpoint list: the
+service's endpoints on every control host, comma-separated, in order (`tcp://A:5551,tcp://B:5551,tcp://C:5551`);
+`bus.sockets.client_socket` connects to all of them. One endpoint is an endpoint list of one. Whether a name
 resolves is not a question of config (DNS may answer later, as it does when
 containers start): `unresolved_hosts` asks, for those who report it.
 """
@@ -24,6 +29,7 @@ from pathlib import Path
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORTS = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553, "events": 5554}
 ENDPOINT_FORMS = "want tcp://HOST:PORT or ipc://PATH"
+LIST_SEPARATOR = ","
 _HOST_NAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?"
 )
@@ -36,6 +42,7 @@ class ConfigError(ValueError):
         super().__init__(f"{setting}={value!r}: {problem}")
         self.setting = setting
         self.value = value
+        self.problem = problem
 
 
 def _host_problem(host: str) -> str | None:
@@ -83,6 +90,53 @@ def check_endpoint(setting: str, endpoint: str) -> str:
     return endpoint
 
 
+def endpoint_list(value: str) -> list[str]:
+    """The endpoints of an endpoint list (`tcp://A:5551,tcp://B:5551`), in order; one endpoint is a list of one."""
+    return value.split(LIST_SEPARATOR)
+
+
+def check_endpoint_list(setting: str, value: str) -> str:
+    """`value` if every endpoint of the list is good (`check_endpoint`) and none is named twice, else `ConfigError`
+    naming `setting` and the whole value."""
+    endpoints = endpoint_list(value)
+    if len(endpoints) == 1:
+        return check_endpoint(setting, value)
+    for endpoint in endpoints:
+        try:
+            check_endpoint(setting, endpoint)
+        except ConfigError as exc:
+            raise ConfigError(setting, value, f"in {endpoint!r}: {exc.problem}") from None
+    _refuse_twice_named(setting, value, endpoints)
+    return value
+
+
+def control_hosts(setting: str, value: str) -> list[str]:
+    """The hosts of `--control A,B,C` (each a host name or an IP address, none named twice), else `ConfigError`."""
+    hosts = value.split(LIST_SEPARATOR)
+    for host in hosts:
+        problem = _host_problem(host) if host else "an empty host"
+        if problem:
+            raise ConfigError(setting, value, problem)
+    _refuse_twice_named(setting, value, hosts)
+    return hosts
+
+
+def _refuse_twice_named(setting: str, value: str, items: list[str]) -> None:
+    twice = next((item for i, item in enumerate(items) if item in items[:i]), None)
+    if twice is not None:
+        raise ConfigError(setting, value, f"{twice!r} is named twice")
+
+
+def is_loopback(host: str) -> bool:
+    """Is `host` this machine's loopback (`localhost`, 127.x.x.x, ::1)?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def tcp_endpoint(host: str, port: int | str) -> str:
     """`tcp://HOST:PORT`, an IPv6 host in brackets."""
     if ":" in host and not host.startswith("["):
@@ -91,14 +145,15 @@ def tcp_endpoint(host: str, port: int | str) -> str:
 
 
 def endpoint_host(endpoint: str) -> str | None:
-    """The host of a tcp endpoint (without IPv6 brackets); None for ipc."""
+    """The host of one tcp endpoint (without IPv6 brackets); None for ipc."""
     if not endpoint.startswith("tcp://"):
         return None
     return endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
 
 
-def unresolved_hosts(endpoints: list[str]) -> list[str]:
-    """The hosts of `endpoints` that DNS does not resolve (each once, in order). Blocks while DNS answers."""
+def unresolved_hosts(endpoint_lists: list[str]) -> list[str]:
+    """The hosts of the endpoint lists that DNS does not resolve (each once, in order). Blocks while DNS answers."""
+    endpoints = [endpoint for value in endpoint_lists for endpoint in endpoint_list(value)]
     unresolved: list[str] = []
     for host in dict.fromkeys(filter(None, map(endpoint_host, endpoints))):
         try:
@@ -110,7 +165,7 @@ def unresolved_hosts(endpoints: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Where the four services listen. `events` is the notifier's publish socket."""
+    """Where the four services listen, each an endpoint list. `events` is the notifier's publish socket."""
 
     discovery: str
     rendezvous: str
@@ -120,27 +175,37 @@ class Endpoints:
 
     @classmethod
     def on_host(cls, host: str = DEFAULT_HOST) -> Endpoints:
-        return cls(**{name: tcp_endpoint(host, port) for name, port in DEFAULT_PORTS.items()})
+        return cls.on_hosts([host])
 
     @classmethod
-    def from_env(cls, host: str | None = None, host_setting: str = "--control") -> Endpoints:
-        """Defaults on `host` (given by `host_setting`; else ELASTIC_CONTROL), each overridable by
-        ELASTIC_<NAME>_ENDPOINT; every value checked (`ConfigError`)."""
-        if not host:
-            host, host_setting = os.environ.get("ELASTIC_CONTROL") or DEFAULT_HOST, "ELASTIC_CONTROL"
-        base = cls.on_host(check_host(host_setting, host))
+    def on_hosts(cls, hosts: list[str]) -> Endpoints:
+        """Each service on the default ports of every host, in order: an endpoint list per service."""
+        return cls(
+            **{
+                name: LIST_SEPARATOR.join(tcp_endpoint(host, port) for host in hosts)
+                for name, port in DEFAULT_PORTS.items()
+            }
+        )
+
+    @classmethod
+    def from_env(cls, control: str | None = None, control_setting: str = "--control") -> Endpoints:
+        """Defaults on the control hosts `control` (`A,B,C`, given by `control_setting`; else ELASTIC_CONTROL), each
+        overridable by ELASTIC_<NAME>_ENDPOINT (an endpoint list); every value checked (`ConfigError`)."""
+        if not control:
+            control, control_setting = os.environ.get("ELASTIC_CONTROL") or DEFAULT_HOST, "ELASTIC_CONTROL"
+        base = cls.on_hosts(control_hosts(control_setting, control))
         chosen = {}
         for f in fields(cls):
             setting = f"ELASTIC_{f.name.upper()}_ENDPOINT"
             value = os.environ.get(setting)
-            chosen[f.name] = check_endpoint(setting, value) if value else getattr(base, f.name)
+            chosen[f.name] = check_endpoint_list(setting, value) if value else getattr(base, f.name)
         return cls(**chosen)
 
     def as_env(self) -> dict[str, str]:
         return {f"ELASTIC_{f.name.upper()}_ENDPOINT": getattr(self, f.name) for f in fields(self)}
 
     def values(self) -> list[str]:
-        """Every endpoint, in field order."""
+        """Every endpoint list, in field order."""
         return [getattr(self, f.name) for f in fields(self)]
 
 

@@ -5,6 +5,14 @@ maximum inbound frame size (a peer sending more is disconnected by libzmq;
 smaller oversized messages are refused politely by `envelope.decode`), and, when
 keys are configured, CURVE: servers require an authorised client key (checked by
 a ZAP authenticator, Ironhouse pattern), clients present theirs.
+
+A client socket connects to every endpoint of an endpoint list (bus/config.py): a service replicated over the
+control hosts is bound by its active replica only. A DEALER given several endpoints queues a message only to a
+connection whose handshake has completed (IMMEDIATE), that is to the bound replica: with none, a send finds no room
+(`zmq.Again`, or POLLOUT not ready) and the client waits or tries again. It also checks its connections with ZMTP
+heartbeats, so that one to a replica that stopped answering (a paused ex-active) is closed within
+LIST_HEARTBEAT_TIMEOUT_MS instead of taking its turn of the messages; a reconnection to it never completes while it is
+paused. A SUB gets every endpoint's messages; only the active replica publishes.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from bus.config import endpoint_list, is_loopback
 from bus.envelope import MAX_MESSAGE_BYTES
 
 # A client may queue this many requests: an agent relays those of all its workers.
@@ -36,6 +45,10 @@ HARD_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 1024 * 1024
 SERVER_KEY = "server"
 CLIENT_KEY = "client"
 AUTHORIZED_DIR = "authorized"
+# A client socket with several endpoints pings each connection this often, and closes one that sent nothing for
+# LIST_HEARTBEAT_TIMEOUT_MS after a ping (libzmq then connects again).
+LIST_HEARTBEAT_IVL_MS = 500
+LIST_HEARTBEAT_TIMEOUT_MS = 1500
 
 
 class SecurityError(RuntimeError):
@@ -53,7 +66,7 @@ class Security:
         if self.keys_dir is not None or self.insecure or not endpoint.startswith("tcp://"):
             return
         host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
-        if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
+        if not is_loopback(host):
             raise SecurityError(
                 f"refusing to bind {endpoint} without CURVE keys: pass --keys DIR (elasticctl keys generate DIR) "
                 "or --insecure"
@@ -171,16 +184,24 @@ def _bind_ipc_owner_only(sock: zmq.Socket, endpoint: str) -> None:
         os.umask(old_umask)
 
 
-def client_socket(ctx: zmq.Context, kind: int, endpoint: str, security: Security = Security()) -> zmq.Socket:
-    """A connected socket (DEALER, SUB); CURVE client if keys are configured and the endpoint is TCP."""
+def client_socket(ctx: zmq.Context, kind: int, endpoints: str, security: Security = Security()) -> zmq.Socket:
+    """A socket (DEALER, SUB) connected to every endpoint of the endpoint list `endpoints`; CURVE client if keys are
+    configured and an endpoint is TCP. With several endpoints, a DEALER sends to completed connections only."""
+    addresses = endpoint_list(endpoints)
     sock = ctx.socket(kind)
     _limits(sock)
-    if security.keys_dir is not None and endpoint.startswith("tcp://"):
+    if security.keys_dir is not None and any(address.startswith("tcp://") for address in addresses):
         public, secret = security.keypair(CLIENT_KEY)
         sock.curve_publickey = public
         sock.curve_secretkey = secret
         sock.curve_serverkey = security.server_public_key()
     if kind == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.connect(endpoint)
+    if len(addresses) > 1:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, LIST_HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, LIST_HEARTBEAT_TIMEOUT_MS)
+        if kind == zmq.DEALER:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+    for address in addresses:
+        sock.connect(address)
     return sock

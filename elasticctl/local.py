@@ -37,7 +37,7 @@ from typing import IO, Any
 import click
 
 from agent.gpus import check_standby, gpu_devices
-from bus.config import DEFAULT_PORTS, Endpoints, tcp_endpoint
+from bus.config import Endpoints, endpoint_list
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
@@ -54,13 +54,6 @@ ETCD_PEER_PORT = 2380
 def control_addresses(count: int) -> list[str]:
     """The loopback addresses of `count` control hosts: 127.0.0.1, 127.0.0.2, ..."""
     return [f"127.0.0.{i}" for i in range(1, count + 1)]
-
-
-def replicated_endpoints(addresses: list[str]) -> Endpoints:
-    """Each service's default port on every control host, as endpoint lists."""
-    return Endpoints(
-        **{name: ",".join(tcp_endpoint(host, port) for host in addresses) for name, port in DEFAULT_PORTS.items()}
-    )
 
 
 def etcd_members(addresses: list[str], run_dir: Path) -> list[MemberSpec]:
@@ -255,7 +248,13 @@ def run_local(
     except ValueError as exc:
         raise CommandError(str(exc), 2) from None
     devices = agent_devices(gpus, hosts, slots, share_gpus)
-    endpoints = replicated_endpoints(control_addresses(control_hosts)) if control_hosts > 1 else Endpoints.from_env()
+    endpoints = Endpoints.on_hosts(control_addresses(control_hosts)) if control_hosts > 1 else Endpoints.from_env()
+    if control_hosts == 1 and any(len(endpoint_list(value)) > 1 for value in endpoints.values()):
+        raise CommandError(
+            "elasticctl local runs its own control plane on this machine: ELASTIC_CONTROL (or ELASTIC_*_ENDPOINT) "
+            "names several hosts (for a replicated one here, use --control-hosts N)",
+            2,
+        )
     if already_running(endpoints):
         raise CommandError(
             f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker "

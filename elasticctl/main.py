@@ -32,7 +32,10 @@ keys_option = click.option(
     help="CURVE key directory.",
 )
 control_option = click.option(
-    "--control", envvar="ELASTIC_CONTROL", default=None, help="Host of the control plane (default 127.0.0.1)."
+    "--control",
+    envvar="ELASTIC_CONTROL",
+    default=None,
+    help="Host(s) of the control plane, comma-separated for a replicated control plane (default 127.0.0.1).",
 )
 
 

@@ -1,6 +1,9 @@
 """The command line shared by the four services: endpoints, intervals, keys, logging, the metrics endpoint, where
 the hard state is kept (`--store`: the registry's SQLite database under `--state-dir`, or etcd, which makes the
-process one replica of its service: replication/replica.py)."""
+process one replica of its service: replication/replica.py).
+
+A service replicated over several control hosts (its endpoint an endpoint list, bus/config.py) runs one replica per
+host, and each replica binds one address: `--bind HOST`, its own host's."""
 
 from __future__ import annotations
 
@@ -14,7 +17,17 @@ import click
 from click.core import ParameterSource
 
 from bus import metrics
-from bus.config import DEFAULT_HOST, Endpoints, Timing, check_host, default_run_dir, endpoint_host, tcp_endpoint
+from bus.config import (
+    DEFAULT_HOST,
+    ConfigError,
+    Endpoints,
+    Timing,
+    check_host,
+    default_run_dir,
+    endpoint_host,
+    endpoint_list,
+    tcp_endpoint,
+)
 from bus.logs import setup_logging
 from bus.service import Service
 from bus.sockets import Security, SecurityError
@@ -25,19 +38,28 @@ from services.registry.store import StoreError
 # (bind, connect, timing, security, log, replica): replica is None with the SQLite store; a service that keeps state
 # on disk (the registry) is given its state_dir too.
 Factory = Callable[..., Service]
+# The endpoints a service binds besides its own: the notifier's events.
+ALSO_BOUND = {"notifier": ("events",)}
+BIND_NEEDED = "--bind is needed when --control names several hosts"
 
 
-def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str) -> Endpoints:
-    """The endpoints to bind: the connect endpoints, or the same tcp ports on `bind_host` (given by `setting`)."""
+def bind_endpoints(connect: Endpoints, bind_host: str | None, setting: str, service: str) -> Endpoints:
+    """The endpoints to bind: the connect endpoints, or the same tcp ports on `bind_host` (given by `setting`); of an
+    endpoint list, the port of its endpoint on `bind_host` (else of its first). Without `bind_host`, an endpoint list
+    of several endpoints that `service` binds is a `ConfigError`: a replica binds one of them."""
     if not bind_host:
+        for name in (service, *ALSO_BOUND.get(service, ())):
+            if len(endpoint_list(getattr(connect, name))) > 1:
+                raise ConfigError(f"ELASTIC_{name.upper()}_ENDPOINT", getattr(connect, name), BIND_NEEDED)
         return connect
     check_host(setting, bind_host)
-    return Endpoints(
-        **{
-            name: tcp_endpoint(bind_host, addr.rpartition(":")[2]) if addr.startswith("tcp://") else addr
-            for name, addr in vars(connect).items()
-        }
-    )
+    return Endpoints(**{name: _on_bind_host(value, bind_host) for name, value in vars(connect).items()})
+
+
+def _on_bind_host(value: str, bind_host: str) -> str:
+    endpoints = endpoint_list(value)
+    own = next((endpoint for endpoint in endpoints if endpoint_host(endpoint) == bind_host.strip("[]")), endpoints[0])
+    return tcp_endpoint(bind_host, own.rpartition(":")[2]) if own.startswith("tcp://") else own
 
 
 def replica_name(address: str) -> str:
@@ -64,7 +86,7 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
             connect = Endpoints.from_env()
             source = click.get_current_context().get_parameter_source
             bind_to = bind_endpoints(
-                connect, bind, "ELASTIC_BIND" if source("bind") is ParameterSource.ENVIRONMENT else "--bind"
+                connect, bind, "ELASTIC_BIND" if source("bind") is ParameterSource.ENVIRONMENT else "--bind", name
             )
             choice = StoreChoice.parse(
                 "ELASTIC_STORE" if source("store") is ParameterSource.ENVIRONMENT else "--store", store
@@ -104,7 +126,8 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
             ["--bind"],
             envvar="ELASTIC_BIND",
             default=None,
-            help="Interface to bind (default: the host of the endpoint).",
+            help="Interface to bind (default: the host of the endpoint); needed where --control names several hosts: "
+            "this replica's host.",
         ),
         click.Option(
             ["--keys"],

@@ -1,10 +1,23 @@
-"""Endpoints built from flags and the environment are checked once, in bus/config: scheme, host, port."""
+"""Endpoints built from flags and the environment are checked once, in bus/config: scheme, host, port; endpoint
+lists (several control hosts) element by element; and what a service replica binds of them (services/cli.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bus.config import ConfigError, Endpoints, Timing, check_endpoint, check_host, tcp_endpoint, unresolved_hosts
+from bus.config import (
+    ConfigError,
+    Endpoints,
+    Timing,
+    check_endpoint,
+    check_host,
+    endpoint_list,
+    is_loopback,
+    tcp_endpoint,
+    unresolved_hosts,
+)
+from bus.sockets import Security, SecurityError
+from services.cli import BIND_NEEDED, bind_endpoints
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
 
@@ -116,3 +129,104 @@ def test_unresolved_hosts_are_named_once() -> None:
         "ipc:///tmp/x.sock",
     ]
     assert unresolved_hosts(endpoints) == ["not-a-host.invalid"]
+
+
+THREE_HOSTS = "127.0.0.1,127.0.0.2,127.0.0.3"
+
+
+def test_several_control_hosts_give_every_service_an_endpoint_list_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoints = Endpoints.from_env(THREE_HOSTS)
+    assert endpoints.rendezvous == "tcp://127.0.0.1:5551,tcp://127.0.0.2:5551,tcp://127.0.0.3:5551"
+    assert endpoint_list(endpoints.events) == ["tcp://127.0.0.1:5554", "tcp://127.0.0.2:5554", "tcp://127.0.0.3:5554"]
+    assert Endpoints.from_env("::1,control-b").registry == "tcp://[::1]:5552,tcp://control-b:5552"
+    assert Endpoints.on_hosts(["127.0.0.1"]) == Endpoints.on_host("127.0.0.1") == Endpoints.from_env()
+    monkeypatch.setenv("ELASTIC_CONTROL", "a,b")
+    assert Endpoints.from_env().discovery == "tcp://a:5550,tcp://b:5550"
+
+
+def test_an_endpoint_setting_may_be_an_endpoint_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    replicas = "tcp://10.0.0.1:6000,tcp://10.0.0.2:6000,ipc:///tmp/registry.sock"
+    monkeypatch.setenv("ELASTIC_CONTROL", "a,b")
+    monkeypatch.setenv("ELASTIC_REGISTRY_ENDPOINT", replicas)
+    endpoints = Endpoints.from_env()
+    assert endpoints.registry == replicas
+    assert endpoints.notifier == "tcp://a:5553,tcp://b:5553"
+    assert endpoint_list("tcp://a:1") == ["tcp://a:1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (
+            "tcp://a:5552,tcp://bad host:5552",
+            "in 'tcp://bad host:5552': 'bad host' is not a host name or an IP address",
+        ),
+        ("tcp://a:5552,tcp://b", "in 'tcp://b': no port (want tcp://HOST:PORT)"),
+        ("tcp://a:5552,", "in '': not an endpoint (want tcp://HOST:PORT or ipc://PATH)"),
+        ("tcp://a:5552,tcp://b:5552,tcp://a:5552", "'tcp://a:5552' is named twice"),
+    ],
+)
+def test_a_bad_endpoint_of_a_list_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    monkeypatch.setenv("ELASTIC_REGISTRY_ENDPOINT", value)
+    with pytest.raises(ConfigError) as raised:
+        Endpoints.from_env()
+    assert str(raised.value) == f"ELASTIC_REGISTRY_ENDPOINT={value!r}: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("control", "problem"),
+    [
+        ("a,b,a", "'a' is named twice"),
+        ("a,b c", "'b c' is not a host name or an IP address"),
+        ("a,,b", "an empty host"),
+        ("a,tcp://b:5550", "'tcp://b:5550' is not a host name or an IP address"),
+    ],
+)
+def test_a_bad_or_twice_named_control_host_is_refused(control: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Endpoints.from_env(control)
+    assert str(raised.value) == f"--control={control!r}: {problem}"
+
+
+def test_unresolved_hosts_of_endpoint_lists() -> None:
+    lists = ["tcp://127.0.0.1:5550,tcp://not-a-host.invalid:5550", "tcp://not-a-host.invalid:5551,ipc:///tmp/x.sock"]
+    assert unresolved_hosts(lists) == ["not-a-host.invalid"]
+
+
+def test_a_replica_binds_its_own_host_of_the_list() -> None:
+    connect = Endpoints.from_env(THREE_HOSTS)
+    bind = bind_endpoints(connect, "127.0.0.2", "--bind", "notifier")
+    assert bind == Endpoints.on_host("127.0.0.2")
+    moved = Endpoints(**{**vars(connect), "registry": "tcp://127.0.0.1:6000,tcp://127.0.0.2:6001"})
+    assert bind_endpoints(moved, "127.0.0.2", "--bind", "registry").registry == "tcp://127.0.0.2:6001"
+    assert bind_endpoints(moved, "0.0.0.0", "--bind", "registry").registry == "tcp://0.0.0.0:6000", "the first's port"
+
+
+def test_a_replica_of_a_service_on_several_hosts_needs_bind() -> None:
+    connect = Endpoints.from_env(THREE_HOSTS)
+    for service in ("discovery", "rendezvous", "registry", "notifier"):
+        with pytest.raises(ConfigError, match=f": {BIND_NEEDED}$") as raised:
+            bind_endpoints(connect, None, "--bind", service)
+        assert raised.value.setting == f"ELASTIC_{service.upper()}_ENDPOINT"
+        assert "\n" not in str(raised.value)
+    single = Endpoints.on_host("127.0.0.1")
+    assert bind_endpoints(single, None, "--bind", "registry") is single
+    events_replicated = Endpoints(**{**vars(single), "events": connect.events})
+    assert bind_endpoints(events_replicated, None, "--bind", "registry") is events_replicated
+    with pytest.raises(ConfigError, match=r"^ELASTIC_EVENTS_ENDPOINT="):
+        bind_endpoints(events_replicated, None, "--bind", "notifier")
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.3", "[::1]"])
+def test_loopback_hosts_bind_without_keys(host: str) -> None:
+    assert is_loopback(host)
+    Security().check_bind(tcp_endpoint(host, 5550))
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "control-a", "0.0.0.0"])
+def test_other_hosts_are_no_loopback_and_need_keys_to_bind(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(SecurityError):
+        Security().check_bind(tcp_endpoint(host, 5550))
