@@ -244,6 +244,8 @@ class Service:
     def _on_router(self) -> None:
         """Handle what the ROUTER holds, at most MESSAGES_PER_TURN: under a flood the loop's timers still run."""
         for _ in range(MESSAGES_PER_TURN):
+            if not self.may_serve():
+                return
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -221,6 +221,8 @@ class Leadership:
     def write(self, ops: list[dict[str, Any]]) -> int:
         """Apply `ops` in one txn fenced by this replica's role; the revision it made. A refused fence gives the role
         up (`lose`) and raises `LostRole`; etcd out of reach past the lease raises `EtcdError`."""
+        if not self.held():
+            raise LostRole(f"{self.service}: this replica no longer holds the role ({self.lost_reason})")
         deadline = max(0.3, self._valid_until - self.clock())
         result = self.client.txn([self.fence()], ops, [], deadline=deadline)
         if not result.succeeded:

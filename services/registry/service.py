@@ -59,7 +59,7 @@ from services.registry.hosts import discovery_settings, host_marks
 from services.registry.job import FAILED, RUNNING_JOB, Job, Now
 from services.registry.peers import Pass, Peer, Read, Steps
 from services.registry.reports import PENDING
-from services.registry.store import JobStore
+from services.registry.store import JobStore, StoreError
 from services.registry.waits import FRESH_HEARTBEATS, NO_LIMITS, Seen, WaitBoard, judged_limits, parse_waits
 
 
@@ -106,7 +106,10 @@ class RegistryService(Service):
             "job": self.job.to_saved(now),
         }
         parts = self.job.unsaved_parts()
-        self.store.save(saved, parts)
+        try:
+            self.store.save(saved, parts)
+        except StoreError as exc:  # etcd out of reach, or the role lost: nothing is answered or published
+            raise RequestError("unavailable", str(exc)) from None
         self.job.saved(parts)
         self.outbox.flush()
 
@@ -261,7 +264,10 @@ class RegistryService(Service):
         return True
 
     def close(self) -> None:
-        self._persist(self._now())
+        try:
+            self._persist(self._now())
+        except RequestError as exc:  # a replica that lost its role, or etcd out of reach: the last save is not its
+            self.log.warning("not_saved_on_close", reason=exc.message)
         for peer in (self.discovery, self.rendezvous):
             peer.close()
         self.store.close()

@@ -152,7 +152,7 @@ def test_a_registry_paused_past_its_lease_steps_down_and_writes_nothing(
     paused.send_signal(signal.SIGSTOP)
     try:
         wait_for(lambda: replicated.active("registry") not in (None, holder), TAKEOVER_DEADLINE, "a new registry")
-        took_over = replicated.job()
+        took_over = wait_for(replicated.job, TAKEOVER_DEADLINE, "the new registry to answer")
     finally:
         paused.send_signal(signal.SIGCONT)
     wait_for(lambda: "stepped_down" in replicated.output(replica_name("registry", holder)), 20, "the step-down")
