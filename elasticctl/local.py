@@ -16,7 +16,7 @@ that is a host lost, and the job goes on without it.
 With `--control-hosts N` (N > 1) the control plane is replicated, as on N
 machines: control host i is the address 127.0.0.i, with one etcd member
 (ETCD_CLIENT_PORT and ETCD_PEER_PORT, its data directory in the run
-directory) and one replica of each service on the default ports of that
+directory, removed with it at the end) and one replica of each service on the default ports of that
 address (`--store etcd://...`, replication/replica.py). Nothing is started
 again when it dies: the other replicas are the redundancy.
 """
@@ -24,6 +24,7 @@ again when it dies: the other replicas are the redundancy.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from bus.config import Endpoints, endpoint_list
 from bus.lifetime import die_with_parent
 from elasticctl.control import CommandError, ControlPlane
 from elasticctl.follow import submit_and_follow
-from replication.etcd import EtcdClient
+from replication.etcd import EtcdClient, EtcdError
 from replication.etcd_member import MemberSpec, member_command
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
@@ -117,8 +118,16 @@ class LocalCluster:
         for member in members:
             self._start(f"etcd@{member.host}", member_command(member, members), dict(os.environ), log_to_file=True)
         client = EtcdClient([f"{m.host}:{m.client_port}" for m in members], deadline=1.0)
+
+        def answers() -> bool:
+            try:
+                client.get(b"elastic/schema")  # a linearizable read: the members have elected a leader
+                return True
+            except EtcdError:
+                return False
+
         try:
-            self._wait(lambda: client.members(), "etcd to answer")
+            self._wait(answers, "etcd to elect a leader")
         finally:
             client.close()
 
@@ -215,6 +224,8 @@ class LocalCluster:
                     process.wait()
         for handle in self._logs:
             handle.close()
+        for data_dir in self.log_dir.glob("etcd-*"):  # the job is over; etcd preallocates 64 MiB of log per member
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def already_running(endpoints: Endpoints) -> bool:
