@@ -219,6 +219,10 @@ class Timing:
     driver_tick: float = 0.1
     request_timeout: float = 2.0
     collective_timeout: float = 60.0
+    # A replicated service's lease in etcd (whole seconds, etcd's unit): its standby takes over this long after the
+    # active replica stopped renewing it (replication/election.py). etcd refreshes every lease when its own leader
+    # changes, so losing etcd's leader with the active replica adds an election (under a second) to it.
+    lease_ttl: int = 2
 
     @property
     def lost_after(self) -> float:

@@ -32,10 +32,6 @@ import structlog
 
 from replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 
-# The lease of an active replica, in seconds: a standby takes over this long after the active one stopped renewing
-# it. etcd refreshes every lease when its own leader changes, so losing etcd's leader with the active replica adds an
-# election (~1 s) to it.
-LEASE_TTL = 2
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4
 
@@ -77,7 +73,7 @@ class Leadership:
         replica: str,
         address: str,
         *,
-        ttl: int = LEASE_TTL,
+        ttl: int,
         clock: Callable[[], float] = time.monotonic,
         log: structlog.stdlib.BoundLogger | None = None,
     ) -> None:

@@ -87,6 +87,7 @@ def serve_replica(
     choice: StoreChoice,
     replica_name: str,
     address: str,
+    lease_ttl: int,
     build: Callable[[Replica], Service],
     log: structlog.stdlib.BoundLogger,
 ) -> None:
@@ -97,7 +98,7 @@ def serve_replica(
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     outage = Outage(log) if os.environ.get(STEPPED_DOWN) else None  # only the first start gives up on etcd
     client = open_etcd(choice, outage, stopping)
-    leadership = Leadership(client, choice.prefix, name, replica_name, address, log=log)
+    leadership = Leadership(client, choice.prefix, name, replica_name, address, ttl=lease_ttl, log=log)
     if outage is not None:
         leadership.outage = outage
     if not leadership.register(stopping):

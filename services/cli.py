@@ -107,6 +107,7 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
                     choice,
                     replica_name(address),
                     address,
+                    timing.lease_ttl,
                     lambda replica: factory(bind_to, connect, timing, security, log, replica=replica, **state),
                     log,
                 )
