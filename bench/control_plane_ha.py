@@ -4,8 +4,9 @@ A 3-host job (3 agents x 1 slot) on a replicated control plane: 3 control hosts 
 member and one replica of each service (testing/control_hosts.py). Each loss: the control host holding the most
 active replicas (ties: etcd's leader) is lost outright (SIGKILL of its replicas and its etcd member, its data
 directory deleted); once every service answers from another host, it is replaced (a new member with an empty data
-directory, new replicas as standbys); then a worker is SIGKILLed (on each host in turn). Before the first loss, a
-worker SIGKILL with nothing lost is the baseline.
+directory, new replicas as standbys); then a worker is SIGKILLed (on each host in turn). Before the first loss,
+`--faults` worker SIGKILLs with nothing lost are the baseline, and as many on the same job with the single-host
+SQLite control plane compare the stores (a `STORE` line).
 
 Per loss it prints, and at the end the worst and the median of:
 - `takeover_s` per service: the loss -> that service answers from another replica;
@@ -23,6 +24,7 @@ Per loss it prints, and at the end the worst and the median of:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -36,12 +38,11 @@ from typing import Any
 
 import zmq
 
-from bench.control_plane_restart import commits
 from bus.client import incarnation_id
 from bus.pubsub import Subscription
 from testing.control_hosts import ReplicatedCluster
 from testing.etcd_cluster import EtcdCluster
-from testing.harness import SERVICES, wait_for, worker_pid
+from testing.harness import SERVICES, Cluster, wait_for, worker_pid
 
 HOSTS = ("host-1", "host-2", "host-3")
 JOB = [sys.executable, "tests/workers/counter.py", "--batches", "10000000", "--step-delay", "0.02"]
@@ -105,7 +106,36 @@ def takeover_times(cluster: ReplicatedCluster, lost: str, since: float) -> dict[
     return took
 
 
-def recover_from_a_worker_kill(cluster: ReplicatedCluster, log_dir: Path, host: str) -> float:
+class CommitTail:
+    """The job's commit events, read as its logs grow (each rank's JSON lines, about 50 a second): reading them whole
+    at every poll would cost more with every minute of the run."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._offsets: dict[Path, int] = {}
+        self._events: list[dict[str, Any]] = []
+
+    def __call__(self) -> list[dict[str, Any]]:
+        fresh = []
+        for path in sorted(self.log_dir.glob("*.jsonl")):
+            with path.open("rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next read
+            self._offsets[path] = self._offsets.get(path, 0) + len(whole)
+            for line in whole.splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:  # a line cut short by a kill
+                    continue
+                if event.get("event") == "commit":
+                    fresh.append(event)
+        if fresh:
+            self._events = sorted(self._events + fresh, key=lambda e: e["time"])
+        return self._events
+
+
+def recover_from_a_worker_kill(cluster: Cluster, commits: CommitTail, host: str) -> float:
     """SIGKILL of `host`'s worker; seconds until every rank has committed in the new round."""
     before = cluster.job()
     victim = worker_pid(cluster, host, 0)
@@ -113,28 +143,37 @@ def recover_from_a_worker_kill(cluster: ReplicatedCluster, log_dir: Path, host: 
     os.kill(victim, signal.SIGKILL)
 
     def full_size() -> float | None:
-        fresh = [e for e in commits(log_dir) if e["time"] > killed_at and e["round"] > before["round"]]
+        fresh = [e for e in commits() if e["time"] > killed_at and e["round"] > before["round"]]
         ranks = {e["rank"] for e in fresh}
         return max(e["time"] for e in fresh) if len(ranks) == len(HOSTS) else None
 
     return wait_for(full_size, 120, "every rank committing in the new round") - killed_at
 
 
-def lose_one(cluster: ReplicatedCluster, log_dir: Path, witness: EventWitness, victim: str) -> dict[str, Any]:
+def worker_faults(cluster: Cluster, commits: CommitTail, faults: int) -> list[float]:
+    """The 3-host job started on `cluster`; the recovery time of `faults` worker SIGKILLs, one host after another."""
+    for host in HOSTS:
+        cluster.start_agent(host, 1)
+    # Workers are killed far more often than --max-restarts allows in a real job: the crash-loop policy is not what
+    # is measured here.
+    cluster.submit("--min-np", "2", "--max-restarts", "100000", "--", *JOB, "--log-dir", str(commits.log_dir))
+    wait_for(lambda: len(commits()) >= 100 and cluster.job()["state"] == "running", 120, "training")
+    return [recover_from_a_worker_kill(cluster, commits, HOSTS[n % len(HOSTS)]) for n in range(faults)]
+
+
+def lose_one(cluster: ReplicatedCluster, commits: CommitTail, witness: EventWitness, victim: str) -> dict[str, Any]:
     before = cluster.job()
     lost = busiest(cluster)
     lost_at_wall, lost_at = time.time(), time.monotonic()
     cluster.kill_control_host(lost)
     took = takeover_times(cluster, lost, lost_at)
     cluster.replace_control_host(lost)
-    wait_for(lambda: commits(log_dir)[-1]["time"] > time.time() - 0.5, 60, "steady training")
+    wait_for(lambda: commits()[-1]["time"] > time.time() - 0.5, 60, "steady training")
     after = cluster.job()
     lost_decisions = int((after["round"], after["resets"]) < (before["round"], before["resets"]))
     worker_killed_at = time.time()
-    recovery = recover_from_a_worker_kill(cluster, log_dir, victim)
-    times = sorted(
-        e["time"] for e in commits(log_dir) if e["rank"] == 0 and lost_at_wall - 1 <= e["time"] <= worker_killed_at
-    )
+    recovery = recover_from_a_worker_kill(cluster, commits, victim)
+    times = sorted(e["time"] for e in commits() if e["rank"] == 0 and lost_at_wall - 1 <= e["time"] <= worker_killed_at)
     return {
         "host": lost,
         "takeover_s": took,
@@ -146,10 +185,26 @@ def lose_one(cluster: ReplicatedCluster, log_dir: Path, witness: EventWitness, v
     }
 
 
+def summarize(results: list[dict[str, Any]], witness: EventWitness, baseline: float) -> None:
+    worst_takeover = max(max(r["takeover_s"].values()) for r in results)
+    median_takeover = statistics.median(max(r["takeover_s"].values()) for r in results)
+    print(
+        f"HA losses={len(results)} takeover_s(all services) median={median_takeover:.2f} max={worst_takeover:.2f} "
+        f"max_pause_s={max(r['max_pause_s'] for r in results):.3f} resets={sum(r['resets'] for r in results)} "
+        f"lost={sum(r['lost'] for r in results)} event_problems={witness.problems()} "
+        f"recovery_s median={statistics.median(r['recovery_s'] for r in results):.2f} "
+        f"max={max(r['recovery_s'] for r in results):.2f} baseline={baseline:.2f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--losses", type=int, default=50, help="Control hosts lost (and replaced) in a row.")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the processes' logs (printed where).")
+    parser.add_argument(
+        "--faults", type=int, default=9, help="Worker SIGKILLs with each store before the losses (the baseline)."
+    )
     parser.add_argument(
         "--lease-ttl", type=int, default=None, help="The replicas' lease in seconds (ELASTIC_LEASE_TTL; default 2)."
     )
@@ -163,20 +218,25 @@ def main() -> None:
         etcd.start()
         lease = {"ELASTIC_LEASE_TTL": str(args.lease_ttl)} if args.lease_ttl else {}
         cluster = ReplicatedCluster(workdir / "cluster", etcd, lease)
+        sqlite = Cluster(workdir / "sqlite")
+        try:
+            sqlite.start_services()
+            sqlite_faults = worker_faults(sqlite, CommitTail(workdir / "sqlite-train"), args.faults)
+        finally:
+            sqlite.close()
         cluster.start_services()
-        log_dir = workdir / "train"
-        for host in HOSTS:
-            cluster.start_agent(host, 1)
-        # Workers are killed far more often than --max-restarts allows in a real job: the crash-loop policy is not
-        # what is measured here.
-        cluster.submit("--min-np", "2", "--max-restarts", "100000", "--", *JOB, "--log-dir", str(log_dir))
-        wait_for(lambda: len(commits(log_dir)) >= 100 and cluster.job()["state"] == "running", 120, "training")
+        commits = CommitTail(workdir / "train")
+        etcd_faults = worker_faults(cluster, commits, args.faults)
         witness = EventWitness(cluster)
-        baseline = recover_from_a_worker_kill(cluster, log_dir, HOSTS[-1])
-        print(f"baseline (nothing lost): recovery_s={baseline:.2f}", flush=True)
+        baseline = statistics.median(etcd_faults)
+        print(
+            f"STORE worker fault, {args.faults} each: recovery_s median sqlite={statistics.median(sqlite_faults):.3f} "
+            f"etcd={baseline:.3f} etcd/sqlite x{baseline / statistics.median(sqlite_faults):.2f}",
+            flush=True,
+        )
         results = []
         for number in range(1, args.losses + 1):
-            result = lose_one(cluster, log_dir, witness, HOSTS[number % len(HOSTS)])
+            result = lose_one(cluster, commits, witness, HOSTS[number % len(HOSTS)])
             results.append(result)
             takeovers = " ".join(f"{s}={t:.2f}" for s, t in sorted(result["takeover_s"].items()))
             print(
@@ -185,16 +245,8 @@ def main() -> None:
                 f"recovery_s={result['recovery_s']:.2f} ratio={result['recovery_s'] / baseline:.2f}",
                 flush=True,
             )
-        worst_takeover = max(max(r["takeover_s"].values()) for r in results)
-        median_takeover = statistics.median(max(r["takeover_s"].values()) for r in results)
-        print(
-            f"HA losses={len(results)} takeover_s(all services) median={median_takeover:.2f} max={worst_takeover:.2f} "
-            f"max_pause_s={max(r['max_pause_s'] for r in results):.3f} resets={sum(r['resets'] for r in results)} "
-            f"lost={sum(r['lost'] for r in results)} event_problems={witness.problems()} "
-            f"recovery_s median={statistics.median(r['recovery_s'] for r in results):.2f} "
-            f"max={max(r['recovery_s'] for r in results):.2f} baseline={baseline:.2f}",
-            flush=True,
-        )
+        if results:
+            summarize(results, witness, baseline)
         finished = True
     finally:
         if witness is not None:
