@@ -18,7 +18,7 @@ Per loss it prints, and at the end the worst and the median of:
 - `recovery_s`: worker SIGKILL -> the job back at full size, training (the survivors' first commit in the new
   round with every rank), and its ratio to the baseline's.
 
-    python -m bench.control_plane_ha [--losses 50] [--lease-ttl 2]
+    python -m bench.control_plane_ha [--losses 50] [--lease-ttl 1]
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> None:
         "--faults", type=int, default=9, help="Worker SIGKILLs with each store before the losses (the baseline)."
     )
     parser.add_argument(
-        "--lease-ttl", type=int, default=None, help="The replicas' lease in seconds (ELASTIC_LEASE_TTL; default 2)."
+        "--lease-ttl", type=int, default=None, help="The replicas' lease in seconds (ELASTIC_LEASE_TTL; default 1)."
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-ha-"))
