@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import structlog
 
@@ -34,6 +35,8 @@ from replication.store_choice import StoreChoice
 STORE_SCHEMA = 1
 # How long a service waits for etcd when it starts before it says so and exits.
 START_DEADLINE = 10.0
+# A replica elected but unable to start its service gives the role up and tries again, as a standby, after this long.
+START_RETRY_DELAY = 1.0
 # Set in the environment of a replica that stepped down and started again: it waits for etcd rather than exit.
 STEPPED_DOWN = "ELASTIC_REPLICA_STEPPED_DOWN"
 
@@ -92,7 +95,7 @@ def serve_replica(
     log: structlog.stdlib.BoundLogger,
 ) -> None:
     """Register, wait for the role, build the service and serve until SIGTERM (resign: a standby takes over at once)
-    or until the role is lost (then `exec` this command again, as a standby)."""
+    or until the role is lost or the service cannot start (then `exec` this command again, as a standby)."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
@@ -111,7 +114,14 @@ def serve_replica(
             return
         step_down(leadership, module, log)
     log.info("active", replica=replica_name, fence=leadership.revision, waited_s=round(time.monotonic() - waited, 3))
-    service = build(Replica(client, choice.prefix, leadership))
+    try:
+        service = build(Replica(client, choice.prefix, leadership))
+    except Exception as exc:  # its state unreadable for now, or its address taken: another replica may do better
+        leadership.resign()
+        log.warning("start_failed", reason=f"{type(exc).__name__}: {exc}")
+        if stopping.wait(START_RETRY_DELAY):
+            return
+        step_down(leadership, module, log)
     service.may_serve = lambda: leadership.held() and not stopping.is_set()
     metrics.watch_service(service)
     try:
@@ -125,7 +135,7 @@ def serve_replica(
     step_down(leadership, module, log)
 
 
-def step_down(leadership: Leadership, module: str, log: structlog.stdlib.BoundLogger) -> None:
+def step_down(leadership: Leadership, module: str, log: structlog.stdlib.BoundLogger) -> NoReturn:
     """Stop renewing and start this command afresh as a standby: nothing of the lost role stays in memory."""
     leadership.stop_renewing()
     log.warning("stepped_down", reason=leadership.lost_reason or "the lease was lost")
