@@ -18,6 +18,8 @@ COPY agent/ agent/
 COPY libworker/ libworker/
 COPY elasticctl/ elasticctl/
 COPY snapshot/ snapshot/
+COPY slot_processes/ slot_processes/
+COPY replication/ replication/
 RUN pip install . && rm -rf build *.egg-info
 
 RUN useradd --create-home --uid 10001 --user-group elastic

@@ -11,6 +11,7 @@ each must answer a ping and serve its metrics, and each compose healthcheck
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -346,3 +347,13 @@ def test_the_registry_keeps_its_state_on_a_named_volume(compose: dict[str, Any])
     assert "registry-state" in compose["volumes"]
     dockerfile = (REPO / "Dockerfile").read_text()
     assert f"chown elastic:elastic {state_dir}" in dockerfile, "the container user can write the volume"
+
+
+def test_the_image_holds_every_package_the_project_installs() -> None:
+    """`pip install .` in the Dockerfile installs what was copied: every package of pyproject.toml's list must be."""
+    include = re.search(r"include = \[(.*?)\]", (REPO / "pyproject.toml").read_text())
+    assert include is not None
+    packages = [name.strip().strip('"').rstrip("*") for name in include.group(1).split(",")]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    missing = [package for package in packages if f"COPY {package}/ {package}/" not in dockerfile]
+    assert not missing, f"the Dockerfile does not copy {missing}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -259,3 +260,23 @@ def test_an_unreachable_store_and_a_newer_schema_are_one_line_and_exit_2(etcd: E
     result = run_service("--bind", "127.0.0.2", env={"ELASTIC_STORE": f"{etcd.store_url}/{PREFIX}-newer"})
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "newer version" in lines[0], result.stderr
+
+
+def test_a_replica_elected_where_its_address_is_taken_gives_the_role_to_another(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    cluster = ReplicatedCluster(tmp_path / "cluster", etcd)
+    port = int(cluster.endpoints.registry.rpartition(":")[2])
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        cluster.start_replicas("127.0.0.1", ("registry",))
+        wait_for(lambda: "start_failed" in cluster.output(replica_name("registry", "127.0.0.1")), 30, "the failure")
+        cluster.start_replicas("127.0.0.2", ("registry",))
+        wait_for(lambda: cluster.active("registry") == "127.0.0.2", 30, "the replica on 127.0.0.2 to take the role")
+        assert cluster.call("registry", "ping", timeout=5)["service"] == "registry"
+        assert cluster.processes[replica_name("registry", "127.0.0.1")].poll() is None, "it stands by, not exits"
+    finally:
+        squatter.close()
+        cluster.close()
