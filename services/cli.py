@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -71,7 +72,11 @@ def replica_name(address: str) -> str:
     )
 
 
-def service_command(name: str, factory: Factory, keeps_state: bool = False) -> click.Command:
+def service_command(
+    name: str, factory: Factory, keeps_state: bool = False, options: Sequence[click.Option] = ()
+) -> click.Command:
+    """The service's command; the values of its own `options` go to `factory` as keyword arguments."""
+
     def run(
         bind: str | None,
         keys: Path | None,
@@ -79,6 +84,7 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
         metrics_port: str | None,
         store: str,
         state_dir: Path | None = None,
+        **own: Any,
     ) -> None:
         log = setup_logging(name)
         try:
@@ -108,11 +114,11 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
                     replica_name(address),
                     address,
                     timing.lease_ttl,
-                    lambda replica: factory(bind_to, connect, timing, security, log, replica=replica, **state),
+                    lambda replica: factory(bind_to, connect, timing, security, log, replica=replica, **state, **own),
                     log,
                 )
                 return
-            service = factory(bind_to, connect, timing, security, log, replica=None, **state)
+            service = factory(bind_to, connect, timing, security, log, replica=None, **state, **own)
         except (SecurityError, ValueError, OSError, StoreError, StoreUnusable) as exc:
             click.echo(f"{name}: {exc}", err=True)
             sys.exit(2)
@@ -167,4 +173,5 @@ def service_command(name: str, factory: Factory, keeps_state: bool = False) -> c
                 f"/tmp/elastic-UID/state/{name}).",
             )
         )
+    params.extend(options)
     return click.Command(name, callback=run, params=params, help=f"Run the {name} service.")

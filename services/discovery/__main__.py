@@ -1,20 +1,52 @@
-"""`python -m services.discovery`: run discovery."""
+"""`python -m services.discovery`: run discovery; with --kubernetes-selector, its hosts are the Ready pods of that
+label selector (services/discovery/kubernetes.py)."""
+
+import click
 
 from services.cli import service_command
+from services.discovery.kubernetes import ApiServer, PodSource, default_namespace
 from services.discovery.marks_log import MarksLog
 from services.discovery.service import DiscoveryService
 
-main = service_command(
-    "discovery",
-    lambda bind, connect, timing, security, log, replica: DiscoveryService(
+KUBERNETES_OPTIONS = [
+    click.Option(
+        ["--kubernetes-selector"],
+        envvar="ELASTIC_KUBERNETES_SELECTOR",
+        metavar="SELECTOR",
+        default=None,
+        help="Take the hosts from the Kubernetes API: the Ready pods matching this label selector (key=value,...), "
+        "host = pod name, slots = annotation elastic/slots, else the pod's nvidia.com/gpu limit, else the agent's "
+        "--slots. A job may not name a discovery script then.",
+    ),
+    click.Option(
+        ["--kubernetes-namespace"],
+        envvar="ELASTIC_KUBERNETES_NAMESPACE",
+        metavar="NS",
+        default=None,
+        help="The pods' namespace (default: the service account's, else default).",
+    ),
+]
+
+
+def discovery(
+    bind, connect, timing, security, log, replica, kubernetes_selector, kubernetes_namespace
+) -> DiscoveryService:
+    pods = None
+    if kubernetes_selector:
+        namespace = kubernetes_namespace or default_namespace()
+        pods = PodSource(ApiServer.from_env(), namespace, kubernetes_selector, log.bind(source="kubernetes"))
+    return DiscoveryService(
         bind.discovery,
         connect.notifier,
         timing,
         marks_log=MarksLog(replica) if replica is not None else None,
+        pods=pods,
         security=security,
         log=log,
-    ),
-)
+    )
+
+
+main = service_command("discovery", discovery, options=KUBERNETES_OPTIONS)
 
 if __name__ == "__main__":
     main()

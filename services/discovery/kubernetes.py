@@ -71,7 +71,7 @@ class ApiServer:
         if os.environ.get(API_ENV):
             url = os.environ[API_ENV].rstrip("/")
             if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-                raise ValueError(f"{API_ENV}={url!r} is not http://HOST:PORT or https://HOST:PORT")
+                raise ValueError(f"{API_ENV}={url!r}: not http://HOST:PORT or https://HOST:PORT")
             return cls(url)
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
@@ -162,16 +162,19 @@ class PodSource:
     def _run(self) -> None:
         delay = self.retry[0]
         while not self._stopping.is_set():
+            listed = False
             try:
                 if self._table.resource_version is None:
                     self._list()
+                    listed = True
                 self._watch()
                 delay = self.retry[0]
                 continue
             except Gone as exc:
                 self.log.info("kubernetes_relist", selector=self.selector, reason=str(exc))
                 self._table.resource_version = None
-                continue
+                if not listed:
+                    continue  # the watch fell behind: list again at once (a list's own version gone: after a wait)
             except Forbidden as exc:
                 self._failed("kubernetes_forbidden", str(exc))
             except KubernetesError as exc:

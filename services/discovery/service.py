@@ -1,5 +1,9 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
+With `pods` (services/discovery/kubernetes.py), the Ready pods of a label selector stand where a script's hosts
+would: no host is usable before their first list, a change wakes the loop at once, and a job that names a script
+too is refused (`configure` and `restore` answer bad_request).
+
 Messages:
 - register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}: an agent
   (re)starts; warm=False while its workers start.
@@ -65,6 +69,7 @@ from bus.service import Request, RequestError, Service, field, handles
 from services.discovery import bodies
 from services.discovery.brief import BriefGenerations
 from services.discovery.hostset import LOST, HostSet, compare, effective, hosts_diff, hosts_updated_body
+from services.discovery.kubernetes import PodSource, pods_and_script
 from services.discovery.marks_log import MarksLog, MarksLogError, raw_marks
 from services.discovery.metrics import HEARTBEATS_BY_STATUS, METRICS_INTERVAL, count_hosts_by_state
 from services.discovery.script import DiscoveryScript
@@ -78,7 +83,13 @@ class DiscoveryService(Service):
     name = "discovery"
 
     def __init__(
-        self, endpoint: str, notifier_endpoint: str, timing: Timing, marks_log: MarksLog | None = None, **kw: Any
+        self,
+        endpoint: str,
+        notifier_endpoint: str,
+        timing: Timing,
+        marks_log: MarksLog | None = None,
+        pods: PodSource | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(endpoint, **kw)
         self.timing = timing
@@ -102,6 +113,11 @@ class DiscoveryService(Service):
         self.every(timing.discovery_poll, self._poll_script)
         self.every(METRICS_INTERVAL, self._update_metrics)
         self.every(COALESCE_WINDOW, self._publish_change)
+        self.pods = pods
+        if pods is not None:
+            self.hostset.script_hosts = {}
+            self.watch(pods.fileno(), self._poll_script)
+            pods.start()
 
     # -- agents --------------------------------------------------------------------------------
     @handles("register")
@@ -318,16 +334,18 @@ class DiscoveryService(Service):
 
     def _settings(self, body: dict[str, Any]) -> None:
         settings = bodies.settings(body)
+        if self.pods is not None and settings.discovery_script:
+            raise RequestError("bad_request", pods_and_script(settings.discovery_script))
         self.max_np, self.script.path = settings.max_np, settings.discovery_script
         self.hostset.cooldown_range = settings.cooldown
-        self.hostset.script_hosts = None
+        self.hostset.script_hosts = None if self.pods is None else self.pods.hosts() or {}
 
     # -- discovery script ----------------------------------------------------------------------
     def _poll_script(self) -> None:
         self._read_script(wait=False)
 
     def _read_script(self, wait: bool) -> None:
-        hosts = self.script.run(wait)
+        hosts = self.script.run(wait) if self.pods is None else self.pods.take()
         if hosts is not None and hosts != self.hostset.script_hosts:
             self.hostset.script_hosts = hosts
             self._changed()
@@ -375,4 +393,6 @@ class DiscoveryService(Service):
 
     def close(self) -> None:
         self.script.stop()
+        if self.pods is not None:
+            self.pods.stop()
         super().close()

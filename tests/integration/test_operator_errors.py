@@ -122,6 +122,31 @@ def test_a_bad_bind_host_stops_the_service() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (
+            ["--kubernetes-selector", "app=elastic"],
+            {},
+            "--kubernetes-selector needs the Kubernetes API: not in a pod, and ELASTIC_KUBERNETES_API is unset",
+        ),
+        (
+            [],
+            {"ELASTIC_KUBERNETES_SELECTOR": "app=elastic,", "ELASTIC_KUBERNETES_API": "http://127.0.0.1:1"},
+            "--kubernetes-selector='app=elastic,': not a label selector (want key=value[,key=value...])",
+        ),
+        (
+            ["--kubernetes-selector", "app=elastic"],
+            {"ELASTIC_KUBERNETES_API": "127.0.0.1:8001"},
+            "ELASTIC_KUBERNETES_API='127.0.0.1:8001': not http://HOST:PORT or https://HOST:PORT",
+        ),
+    ],
+)
+def test_discovery_refuses_a_kubernetes_source_it_cannot_use(args: list[str], env: dict[str, str], line: str) -> None:
+    clean = {k: v for k, v in _clean_env(**env).items() if not k.startswith("KUBERNETES_")}
+    _assert_one_line(_run(["-m", "services.discovery", *args], clean), f"discovery: {line}")
+
+
 # -- the agent -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "env", "line"),
