@@ -1,0 +1,255 @@
+"""A Kubernetes API server on loopback for the pods of one namespace, speaking the real protocol as far as discovery
+uses it (none can be installed here): list and watch, for tests of services/discovery/kubernetes.py.
+
+- `GET /api/v1/namespaces/NS/pods?labelSelector=S`: a PodList of the matching pods, metadata.resourceVersion set.
+  Selectors: equality terms (`k=v`, `k==v`, `k!=v`), comma-joined.
+- the same with `watch=1&resourceVersion=RV[&allowWatchBookmarks=true][&timeoutSeconds=N]`: a chunked stream of JSON
+  lines {type: ADDED | MODIFIED | DELETED | BOOKMARK | ERROR, object}, from the events after RV; an RV older than
+  the bounded history kept gets an ERROR event of code 410, or HTTP 410 where `gone_over_http` is set.
+  `compact()` drops the history: every RV up to then is too old, and each open watch ends as one that can no
+  longer be served (the ERROR event; with `gone_over_http`, broken off, to find the 410 when it resumes).
+  BOOKMARKs go out every `bookmark_every` seconds to watches that asked for them.
+- `forbid(True)`: every request answered 403, as to a service account without the verbs.
+
+Tests change pods with add_pod, set_ready, mark_deleting, delete_pod, and cut every open watch with cut_streams.
+`calls` records each request as (verb, resourceVersion asked for).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Pod = dict[str, Any]
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = (part.strip() for part in term.split("!=", 1))
+            if labels.get(key) == value:
+                return False
+            continue
+        key, value = (part.strip() for part in term.replace("==", "=").split("=", 1))
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class KubeApiServer:
+    """The API server, serving on 127.0.0.1 (`url`) from construction until `close()`."""
+
+    def __init__(self, namespace: str = "default", history: int = 1000, bookmark_every: float | None = None) -> None:
+        self.namespace = namespace
+        self.bookmark_every = bookmark_every
+        self.gone_over_http = False
+        self.calls: list[tuple[str, str | None]] = []
+        self._pods: dict[str, Pod] = {}
+        self._version = 100
+        self._history: deque[tuple[int, str, Pod]] = deque(maxlen=history)
+        self._too_old = 0  # a watch from this resourceVersion or an older one gets 410 Gone
+        self._compactions = 0
+        self._forbidden = False
+        self._cuts = 0
+        self._closing = False
+        self._changed = threading.Condition()
+        handler = type("Handler", (_Handler,), {"api": self})
+        self._server = _Server(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    # -- what tests do to the pods -------------------------------------------------------------
+    def add_pod(
+        self, name: str, labels: dict[str, str], gpus: int = 0, annotations: dict[str, str] | None = None
+    ) -> None:
+        limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+        pod = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": labels, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "agent", "resources": {"limits": limits}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]},
+        }
+        self._record("ADDED", name, pod)
+
+    def set_ready(self, name: str, ready: bool) -> None:
+        pod = json.loads(json.dumps(self._pods[name]))
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        self._record("MODIFIED", name, pod)
+
+    def mark_deleting(self, name: str) -> None:
+        pod = json.loads(json.dumps(self._pods[name]))
+        pod["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._record("MODIFIED", name, pod)
+
+    def delete_pod(self, name: str) -> None:
+        self._record("DELETED", name, json.loads(json.dumps(self._pods[name])))
+
+    def compact(self) -> None:
+        """Forget the history: a watch from any resourceVersion up to now gets 410 Gone, an open one ends."""
+        with self._changed:
+            self._history.clear()
+            self._version += 1  # as another object's change would: a list from now on watches from after it
+            self._too_old = self._version - 1
+            self._compactions += 1
+            self._changed.notify_all()
+
+    def forbid(self, forbidden: bool) -> None:
+        self._forbidden = forbidden
+
+    def cut_streams(self) -> None:
+        """End every open watch abruptly, as a connection that breaks."""
+        with self._changed:
+            self._cuts += 1
+            self._changed.notify_all()
+
+    def _record(self, kind: str, name: str, pod: Pod) -> None:
+        with self._changed:
+            self._version += 1
+            pod["metadata"]["resourceVersion"] = str(self._version)
+            if kind == "DELETED":
+                del self._pods[name]
+            else:
+                self._pods[name] = pod
+            if len(self._history) == self._history.maxlen:
+                self._too_old = max(self._too_old, self._history[0][0] - 1)  # the event after it is dropped now
+            self._history.append((self._version, kind, pod))
+            self._changed.notify_all()
+
+    # -- what the handler asks -----------------------------------------------------------------
+    def pod_list(self, selector: str) -> dict[str, Any]:
+        with self._changed:
+            items = [pod for pod in self._pods.values() if selector_matches(selector, pod["metadata"]["labels"])]
+            return {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self._version)},
+                "items": items,
+            }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a pod source stopped, a stream cut) is no error of the server's."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: KubeApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        api = self.api
+        url = urlsplit(self.path)
+        query = {key: values[0] for key, values in parse_qs(url.query).items()}
+        watching = query.get("watch") in ("1", "true")
+        api.calls.append(("watch" if watching else "list", query.get("resourceVersion")))
+        if url.path != f"/api/v1/namespaces/{api.namespace}/pods":
+            return self._status(404, "NotFound", f"no such path {url.path}")
+        if api._forbidden:
+            verb = "watch" if watching else "list"
+            return self._status(
+                403, "Forbidden", f'pods is forbidden: cannot {verb} resource "pods" in namespace "{api.namespace}"'
+            )
+        selector = query.get("labelSelector", "")
+        if not watching:
+            return self._json(200, api.pod_list(selector))
+        self._watch(selector, int(query.get("resourceVersion") or api._version), query)
+
+    def _watch(self, selector: str, since: int, query: dict[str, str]) -> None:
+        api = self.api
+        with api._changed:
+            too_old, compactions = since <= api._too_old, api._compactions
+        if too_old and api.gone_over_http:
+            return self._status(410, "Expired", f"too old resource version: {since} ({api._too_old})")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if too_old:
+            return self._gone(since)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") == "true" and api.bookmark_every is not None
+        next_bookmark = time.monotonic() + (api.bookmark_every or 0)
+        cuts, cursor = api._cuts, since
+        while True:
+            with api._changed:
+                if not self._after(cursor):
+                    api._changed.wait(
+                        max(0.0, (min(deadline, next_bookmark) if bookmarks else deadline) - time.monotonic())
+                    )
+                gone = api._compactions != compactions and not api.gone_over_http
+                ended = api._cuts != cuts or api._closing or api._compactions != compactions
+                events = self._after(cursor)
+            if gone:
+                return self._gone(cursor)
+            if ended:
+                self.close_connection = True
+                return  # no last chunk: the stream breaks off
+            for rv, kind, pod in events:
+                cursor = rv
+                if selector_matches(selector, pod["metadata"]["labels"]):
+                    self._chunk({"type": kind, "object": pod})
+            now = time.monotonic()
+            if now >= deadline:
+                return self._end()
+            if bookmarks and now >= next_bookmark:
+                bookmark = {"kind": "Pod", "metadata": {"resourceVersion": str(cursor)}}  # all before it were sent
+                self._chunk({"type": "BOOKMARK", "object": bookmark})
+                next_bookmark = now + (api.bookmark_every or 0)
+
+    def _after(self, cursor: int) -> list[tuple[int, str, Pod]]:
+        return [event for event in self.api._history if event[0] > cursor]
+
+    def _gone(self, since: int) -> None:
+        gone = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410}
+        self._chunk({"type": "ERROR", "object": {**gone, "message": f"too old resource version: {since}"}})
+        self._end()
+
+    def _chunk(self, event: dict[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _json(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._json(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": reason,
+                "message": message,
+                "code": code,
+            },
+        )

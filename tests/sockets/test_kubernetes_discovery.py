@@ -1,0 +1,249 @@
+"""Discovery taking its hosts from the Kubernetes API (a loopback API server, testing/kube_apiserver.py): a pod made
+Ready is available within a second of the event, a pod deleted or being deleted leaves, a watch cut off resumes
+where it was with no event lost, a 410 lists again, and a 403, an unreachable API and a selector that matches
+nothing are each said once."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bus.client import Client, ServiceError
+from bus.config import Timing
+from services.discovery.kubernetes import ApiServer, PodSource
+from services.discovery.service import DiscoveryService
+from services.notifier.service import NotifierService
+from testing.harness import free_ports, serve_in_thread, wait_for
+from testing.kube_apiserver import KubeApiServer
+
+NAMESPACE = "ml"
+SELECTOR = "app=elastic,tier=worker"
+LABELS = {"app": "elastic", "tier": "worker"}
+EVENT_TO_ROUND = 1.0  # seconds from a pod's event to its host in the job's next round (issue 34)
+
+
+class RecordedLog:
+    """What the pod source says: (level, event, fields) per line."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.lines.append(("warning", event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.lines.append(("info", event, fields))
+
+    def said(self, event: str) -> list[dict[str, Any]]:
+        return [fields for _, name, fields in list(self.lines) if name == event]
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    server = KubeApiServer(NAMESPACE, bookmark_every=0.1)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def log() -> RecordedLog:
+    return RecordedLog()
+
+
+def pod_source(api: KubeApiServer, log: RecordedLog, selector: str = SELECTOR, url: str = "") -> PodSource:
+    return PodSource(
+        ApiServer(url or api.url), NAMESPACE, selector, log, watch_seconds=2, read_timeout=3.0, retry=(0.05, 0.2)
+    )
+
+
+@pytest.fixture
+def discovery(notifier: NotifierService, api: KubeApiServer, log: RecordedLog) -> Iterator[DiscoveryService]:
+    service = DiscoveryService(
+        f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0), pods=pod_source(api, log)
+    )
+    yield from serve_in_thread(service)  # type: ignore[misc]
+
+
+@pytest.fixture
+def agent(discovery: DiscoveryService) -> Iterator[Client]:
+    client = Client(discovery.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+    client.request("configure", {"cooldown": [600, 600]})
+    yield client
+    client.close()
+
+
+def available(agent: Client) -> dict[str, list[int]]:
+    return {name: slots for name, slots in agent.request("hosts").body["available"]}
+
+
+def register(agent: Client, *hosts: str, slots: int = 4) -> None:
+    for host in hosts:
+        agent.request("register", {"host": host, "slots": slots, "incarnation": f"{host}-1"})
+
+
+def within(agent: Client, expected: dict[str, list[int]], seconds: float = EVENT_TO_ROUND) -> None:
+    wait_for(lambda: available(agent) == expected, seconds, f"available hosts {expected}", interval=0.01)
+
+
+def test_a_ready_pod_is_available_within_a_second_and_leaves_when_deleted_or_deleting(
+    api: KubeApiServer, agent: Client
+) -> None:
+    register(agent, "worker-0", "worker-1", "worker-2", "stranger")
+    wait_for(lambda: api.calls[-1:] and api.calls[-1][0] == "watch", 5, "the pod source watching")
+    assert available(agent) == {}, "no registered agent is usable before its pod is listed and Ready"
+    api.add_pod("worker-0", LABELS, gpus=2)
+    api.add_pod("worker-1", LABELS, annotations={"elastic/slots": "3"})
+    api.add_pod("worker-2", LABELS)
+    api.add_pod("stranger", {"app": "elastic", "tier": "control"})
+    api.set_ready("stranger", True)
+    assert available(agent) == {}, "not Ready yet"
+    api.set_ready("worker-0", True)
+    within(agent, {"worker-0": [0, 1]})
+    api.set_ready("worker-1", True)
+    api.set_ready("worker-2", True)
+    within(agent, {"worker-0": [0, 1], "worker-1": [0, 1, 2], "worker-2": [0, 1, 2, 3]})
+    api.mark_deleting("worker-1")
+    within(agent, {"worker-0": [0, 1], "worker-2": [0, 1, 2, 3]})
+    api.delete_pod("worker-2")
+    within(agent, {"worker-0": [0, 1]})
+    api.set_ready("worker-0", False)
+    within(agent, {})
+
+
+def test_a_pod_ready_before_its_agent_registers_is_available_when_it_does(
+    api: KubeApiServer, discovery: DiscoveryService, agent: Client
+) -> None:
+    api.add_pod("worker-0", LABELS)
+    api.set_ready("worker-0", True)
+    wait_for(lambda: discovery.pods and discovery.pods.hosts() == {"worker-0": None}, 5, "worker-0 listed")
+    register(agent, "worker-0")
+    assert available(agent) == {"worker-0": [0, 1, 2, 3]}
+
+
+def test_cut_streams_resume_from_the_last_resource_version_with_no_event_lost(
+    api: KubeApiServer, agent: Client
+) -> None:
+    register(agent, *(f"worker-{i}" for i in range(6)))
+    for i in range(6):
+        api.add_pod(f"worker-{i}", LABELS, gpus=1)
+    for i in range(3):
+        api.set_ready(f"worker-{i}", True)
+    within(agent, {f"worker-{i}": [0] for i in range(3)})
+    for i in range(3, 6):
+        watches = [verb for verb, _ in api.calls].count("watch")
+        api.cut_streams()
+        api.set_ready(f"worker-{i}", True)  # while no watch is open, or racing the new one
+        wait_for(lambda n=watches: [verb for verb, _ in api.calls].count("watch") > n, 5, "a new watch", interval=0.01)
+    api.delete_pod("worker-0")
+    within(agent, {f"worker-{i}": [0] for i in range(1, 6)})
+    lists = [call for call in api.calls if call[0] == "list"]
+    assert len(lists) == 1, f"resumed by watching again, never listed again: {api.calls}"
+    resumed = [rv for verb, rv in api.calls if verb == "watch"]
+    assert resumed == sorted(resumed, key=int) and len(resumed) >= 4
+
+
+def test_a_410_lists_again_and_the_hosts_are_those_of_the_new_list(
+    api: KubeApiServer, agent: Client, log: RecordedLog
+) -> None:
+    register(agent, "worker-0", "worker-1", "worker-2")
+    for name in ("worker-0", "worker-1"):
+        api.add_pod(name, LABELS)
+        api.set_ready(name, True)
+    within(agent, {"worker-0": [0, 1, 2, 3], "worker-1": [0, 1, 2, 3]})
+    api.delete_pod("worker-0")
+    api.compact()  # the open watch ends with an ERROR event of code 410
+    wait_for(lambda: len(log.said("kubernetes_relist")) == 1, 5, "a relist", interval=0.01)
+    within(agent, {"worker-1": [0, 1, 2, 3]})
+    api.gone_over_http = True
+    api.add_pod("worker-2", LABELS)
+    api.set_ready("worker-2", True)
+    api.compact()  # the open watch breaks off, and the one that resumes it is answered HTTP 410
+    wait_for(lambda: len(log.said("kubernetes_relist")) == 2, 5, "a relist after HTTP 410", interval=0.01)
+    within(agent, {"worker-1": [0, 1, 2, 3], "worker-2": [0, 1, 2, 3]})
+    assert [verb for verb, _ in api.calls].count("list") == 3
+    assert log.said("kubernetes_forbidden") == log.said("kubernetes_unreachable") == []
+
+
+def test_a_forbidden_api_is_said_once_naming_the_verb_and_retried(
+    api: KubeApiServer, agent: Client, log: RecordedLog
+) -> None:
+    register(agent, "worker-0")
+    api.add_pod("worker-0", LABELS)
+    api.set_ready("worker-0", True)
+    within(agent, {"worker-0": [0, 1, 2, 3]})
+    api.forbid(True)
+    api.cut_streams()
+    wait_for(lambda: [verb for verb, _ in api.calls[-3:]] == ["list"] * 3, 5, "three refused lists", interval=0.01)
+    assert [fields["reason"] for fields in log.said("kubernetes_forbidden")] == [
+        f"the service account may not watch pods in namespace {NAMESPACE} (RBAC: pods get, list, watch)"
+    ], "one line per outage, naming the verb"
+    assert available(agent) == {"worker-0": [0, 1, 2, 3]}, "the last hosts listed stay in force"
+    api.delete_pod("worker-0")
+    api.forbid(False)
+    within(agent, {}, seconds=2.0)
+    assert len(log.said("kubernetes_recovered")) == 1 and len(log.said("kubernetes_forbidden")) == 1
+
+
+def test_a_selector_matching_nothing_is_said_once(api: KubeApiServer, log: RecordedLog) -> None:
+    source = pod_source(api, log, selector="app=nothing-here")
+    source.start()
+    try:
+        wait_for(lambda: source.hosts() == {}, 5, "the first list")
+        for i in range(3):
+            api.add_pod(f"other-{i}", LABELS)
+            api.compact()
+            wait_for(lambda n=i: [verb for verb, _ in api.calls].count("list") == n + 2, 5, "a list", interval=0.01)
+        assert [fields["selector"] for fields in log.said("kubernetes_no_pods")] == ["app=nothing-here"]
+    finally:
+        source.stop()
+
+
+@pytest.fixture
+def hangup() -> Iterator[tuple[str, list[int]]]:
+    """An API address that accepts connections and hangs up at once, and how many it accepted."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", accepted
+    listener.shutdown(socket.SHUT_RDWR)
+    listener.close()
+    thread.join(timeout=5)
+
+
+def test_an_unreachable_api_is_said_once_and_no_host_is_usable(
+    notifier: NotifierService, api: KubeApiServer, log: RecordedLog, hangup: tuple[str, list[int]]
+) -> None:
+    url, accepted = hangup
+    source = pod_source(api, log, url=url)
+    service = DiscoveryService(
+        f"tcp://127.0.0.1:{free_ports(1)[0]}", notifier.endpoint, Timing(heartbeat=30.0), pods=source
+    )
+    for running in serve_in_thread(service):
+        client = Client(running.endpoint, "test-agent", timeout=2.0, deadline=5.0)
+        try:
+            register(client, "worker-0")
+            wait_for(lambda: len(accepted) >= 3, 5, "three tries")
+            assert source.hosts() is None and available(client) == {}
+            assert [event for _, event, _ in log.lines] == ["kubernetes_unreachable"]
+        finally:
+            client.close()
+
+
+def test_a_job_that_names_a_discovery_script_is_refused_where_pods_are_watched(agent: Client) -> None:
+    with pytest.raises(ServiceError, match="may not name a discovery script"):
+        agent.request("configure", {"discovery_script": "/bin/true"})
