@@ -132,6 +132,11 @@ class PodSource:
     def hosts(self) -> dict[str, int | None] | None:
         return self._hosts
 
+    @property
+    def resource_version(self) -> str | None:
+        """Where the next watch resumes (None: it lists first)."""
+        return self._table.resource_version
+
     def fileno(self) -> int:
         """A descriptor readable after a change; `take()` empties it."""
         return self._wake_read
@@ -167,7 +172,8 @@ class PodSource:
                 if self._table.resource_version is None:
                     self._list()
                     listed = True
-                self._watch()
+                if not self._watch():
+                    self._stopping.wait(self.retry[0])  # ended with nothing read: an API that ends watches at once
                 delay = self.retry[0]
                 continue
             except Gone as exc:
@@ -177,8 +183,8 @@ class PodSource:
                     continue  # the watch fell behind: list again at once (a list's own version gone: after a wait)
             except Forbidden as exc:
                 self._failed("kubernetes_forbidden", str(exc))
-            except KubernetesError as exc:
-                self._failed("kubernetes_unreachable", str(exc))
+            except (KubernetesError, OSError, http.client.HTTPException) as exc:  # the last two: a read cut short
+                self._failed("kubernetes_unreachable", str(exc) or repr(exc))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not the JSON of a PodList or event
                 self._failed("kubernetes_bad_answer", repr(exc))
             self._stopping.wait(delay)
@@ -208,7 +214,8 @@ class PodSource:
         if self._table.replace(pod_list) or self._hosts is None:
             self._publish()
 
-    def _watch(self) -> None:
+    def _watch(self) -> int:
+        """Watch from the table's resourceVersion until the stream ends; how many events it brought."""
         path = pods_path(
             self.namespace,
             self.selector,
@@ -217,11 +224,14 @@ class PodSource:
             allowWatchBookmarks="true",
             timeoutSeconds=str(self.watch_seconds),
         )
+        events = 0
         with self._get("watch", path) as response:
             self._answered()
             for event in _events(response):
+                events += 1
                 if self._table.apply(event):
                     self._publish()
+        return events
 
     def _publish(self) -> None:
         self._hosts = dict(self._table.hosts)

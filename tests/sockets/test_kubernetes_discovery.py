@@ -146,6 +146,39 @@ def test_cut_streams_resume_from_the_last_resource_version_with_no_event_lost(
     assert resumed == sorted(resumed, key=int) and len(resumed) >= 4
 
 
+def test_bookmarks_carry_the_resource_version_past_events_of_other_pods(api: KubeApiServer, log: RecordedLog) -> None:
+    source = pod_source(api, log)
+    source.start()
+    try:
+        wait_for(lambda: source.hosts() == {}, 5, "the first list")
+        for i in range(3):
+            api.add_pod(f"control-{i}", {"app": "elastic", "tier": "control"})  # not the selector's: never sent
+        last = api.pod_list("")["metadata"]["resourceVersion"]
+        wait_for(lambda: source.resource_version == last, 5, "a bookmark at the last version", interval=0.01)
+        api.cut_streams()
+        wait_for(lambda: ("watch", last) in api.calls, 5, "a watch resumed from the bookmark", interval=0.01)
+        assert source.hosts() == {} and [verb for verb, _ in api.calls].count("list") == 1
+    finally:
+        source.stop()
+
+
+def test_a_silent_watch_is_watched_again_from_where_it_was(api: KubeApiServer, log: RecordedLog) -> None:
+    api.bookmark_every = None
+    source = PodSource(ApiServer(api.url), NAMESPACE, SELECTOR, log, watch_seconds=60, read_timeout=0.2)
+    api.add_pod("worker-0", LABELS)
+    api.set_ready("worker-0", True)
+    source.start()
+    try:
+        wait_for(lambda: source.hosts() == {"worker-0": None}, 5, "worker-0")
+        since = source.resource_version
+        wait_for(lambda: api.calls.count(("watch", since)) >= 3, 5, "watched again after silences", interval=0.01)
+        api.delete_pod("worker-0")
+        wait_for(lambda: source.hosts() == {}, 1, "worker-0 gone")
+        assert [verb for verb, _ in api.calls].count("list") == 1 and log.lines == []
+    finally:
+        source.stop()
+
+
 def test_a_410_lists_again_and_the_hosts_are_those_of_the_new_list(
     api: KubeApiServer, agent: Client, log: RecordedLog
 ) -> None:
