@@ -1,8 +1,12 @@
 """`python -m services.discovery`: run discovery; with --kubernetes-selector, its hosts are the Ready pods of that
 label selector (services/discovery/kubernetes.py)."""
 
+from typing import Any
+
 import click
 
+from bus.config import Endpoints, Timing
+from bus.sockets import Security
 from services.cli import service_command
 from services.discovery.kubernetes import ApiServer, PodSource, default_namespace
 from services.discovery.marks_log import MarksLog
@@ -29,8 +33,16 @@ KUBERNETES_OPTIONS = [
 
 
 def discovery(
-    bind, connect, timing, security, log, replica, kubernetes_selector, kubernetes_namespace
+    bind: Endpoints,
+    connect: Endpoints,
+    timing: Timing,
+    security: Security,
+    log: Any,
+    replica: Any,
+    kubernetes_selector: str | None,
+    kubernetes_namespace: str | None,
 ) -> DiscoveryService:
+    """The service; with a selector, watching the pods it matches."""
     pods = None
     if kubernetes_selector:
         namespace = kubernetes_namespace or default_namespace()
