@@ -1,4 +1,5 @@
-# Image for the control-plane services (see docker-compose.yml, which sets each container's command).
+# The project's one image: the control-plane services (docker-compose.yml sets each container's command), the agents
+# and elasticctl (the Helm chart in deploy/helm/elastic/ runs all three from it).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -21,6 +22,8 @@ COPY snapshot/ snapshot/
 COPY slot_processes/ slot_processes/
 COPY replication/ replication/
 RUN pip install . && rm -rf build *.egg-info
+# The examples, so that a job can be tried on a cluster as is (elasticctl run -- python examples/train.py).
+COPY examples/ examples/
 
 RUN useradd --create-home --uid 10001 --user-group elastic
 # The registry's state directory; a named volume mounted here starts with this owner.
@@ -32,4 +35,4 @@ EXPOSE 5550-5554
 # their Prometheus metrics (HTTP), in the same order, with --metrics-port
 EXPOSE 9550-9553
 
-# No CMD of our own: docker-compose.yml sets `python -m services.<name>` per service.
+# No CMD of our own: docker-compose.yml and the chart set `python -m services.<name>`, elastic-agent or elasticctl.
