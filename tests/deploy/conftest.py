@@ -4,6 +4,7 @@ here fails, none skips) and the chart rendered once per ci/*-values.yaml."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ def helm_binary() -> Path:
     venv = Path(sys.prefix)
     result = subprocess.run(
         [str(REPO / "scripts" / "k8s-tools.sh")],
-        env={"ELASTIC_VENV": str(venv), "PATH": f"{venv / 'bin'}:/usr/bin:/bin"},
+        env={**os.environ, "ELASTIC_VENV": str(venv)},
         capture_output=True,
         text=True,
         timeout=300,
