@@ -77,6 +77,9 @@ def test_selectors_match_pod_labels(ci_values: str) -> None:
             assert port["targetPort"] in named, f"{service['metadata']['name']}: no container port {port['targetPort']}"
         if target["kind"] == "StatefulSet":
             assert target["spec"]["serviceName"] == service["metadata"]["name"]
+    for budget in [obj for obj in objects if obj["kind"] == "PodDisruptionBudget"]:
+        selector = budget["spec"]["selector"]["matchLabels"].items()
+        assert len([w for w in workloads(objects) if selector <= pod_labels(w).items()]) == 1
 
 
 def test_service_ports_are_the_cli_defaults(ci_values: str) -> None:
@@ -245,6 +248,10 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
     assert flags["--initial-cluster"] == ",".join(
         f"elastic-etcd-{i}=http://elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2380" for i in range(3)
     )
+    budgets = {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "PodDisruptionBudget"}
+    assert {name: spec["maxUnavailable"] for name, spec in budgets.items()} == {
+        f"elastic-{name}": 1 for name in ("etcd", *SERVICES)
+    }, "a drain takes one member or replica at a time"
     compose = yaml.safe_load((REPO / "docker-compose.replicated.yml").read_text())
     compose_flags = {arg.split("=", 1)[0] for arg in compose["services"]["etcd-1"]["command"][1:]}
     assert set(flags) == compose_flags, "the same etcd flags as docker-compose.replicated.yml"
