@@ -9,7 +9,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # torch first, from the CPU-only index (the default wheel pulls in CUDA), in its own layer so
 # changes to the project do not reinstall it. `pip install .` below then finds torch satisfied.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# GPU agents need a CUDA build: docker build --build-arg TORCH_INDEX=<PyTorch's index of the CUDA build you run>.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.13.0 --index-url "$TORCH_INDEX"
 
 WORKDIR /app
 COPY pyproject.toml ./
