@@ -56,7 +56,11 @@ def render(values: str | None = None, *sets: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(render_text(values, *sets)) if doc]
 
 
-@pytest.fixture(params=[str(path) for path in CI_VALUES], ids=[path.name for path in CI_VALUES])
+# Each ci values file, and the chart's own defaults (what deploy/k8s/elastic.yaml holds).
+RENDERED = [*CI_VALUES, CHART / "values.yaml"]
+
+
+@pytest.fixture(params=[str(path) for path in RENDERED], ids=[path.name for path in RENDERED])
 def ci_values(request: pytest.FixtureRequest) -> str:
     return request.param
 
