@@ -6,9 +6,7 @@ and when the active registry pod is killed the other takes over."""
 
 from __future__ import annotations
 
-import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,13 +18,12 @@ from typing import Any
 import pytest
 
 from bus.config import DEFAULT_PORTS
-from replication.election import leader_key
-from replication.etcd import EtcdClient
 from replication.etcd_member import etcd_binary
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
 from tests.deploy.test_chart_objects import SERVICES, environment
 from tests.integration.test_compose import ping, stop
+from tests.integration.test_compose_replicated import registry_takes_over
 
 CHART_VALUES = REPO / "deploy/helm/elastic/ci/daemonset-values.yaml"  # the replicated layout, 2 replicas
 
@@ -103,18 +100,9 @@ def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes
         assert ping(endpoints[f"ELASTIC_{name.upper()}_ENDPOINT"], time.monotonic() + 60)["service"] == name
     for pod, url in plane["metrics"].items():
         wait_for(lambda url=url: ready(url), 20, f"{pod}'s readiness probe")
-    client = EtcdClient(plane["etcd"])
-    try:
-
-        def holder(service: str) -> str | None:
-            found = client.get(leader_key("elastic", service))
-            return None if found is None else json.loads(found.value)["replica"]
-
-        active = wait_for(lambda: holder("registry"), 30, "an active registry")
-        assert active in ("elastic-registry-0", "elastic-registry-1")
-        plane["processes"][active].send_signal(signal.SIGKILL)
-        other = {"elastic-registry-0": "elastic-registry-1", "elastic-registry-1": "elastic-registry-0"}[active]
-        wait_for(lambda: holder("registry") == other, 30, f"{other} to take over")
-        assert ping(endpoints["ELASTIC_REGISTRY_ENDPOINT"], time.monotonic() + 30)["service"] == "registry"
-    finally:
-        client.close()
+    registry_takes_over(
+        plane["etcd"],
+        plane["processes"],
+        ("elastic-registry-0", "elastic-registry-1"),
+        endpoints["ELASTIC_REGISTRY_ENDPOINT"],
+    )
