@@ -1,4 +1,5 @@
-# Image for the control-plane services (see docker-compose.yml, which sets each container's command).
+# The project's one image: the control-plane services (docker-compose.yml sets each container's command), the agents
+# and elasticctl (the Helm chart in deploy/helm/elastic/ runs all three from it).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -8,7 +9,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # torch first, from the CPU-only index (the default wheel pulls in CUDA), in its own layer so
 # changes to the project do not reinstall it. `pip install .` below then finds torch satisfied.
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# GPU agents need a CUDA build: docker build --build-arg TORCH_INDEX=<PyTorch's index of the CUDA build you run>.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.13.0 --index-url "$TORCH_INDEX"
 
 WORKDIR /app
 COPY pyproject.toml ./
@@ -21,6 +24,8 @@ COPY snapshot/ snapshot/
 COPY slot_processes/ slot_processes/
 COPY replication/ replication/
 RUN pip install . && rm -rf build *.egg-info
+# The examples, so that a job can be tried on a cluster as is (elasticctl run -- python examples/train.py).
+COPY examples/ examples/
 
 RUN useradd --create-home --uid 10001 --user-group elastic
 # The registry's state directory; a named volume mounted here starts with this owner.
@@ -32,4 +37,4 @@ EXPOSE 5550-5554
 # their Prometheus metrics (HTTP), in the same order, with --metrics-port
 EXPOSE 9550-9553
 
-# No CMD of our own: docker-compose.yml sets `python -m services.<name>` per service.
+# No CMD of our own: docker-compose.yml and the chart set `python -m services.<name>`, elastic-agent or elasticctl.

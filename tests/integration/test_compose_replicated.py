@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -126,24 +125,37 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
             stop(process)
 
 
+def registry_takes_over(
+    etcd: list[str], processes: dict[str, subprocess.Popen[bytes]], replicas: tuple[str, str], endpoint: str
+) -> None:
+    """SIGKILL the active one of the registry's two `replicas` (their names in etcd): the other takes over and
+    answers through the registry's endpoint list."""
+    client = EtcdClient(etcd)
+    try:
+
+        def holder() -> str | None:
+            found = client.get(leader_key("elastic", "registry"))
+            return None if found is None else json.loads(found.value)["replica"]
+
+        active = wait_for(holder, 30, "an active registry")
+        assert active in replicas, active
+        processes[active].send_signal(signal.SIGKILL)
+        (other,) = set(replicas) - {active}
+        wait_for(lambda: holder() == other, 30, f"{other} to take over")
+        assert ping(endpoint, time.monotonic() + 30)["service"] == "registry"
+    finally:
+        client.close()
+
+
 def test_its_commands_run_one_active_replica_of_each_service_and_the_other_takes_over(
     replicated_compose: dict[str, Any],
 ) -> None:
     endpoints = replicated_compose["endpoints"]
     for name in SERVICES:
         assert ping(endpoints[ENDPOINT_VAR[name]], time.monotonic() + 60)["service"] == name
-    client = EtcdClient(replicated_compose["etcd"])
-    try:
-
-        def holder(service: str) -> str | None:
-            found = client.get(leader_key("elastic", service))
-            return None if found is None else json.loads(found.value)["replica"]
-
-        active = wait_for(lambda: holder("registry"), 30, "an active registry")
-        assert re.fullmatch(r"registry-[ab]", active), active
-        replicated_compose["processes"][active].send_signal(signal.SIGKILL)
-        other = {"registry-a": "registry-b", "registry-b": "registry-a"}[active]
-        wait_for(lambda: holder("registry") == other, 30, f"{other} to take over")
-        assert ping(endpoints["ELASTIC_REGISTRY_ENDPOINT"], time.monotonic() + 30)["service"] == "registry"
-    finally:
-        client.close()
+    registry_takes_over(
+        replicated_compose["etcd"],
+        replicated_compose["processes"],
+        ("registry-a", "registry-b"),
+        endpoints["ELASTIC_REGISTRY_ENDPOINT"],
+    )

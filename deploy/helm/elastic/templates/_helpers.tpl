@@ -1,0 +1,188 @@
+{{/* The chart's name, the release's full name, and the labels every object carries. */}}
+{{- define "elastic.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "elastic.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (dict "root" $ "component" NAME) */}}
+{{- define "elastic.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elastic.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "elastic.labels" -}}
+{{ include "elastic.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* The CLI's default ports (bus/config.py DEFAULT_PORTS) and each service's --metrics-port. */}}
+{{- define "elastic.services" -}}
+discovery: {port: 5550, metrics: 9550}
+rendezvous: {port: 5551, metrics: 9551}
+registry: {port: 5552, metrics: 9552}
+notifier: {port: 5553, metrics: 9553, events: 5554}
+{{- end -}}
+
+{{- define "elastic.agentMetricsPort" -}}9555{{- end -}}
+
+{{/* Pods per service: 1 in the single-host layout, else controlPlane.replicas (default 2). */}}
+{{- define "elastic.replicas" -}}
+{{- $r := .Values.controlPlane.replicas -}}
+{{- if eq .Values.controlPlane.layout "single" -}}1{{- else if kindIs "invalid" $r -}}2{{- else -}}{{ int $r }}{{- end -}}
+{{- end -}}
+
+{{/* Values that make no sense together: one line each, through `fail`. */}}
+{{- define "elastic.validate" -}}
+{{- $cp := .Values.controlPlane -}}
+{{- $a := .Values.agents -}}
+{{- if lt (int $a.slots) 1 -}}
+{{- fail (printf "agents.slots must be at least 1, got %v" $a.slots) -}}
+{{- end -}}
+{{- if and (eq $cp.layout "single") (not (kindIs "invalid" $cp.replicas)) (ne (int $cp.replicas) 1) -}}
+{{- fail (printf "controlPlane.replicas %v: the single layout runs one pod per service (its registry writes one SQLite file); use controlPlane.layout=replicated for more" $cp.replicas) -}}
+{{- end -}}
+{{- if and (eq $cp.layout "replicated") (lt (int (include "elastic.replicas" .)) 2) -}}
+{{- fail (printf "controlPlane.replicas %v: the replicated layout needs at least 2 per service" $cp.replicas) -}}
+{{- end -}}
+{{- $limit := dig "limits" "nvidia.com/gpu" nil ($a.resources | default dict) -}}
+{{- if and (not (kindIs "bool" $a.gpus)) (ne (int $a.gpus) 0) (ne (int $a.gpus) (int $a.slots)) -}}
+{{- fail (printf "agents.gpus %v does not match agents.slots %v: each slot is one GPU (nvidia.com/gpu = slots)" $a.gpus $a.slots) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $limit)) (ne (int $limit) (int $a.slots)) -}}
+{{- fail (printf "agents.resources.limits nvidia.com/gpu %v does not match agents.slots %v" $limit $a.slots) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* GPUs per agent pod: 0, or agents.slots. */}}
+{{- define "elastic.gpus" -}}
+{{- $g := .Values.agents.gpus -}}
+{{- if kindIs "bool" $g -}}{{ if $g }}{{ int .Values.agents.slots }}{{ else }}0{{ end }}{{- else -}}{{ int $g }}{{- end -}}
+{{- end -}}
+
+{{/* The hosts of a service's pods, comma-separated: (dict "root" $ "service" NAME). */}}
+{{- define "elastic.hosts" -}}
+{{- $full := include "elastic.fullname" .root -}}
+{{- $svc := printf "%s-%s" $full .service -}}
+{{- if eq .root.Values.controlPlane.layout "single" -}}
+{{- $svc -}}
+{{- else -}}
+{{- $hosts := list -}}
+{{- range $i := until (int (include "elastic.replicas" .root)) -}}
+{{- $hosts = append $hosts (printf "%s-%d.%s.%s.svc" $svc $i $svc $.root.Release.Namespace) -}}
+{{- end -}}
+{{- join "," $hosts -}}
+{{- end -}}
+{{- end -}}
+
+{{/* tcp://HOST:PORT for each host of `service` on `port`: (dict "root" $ "service" NAME "port" PORT). */}}
+{{- define "elastic.endpointList" -}}
+{{- $port := .port -}}
+{{- $list := list -}}
+{{- range $h := splitList "," (include "elastic.hosts" .) -}}
+{{- $list = append $list (printf "tcp://%s:%d" $h (int $port)) -}}
+{{- end -}}
+{{- join "," $list -}}
+{{- end -}}
+
+{{/* The environment every process of the release gets: the five endpoint lists and the security settings. */}}
+{{- define "elastic.commonEnv" -}}
+{{- $root := . -}}
+{{- $services := include "elastic.services" . | fromYaml -}}
+{{- range $name := list "discovery" "rendezvous" "registry" "notifier" }}
+- name: ELASTIC_{{ upper $name }}_ENDPOINT
+  value: {{ include "elastic.endpointList" (dict "root" $root "service" $name "port" (get (get $services $name) "port")) | quote }}
+{{- end }}
+- name: ELASTIC_EVENTS_ENDPOINT
+  value: {{ include "elastic.endpointList" (dict "root" $root "service" "notifier" "port" $services.notifier.events) | quote }}
+{{- if .Values.security.keysSecret }}
+- name: ELASTIC_KEYS
+  value: /keys
+{{- else }}
+- name: ELASTIC_INSECURE
+  value: "1"
+{{- end }}
+{{- end -}}
+
+{{- define "elastic.podName" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end -}}
+
+{{- define "elastic.keysMount" -}}
+{{- if .Values.security.keysSecret }}
+- name: keys
+  mountPath: /keys
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "elastic.keysVolume" -}}
+{{- if .Values.security.keysSecret }}
+- name: keys
+  secret:
+    secretName: {{ .Values.security.keysSecret }}
+    defaultMode: 0440
+    items:
+      - {key: server.key, path: server.key}
+      - {key: server.key_secret, path: server.key_secret}
+      - {key: client.key, path: client.key}
+      - {key: client.key_secret, path: client.key_secret}
+      - {key: client.key, path: authorized/client.key}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level security: the image's user (uid 10001), which owns the mounted volumes through fsGroup. */}}
+{{- define "elastic.podSecurity" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  runAsGroup: 10001
+  fsGroup: 10001
+{{- end -}}
+
+{{- define "elastic.image" -}}
+image: {{ printf "%s:%s" .Values.image.repository .Values.image.tag | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- end -}}
+
+{{/* Spread pods with these selector labels over nodes: (dict "root" $ "component" NAME "mode" required|preferred). */}}
+{{- define "elastic.antiAffinity" -}}
+affinity:
+  podAntiAffinity:
+{{- if eq .mode "required" }}
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "elastic.selectorLabels" . | nindent 12 }}
+{{- else }}
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "elastic.selectorLabels" . | nindent 14 }}
+{{- end }}
+{{- end -}}
+
+{{- define "elastic.etcdStore" -}}
+{{- $full := include "elastic.fullname" . -}}
+{{- $members := list -}}
+{{- range $i := until 3 -}}
+{{- $members = append $members (printf "%s-etcd-%d.%s-etcd.%s.svc:2379" $full $i $full $.Release.Namespace) -}}
+{{- end -}}
+etcd://{{ join "," $members }}
+{{- end -}}

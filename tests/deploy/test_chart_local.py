@@ -1,0 +1,98 @@
+"""The rendered pods run for real, without a cluster: the chart's control-plane containers, two agent pods and the
+Job, each started as a local process from its rendered command and environment ($(POD_NAME) and $(POD_IP)
+substituted, host names and ports moved to 127.0.0.1 and free ports), gated on the rendered readiness probes; the
+job trains to its end, through the deletion of an agent pod (SIGTERM: the agent drains)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.config import DEFAULT_PORTS
+from testing.harness import Cluster, free_ports, wait_for
+from tests.deploy.conftest import render
+from tests.deploy.test_chart_objects import component, containers, environment
+
+COMMANDS = {"python": [sys.executable], "elastic-agent": [sys.executable, "-m", "agent.main"]}
+COMMANDS["elasticctl"] = [sys.executable, "-m", "elasticctl.main"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    instance = Cluster(tmp_path)
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[str]:
+    """A rendered command on this machine: $(VAR) from its environment, our interpreter, endpoints on loopback and
+    every --metrics-port on a free port."""
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in argv]
+    argv = [*COMMANDS.get(argv[0], argv[:1]), *argv[1:]]
+    for i, arg in enumerate(argv):
+        if arg.startswith("tcp://"):
+            argv[i] = f"tcp://127.0.0.1:{ports[int(arg.rpartition(':')[2])]}"
+        if argv[i - 1] == "--metrics-port":
+            (argv[i],) = map(str, free_ports(1))
+    return argv
+
+
+def local_env(cluster: Cluster, rendered: dict[str, str], ports: dict[int, int], tmp: Path) -> dict[str, str]:
+    """A container's rendered environment over the test cluster's (its fast timing, run and shared-memory directories),
+    its endpoints moved to loopback, the registry's volume a directory of this test."""
+    env = dict(cluster.env)
+    for name, value in rendered.items():
+        if name.endswith("_ENDPOINT"):
+            value = ",".join(f"tcp://127.0.0.1:{ports[int(e.rpartition(':')[2])]}" for e in value.split(","))
+        env[name] = value
+    env["ELASTIC_BIND"] = "127.0.0.1"
+    if "ELASTIC_STATE_DIR" in env:
+        env["ELASTIC_STATE_DIR"] = str(tmp / "state")
+    # Discovery from the Kubernetes API has no API server here: the agents' heartbeats find them.
+    for name in ("ELASTIC_KUBERNETES_SELECTOR", "ELASTIC_KUBERNETES_NAMESPACE"):
+        env.pop(name, None)
+    return env
+
+
+def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Cluster, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "job: {enabled: true, minNp: 1, command: [python, examples/train.py, --epochs, '30', --samples, '512']}\n"
+    )
+    objects = render(str(values))
+    ports = {
+        DEFAULT_PORTS[name]: int(endpoint.rpartition(":")[2]) for name, endpoint in vars(cluster.endpoints).items()
+    }
+    by_component: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+    for workload, container in containers(objects):
+        by_component[component(workload)] = (container, environment(container))
+    for name in ("notifier", "discovery", "rendezvous", "registry"):
+        container, rendered = by_component[name]
+        env = local_env(cluster, rendered, ports, tmp_path)
+        cluster.spawn(name, local(container["command"], env, ports), env=env)
+        probe = local(container["readinessProbe"]["exec"]["command"], env, ports)
+        wait_for(lambda: subprocess.run(probe, env=env, capture_output=True).returncode == 0, 30, f"{name} ready")
+    container, rendered = by_component["agent"]
+    for pod in ("elastic-agent-0", "elastic-agent-1"):
+        env = local_env(cluster, {**rendered, "POD_NAME": pod, "POD_IP": "127.0.0.1"}, ports, tmp_path)
+        cluster.spawn(f"agent-{pod}", local(container["command"], env, ports), env=env)
+    hosts = lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}  # noqa: E731
+    wait_for(lambda: hosts() == {"elastic-agent-0", "elastic-agent-1"}, 30, "both agent pods registered")
+    container, rendered = by_component["job"]
+    env = local_env(cluster, rendered, ports, tmp_path)
+    job = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)
+    wait_for(lambda: cluster.job()["state"] == "running" and cluster.job()["size"] == 2, 60, "the job on both pods")
+    # Deleting a pod sends SIGTERM: the agent drains at a commit and the job goes on with the other pod.
+    assert cluster.stop("agent-elastic-agent-1", signal.SIGTERM, timeout=30) == 0
+    assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run")
+    ended = cluster.job()
+    assert ended["state"] == "succeeded" and ended["round"] >= 2 and ended["size"] == 1, "it finished on one pod"

@@ -1,0 +1,108 @@
+"""The replicated layout's rendered pods run for real, without a cluster: the 3 etcd members from their rendered
+command (this machine's etcd; member i on 127.0.0.(i+1)), and both replicas of each service from theirs (replica j on
+127.0.0.(j+1), named by its pod name as a StatefulSet pod's host name names it). Each service answers through its
+rendered endpoint list, the readiness probe answers on the standbys too (so a rolling update never waits on one),
+and when the active registry pod is killed the other takes over."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.config import DEFAULT_PORTS
+from replication.etcd_member import etcd_binary
+from testing.harness import free_ports, wait_for
+from tests.deploy.conftest import NAMESPACE, REPO, render
+from tests.deploy.test_chart_objects import SERVICES, environment
+from tests.integration.test_compose import ping, stop
+from tests.integration.test_compose_replicated import registry_takes_over
+
+CHART_VALUES = REPO / "deploy/helm/elastic/ci/daemonset-values.yaml"  # the replicated layout, 2 replicas
+
+
+def pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(StatefulSet name, pod name, container) of every pod of the control plane's StatefulSets."""
+    for obj in objects:
+        if obj["kind"] == "StatefulSet" and obj["metadata"]["name"] != "elastic-agent":
+            for i in range(obj["spec"]["replicas"]):
+                yield (
+                    obj["metadata"]["name"],
+                    f"{obj['metadata']['name']}-{i}",
+                    obj["spec"]["template"]["spec"]["containers"][0],
+                )
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    objects = render(str(CHART_VALUES))
+    client_port, peer_port, *service_ports = free_ports(2 + len(DEFAULT_PORTS))
+    ports = {2379: client_port, 2380: peer_port, **dict(zip(DEFAULT_PORTS.values(), service_ports))}
+
+    def local(text: str, pod: str) -> str:
+        """A rendered argument or value on this machine: pods' stable names on loopback addresses, free ports."""
+        text = text.replace("$(POD_NAME)", pod)
+        text = re.sub(rf"([a-z-]+)-(\d+)\.\1\.{NAMESPACE}\.svc", lambda m: f"127.0.0.{int(m.group(2)) + 1}", text)
+        text = text.replace("0.0.0.0", f"127.0.0.{int(pod.rpartition('-')[2]) + 1}")
+        return re.sub(r":(\d{4})\b", lambda m: f":{ports.get(int(m.group(1)), int(m.group(1)))}", text)
+
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    metrics: dict[str, str] = {}
+    try:
+        for owner, pod, container in pods(objects):
+            argv = [local(arg, pod) for arg in container["command"]]
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+            if owner == "elastic-etcd":
+                argv = [etcd_binary(), *(a for a in argv[1:] if not a.startswith("--data-dir="))]
+                argv.append(f"--data-dir={tmp_path / pod}")
+            else:
+                env.update({name: local(value, pod) for name, value in environment(container).items()})
+                env.pop("ELASTIC_KUBERNETES_SELECTOR", None)  # no API server here: discovery from heartbeats
+                env["ELASTIC_REPLICA"] = pod  # a StatefulSet pod's host name, which names it when it binds 0.0.0.0
+                argv = [sys.executable if arg == "python" else arg for arg in argv]
+                (port,) = free_ports(1)
+                argv[argv.index("--metrics-port") + 1] = str(port)
+                probe = container["readinessProbe"]["httpGet"]
+                assert probe["port"] == "metrics"
+                metrics[pod] = f"http://{env['ELASTIC_BIND']}:{port}{probe['path']}"
+            with open(tmp_path / f"{pod}.log", "ab") as log:
+                processes[pod] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        registry = next(c for owner, _, c in pods(objects) if owner == "elastic-registry")
+        yield {
+            "processes": processes,
+            "metrics": metrics,
+            "endpoints": {name: local(value, "x-0") for name, value in environment(registry).items()},
+            "etcd": local(environment(registry)["ELASTIC_STORE"], "x-0").removeprefix("etcd://").split(","),
+        }
+    finally:
+        for process in processes.values():
+            stop(process)
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes_over(plane: dict[str, Any]) -> None:
+    endpoints = plane["endpoints"]
+    for name in SERVICES:
+        assert ping(endpoints[f"ELASTIC_{name.upper()}_ENDPOINT"], time.monotonic() + 60)["service"] == name
+    for pod, url in plane["metrics"].items():
+        wait_for(lambda url=url: ready(url), 20, f"{pod}'s readiness probe")
+    registry_takes_over(
+        plane["etcd"],
+        plane["processes"],
+        ("elastic-registry-0", "elastic-registry-1"),
+        endpoints["ELASTIC_REGISTRY_ENDPOINT"],
+    )
