@@ -46,9 +46,13 @@ def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[s
     return argv
 
 
-def local_env(cluster: Cluster, rendered: dict[str, str], ports: dict[int, int], tmp: Path) -> dict[str, str]:
+def local_env(
+    cluster: Cluster, rendered: dict[str, str], ports: dict[int, int], tmp: Path, kubernetes_api: str | None = None
+) -> dict[str, str]:
     """A container's rendered environment over the test cluster's (its fast timing, run and shared-memory directories),
-    its endpoints moved to loopback, the registry's volume a directory of this test."""
+    its endpoints moved to loopback, the registry's volume a directory of this test; discovery from the Kubernetes API
+    pointed at `kubernetes_api` (a loopback API server), or, without one, left out (the agents' heartbeats find
+    them)."""
     env = dict(cluster.env)
     for name, value in rendered.items():
         if name.endswith("_ENDPOINT"):
@@ -57,9 +61,11 @@ def local_env(cluster: Cluster, rendered: dict[str, str], ports: dict[int, int],
     env["ELASTIC_BIND"] = "127.0.0.1"
     if "ELASTIC_STATE_DIR" in env:
         env["ELASTIC_STATE_DIR"] = str(tmp / "state")
-    # Discovery from the Kubernetes API has no API server here: the agents' heartbeats find them.
-    for name in ("ELASTIC_KUBERNETES_SELECTOR", "ELASTIC_KUBERNETES_NAMESPACE"):
-        env.pop(name, None)
+    if kubernetes_api is not None and "ELASTIC_KUBERNETES_SELECTOR" in env:
+        env["ELASTIC_KUBERNETES_API"] = kubernetes_api
+    else:
+        for name in ("ELASTIC_KUBERNETES_SELECTOR", "ELASTIC_KUBERNETES_NAMESPACE"):
+            env.pop(name, None)
     return env
 
 
