@@ -34,6 +34,7 @@ FIELDS = (
 def parse_scale_line(line: str) -> dict[str, float]:
     assert line.startswith("SCALE "), f"the last line is not a SCALE line: {line!r}"
     values = dict(part.split("=", 1) for part in line.split()[1:])
+    assert values.pop("store", None) == "sqlite", f"the store is not named, or is not the default: {line!r}"
     assert set(values) == set(FIELDS), f"fields {sorted(values)}, want {sorted(FIELDS)}"
     return {name: float(value) for name, value in values.items()}
 
