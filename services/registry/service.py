@@ -108,7 +108,8 @@ class RegistryService(Service):
         parts = self.job.unsaved_parts()
         try:
             self.store.save(saved, parts)
-        except StoreError as exc:  # etcd out of reach, or the role lost: nothing is answered or published
+        except StoreError as exc:  # a disk or etcd that refuses, or the role lost: nothing is answered or published
+            self.log.warning("not_saved", reason=str(exc))
             raise RequestError("unavailable", str(exc)) from None
         self.job.saved(parts)
         self.outbox.flush()
