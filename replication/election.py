@@ -126,29 +126,27 @@ class Leadership:
                 left = self.client.lease_keepalive(self.lease, deadline=max(0.1, self._valid_until - sent))
             except EtcdError as exc:
                 if self.clock() >= self._valid_until:
-                    self._lose(f"the lease could not be renewed: {exc}")
+                    self.lose(f"the lease could not be renewed: {exc}")
                     return
                 continue
             if left <= 0:
-                self._lose("the lease expired")
+                self.lose("the lease expired")
                 return
             self._valid_until = sent + left
 
-    def _lose(self, reason: str) -> None:
+    def lose(self, reason: str) -> None:
+        """Give up the lease and the role at once (the first reason is kept): it was not renewed in time, or a fenced
+        write was refused (another replica holds the role)."""
         if not self.lost_reason:
             self.lost_reason = reason
         self._stop.set()
-
-    def lose(self, reason: str) -> None:
-        """Give up the role at once: a fenced write was refused (another replica holds it)."""
-        self._lose(reason)
 
     def held(self) -> bool:
         """Whether this replica holds the lease by its own clock (and, once elected, the role)."""
         if self.lost_reason:
             return False
         if self.clock() >= self._valid_until:
-            self._lose(f"the lease was not renewed for {self.ttl} s (paused or cut off from etcd)")
+            self.lose(f"the lease was not renewed for {self.ttl} s (paused or cut off from etcd)")
             return False
         return True
 
