@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from bus.config import DEFAULT_PORTS
+from bus.lifetime import die_with_parent
 from replication.etcd_member import etcd_binary
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
@@ -73,7 +74,9 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 assert probe["port"] == "metrics"
                 metrics[pod] = f"http://{env['ELASTIC_BIND']}:{port}{probe['path']}"
             with open(tmp_path / f"{pod}.log", "ab") as log:
-                processes[pod] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                processes[pod] = subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent()
+                )
         registry = next(c for owner, _, c in pods(objects) if owner == "elastic-registry")
         yield {
             "processes": processes,

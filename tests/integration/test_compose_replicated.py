@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bus.lifetime import die_with_parent
 from replication.election import leader_key
 from replication.etcd import EtcdClient
 from replication.etcd_member import etcd_binary
@@ -95,7 +96,9 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
             argv = [etcd_binary() if arg == "etcd" else arg for arg in argv]
             argv = [f"--data-dir={tmp_path / member}" if arg.startswith("--data-dir=") else arg for arg in argv]
             with open(tmp_path / f"{member}.log", "ab") as log:
-                processes[member] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+                processes[member] = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+                )
         store = local(environment_of(services["registry-a"])["ELASTIC_STORE"])
         endpoints = {
             ENDPOINT_VAR[name]: ",".join(f"tcp://{host}:{ports[name]}" for host in REPLICAS.values())
@@ -112,7 +115,12 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
                 argv[argv.index("--metrics-port") + 1] = str(metrics)
                 with open(tmp_path / f"{compose_name}.log", "ab") as log:
                     processes[compose_name] = subprocess.Popen(
-                        argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+                        argv,
+                        env={**base_env, **env},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=REPO,
+                        preexec_fn=die_with_parent(),
                     )
         yield {
             "processes": processes,
