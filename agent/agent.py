@@ -143,6 +143,7 @@ class AgentService(Service):
         self.event_handlers = {
             Event.ROUND: self._on_round,
             Event.KILL_WORKER: self.hung_workers.kill,
+            Event.WORKER_SUSPECTED: self.hung_workers.suspect,
             Event.JOB_FINISHED: self._on_job_finished,
         }
         self.signals = SignalWakeup((signal.SIGCHLD, signal.SIGTERM, signal.SIGINT))

@@ -1,10 +1,13 @@
-"""HungWorkers: what the agent does with a worker the registry declared hung (`kill_worker`): its stack, then SIGKILL.
+"""HungWorkers: what the agent does with a worker the registry suspects (`worker_suspected`: its stack, and it runs
+on) or declared hung (`kill_worker`: its stack, then SIGKILL).
 
-A worker found hung by how long the others waited for it (`dump_stack`) is
-asked for every thread's Python stack first (STACK_DUMP_SIGNAL, answered by
-faulthandler in C, even while a thread holds the GIL); once the dump has
-stopped growing, or after DUMP_GRACE when the worker does not answer, it is
-killed. The stack goes to the job's output, each line prefixed like the
+A worker found suspect or hung by how long the others waited for it
+(`dump_stack`) is asked for every thread's Python stack (STACK_DUMP_SIGNAL,
+answered by faulthandler in C, even while a thread holds the GIL; the signal
+does not end the process). Once the dump has stopped growing, or after
+DUMP_GRACE when the worker does not answer, a suspect's stack is printed and
+it goes on (once per suspicion: the registry tells it once per stall); a hung
+one is killed. The stack goes to the job's output, each line prefixed like the
 worker's own (`[host:slot] `), and with the exit report to the registry, which
 publishes it (`worker_hung`). Its exit counts as a crash: the slot restarts in
 place (agent/keeper.py), toward `--max-restarts`, and its host stays.
@@ -33,12 +36,15 @@ STACK_KEPT = 64 * 1024
 
 @dataclass
 class Dumping:
-    """A hung worker asked for its stack: killed once the dump stops growing, or at `deadline`."""
+    """A worker asked for its stack, which it appends to its stack file from `start`: shown (and, when `kills`,
+    killed) once the dump stops growing, or at `deadline`."""
 
     worker: Worker
     reason: str
     stack_file: str
     deadline: float
+    kills: bool
+    start: int = 0
     size: int = -1
 
 
@@ -49,8 +55,8 @@ class HungWorkers:
 
     def kill(self, body: dict[str, Any]) -> None:
         """The registry's `kill_worker`, for a worker of this host that still runs."""
-        worker = self.workers.get(body.get("local_rank", -1))
-        if body.get("host") != self.host or worker is None or body.get("pid") not in (None, worker.pid):
+        worker = self._named_worker(body)
+        if worker is None:
             return
         reason = str(body.get("reason") or "registry declared it hung")
         stack_file = self.watch.stack_file(worker.pid)
@@ -59,44 +65,74 @@ class HungWorkers:
             worker.stop_requested = True
             worker.signal(signal.SIGKILL)
             return
-        if worker.pid in self.dumping:
+        self._dump(worker, reason, stack_file, kills=True)
+
+    def suspect(self, body: dict[str, Any]) -> None:
+        """The registry's `worker_suspected`, for a worker of this host that still runs: its stack, and it goes on."""
+        worker = self._named_worker(body)
+        stack_file = None if worker is None else self.watch.stack_file(worker.pid)
+        if worker is not None and stack_file is not None:
+            self._dump(worker, str(body.get("reason") or "suspected hung"), stack_file, kills=False)
+
+    def _named_worker(self, body: dict[str, Any]) -> Worker | None:
+        """The running worker an event names (host, local rank and pid), when it is this host's."""
+        worker = self.workers.get(body.get("local_rank", -1))
+        if body.get("host") != self.host or worker is None or body.get("pid") not in (None, worker.pid):
+            return None
+        return worker
+
+    def _dump(self, worker: Worker, reason: str, stack_file: str, kills: bool) -> None:
+        """Ask the worker for its stack (a kill asked while a suspect's dump is under way makes that dump kill)."""
+        under_way = self.dumping.get(worker.pid)
+        if under_way is not None:
+            if kills:
+                under_way.kills, under_way.reason = True, reason
             return
-        self.log.warning("dumping_hung_worker", local_rank=worker.local_rank, pid=worker.pid, reason=reason)
-        self.dumping[worker.pid] = Dumping(worker, reason, stack_file, time.monotonic() + DUMP_GRACE)
+        event = "dumping_hung_worker" if kills else "dumping_suspected_worker"
+        self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid, reason=reason)
+        start = max(0, _size(stack_file))
+        self.dumping[worker.pid] = Dumping(worker, reason, stack_file, time.monotonic() + DUMP_GRACE, kills, start)
         try:
             os.kill(worker.pid, STACK_DUMP_SIGNAL)
         except ProcessLookupError:
             self.dumping.pop(worker.pid)
 
     def tick(self) -> None:
-        """Kill the hung workers whose dump is complete (it stopped growing) or overdue."""
+        """Show the stacks whose dump is complete (it stopped growing) or overdue, and kill the hung workers."""
         now = time.monotonic()
         for pid, dumping in list(self.dumping.items()):
             size = _size(dumping.stack_file)
-            if (size <= 0 or size != dumping.size) and now < dumping.deadline:
+            if (size <= dumping.start or size != dumping.size) and now < dumping.deadline:
                 dumping.size = size
                 continue
             del self.dumping[pid]
-            self._kill(dumping, size > 0)
+            stack = _read(dumping.stack_file, dumping.start) if size > dumping.start else ""
+            if dumping.kills:
+                self._kill(dumping, stack)
+            else:
+                self._show_suspect(dumping, stack)
 
     def exited(self, pid: int) -> None:
         self.dumping.pop(pid, None)
 
-    def _kill(self, dumping: Dumping, answered: bool) -> None:
+    def _show_suspect(self, dumping: Dumping, stack: str) -> None:
+        self._show(dumping, stack, "suspected_worker_stack", "its stack (it runs on):", "")
+
+    def _kill(self, dumping: Dumping, stack: str) -> None:
+        dumping.worker.signal(signal.SIGKILL)
+        self._show(dumping, stack, "killed_hung_worker", "its stack before it was killed:", ": killed without it")
+        self.reports.note_hang(dumping.worker.pid, dumping.reason, stack)
+
+    def _show(self, dumping: Dumping, stack: str, event: str, with_stack: str, without_stack: str) -> None:
+        """Log the dump and put it into the job's output, each line prefixed like the worker's own."""
         worker = dumping.worker
-        stack = _read(dumping.stack_file) if answered else ""
-        worker.signal(signal.SIGKILL)
-        self.log.warning(
-            "killed_hung_worker", local_rank=worker.local_rank, pid=worker.pid, stack_lines=stack.count("\n")
-        )
-        prefix = f"[{self.host}:{worker.local_rank}] "
+        self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid, stack_lines=stack.count("\n"))
         if stack:
-            lines = [f"{dumping.reason}; its stack before it was killed:", *stack.rstrip("\n").splitlines()]
+            lines = [f"{dumping.reason}; {with_stack}", *stack.rstrip("\n").splitlines()]
         else:
-            lines = [f"{dumping.reason}; it did not answer the stack dump within {DUMP_GRACE:g}s: killed without it"]
-        sys.stderr.write("".join(f"{prefix}{line}\n" for line in lines))
+            lines = [f"{dumping.reason}; it did not answer the stack dump within {DUMP_GRACE:g}s{without_stack}"]
+        sys.stderr.write("".join(f"[{self.host}:{worker.local_rank}] {line}\n" for line in lines))
         sys.stderr.flush()
-        self.reports.note_hang(worker.pid, dumping.reason, stack)
 
 
 def _size(path: str) -> int:
@@ -106,11 +142,12 @@ def _size(path: str) -> int:
         return -1
 
 
-def _read(path: str) -> str:
-    """The dump's last STACK_KEPT bytes (faulthandler writes the current thread, the one that hung, last)."""
+def _read(path: str, start: int) -> str:
+    """The dump written from `start`, its last STACK_KEPT bytes (faulthandler writes the current thread, the one that
+    hung, last)."""
     try:
         with Path(path).open("rb") as dump:
-            dump.seek(max(0, os.stat(path).st_size - STACK_KEPT))
+            dump.seek(max(start, os.stat(path).st_size - STACK_KEPT))
             return dump.read().decode(errors="replace")
     except OSError:
         return ""

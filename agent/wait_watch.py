@@ -4,11 +4,17 @@ For every worker it starts in a job that finds hangs (`hang_detection`, horovod 
 record and a stack file in shared memory (`ELASTIC_SHM_DIR`, default /dev/shm; slot_processes/wait_record.py),
 named after the agent's pid, and removes both when the worker exits (those of an agent killed before it could
 are removed by the next agent on the host). Each tick it reads the records and, for a worker that has been busy
-(outside any wait) for a while, samples the process's own progress: its CPU time and I/O (/proc/PID/stat,
-/proc/PID/io). A worker that uses no CPU and does no I/O is stalled: deadlocked, stuck on a lock, blocked in a
-native call. The registry judges hangs and each rank's cost from the `waits` report (services/registry/waits.py):
-sent every heartbeat interval, and at once when a worker's wait, busy or stalled time crosses one of the limits the
-registry's last reply gave, so a hang is judged within a tick of its limit.
+(outside any wait) for a while, samples the progress of its whole process tree (agent/process_tree.py): the CPU
+time and I/O of the worker, its DataLoader workers, its subprocesses and theirs, and, where NVML offers it, whether
+its kernels kept a GPU busy (agent/gpu_activity.py). A tree that uses no CPU, does no I/O and runs no kernel is
+stalled: deadlocked, stuck on a lock, blocked in a native call, or pausing for good reason (a sleep, a lock another
+job holds, a child that waits), which only time tells apart. A worker inside a wait it declared
+(libworker.elastic.waiting) is neither busy nor stalled until the declaration's end; its busy time counts from
+then. The registry judges hangs and each rank's cost from the `waits` report (services/registry/waits.py): sent
+every heartbeat interval, and at once when a worker's wait, busy or stalled time crosses one of the limits the
+registry's last reply gave, so a hang is judged within a tick of its limit. The reply also says for how long the
+host's workers may wait past the collective timeout (`excuse_s`: the rank they wait for is under the registry's
+judgement), which the agent writes into their records.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import process_tree
+from agent.gpu_activity import GpuActivity
 from agent.snapshots import remove_orphans, shm_dir
 from agent.workers import STANDBY, Worker
 from bus.client import AsyncClient
@@ -28,10 +36,9 @@ from slot_processes import wait_record
 
 SAMPLE_AFTER = 0.5  # seconds busy before the process's progress is sampled (a training step is shorter)
 SAMPLE_EVERY = 0.25
-PROGRESS_CPU_SHARE = 0.05  # of one core, over a sample: below it (and without I/O) the process made no progress
+PROGRESS_CPU_SHARE = 0.05  # of one core, over a sample: below it (and without I/O) the tree made no progress
 PROGRESS_IO_BYTES = 256 * 1024
 _FILE_NAME = re.compile(r"^elastic-(?:waits|stack)-(\d+)-")
-_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -56,25 +63,10 @@ class Watched:
     worker: Worker
     files: WatchFiles
     reader: wait_record.RecordReader
-    progress: tuple[int, int] | None = None  # CPU ticks and I/O bytes at the last sample
+    used: dict[process_tree.ProcessKey, process_tree.Used] | None = None  # the tree's usage at the last sample
     sampled_at: float = 0.0
     progressed_at: float = 0.0
     reported: dict[str, tuple[float, float]] = field(default_factory=dict)  # quantity: (episode start, value sent)
-
-
-def process_progress(pid: int) -> tuple[int, int] | None:
-    """The process's CPU time (in clock ticks) and the bytes it read and wrote; None when /proc cannot say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        io = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return None
-    after_name = stat.rsplit(")", 1)[1].split()
-    cpu_ticks = int(after_name[11]) + int(after_name[12])
-    chars = {
-        line.split(":")[0]: int(line.split(":")[1]) for line in io.splitlines() if line.startswith(("rchar", "wchar"))
-    }
-    return cpu_ticks, chars.get("rchar", 0) + chars.get("wchar", 0)
 
 
 class WaitWatch:
@@ -85,6 +77,13 @@ class WaitWatch:
         self.limits: tuple[float, ...] = ()
         self._serial = 0
         self._in_flight = False
+        self.gpus = GpuActivity()
+        self._gpu_busy: set[int] = set()
+        self._gpu_sampled_at = 0.0
+        if not process_tree.descendants_readable():
+            log.warning("hang_watch_without_descendants", reason="this kernel lists no children in /proc")
+        if not self.gpus.available:
+            log.info("hang_watch_without_gpu_activity", reason=self.gpus.reason)
         remove_orphans(self.directory, _FILE_NAME, "wait_record_orphan_removed", log)
 
     # -- the workers' files ----------------------------------------------------------------------
@@ -155,9 +154,14 @@ class WaitWatch:
             return
         self.limits = tuple(
             float(value)
-            for value in (reply.body.get("limit_s"), reply.body.get("upper_s"))
+            for value in (reply.body.get("limit_s"), reply.body.get("kill_s"), reply.body.get("upper_s"))
             if isinstance(value, (int, float)) and not isinstance(value, bool)
         )
+        excuse = reply.body.get("excuse_s")
+        if isinstance(excuse, (int, float)) and not isinstance(excuse, bool) and excuse > 0:
+            until = time.monotonic() + float(excuse)
+            for watched in self.watched.values():
+                watched.reader.excuse(until)
 
     def _on_no_reply(self) -> None:
         self._in_flight = False
@@ -171,8 +175,10 @@ class WaitWatch:
             if local_rank == STANDBY or state is None or state.round == 0:
                 continue
             waiting = state.waiting_since > 0
-            busy = not waiting and state.busy_since > 0
-            stalled = self._stalled_for(watched, pid, state.busy_since, now) if busy else None
+            declared = state.declared_until > now
+            busy_since = max(state.busy_since, state.declared_until) if state.busy_since > 0 else 0.0
+            busy = not waiting and not declared and busy_since > 0
+            stalled = self._stalled_for(watched, pid, busy_since, now) if busy else None
             rows.append(
                 (
                     watched,
@@ -181,30 +187,41 @@ class WaitWatch:
                         "pid": pid,
                         "round": state.round,
                         "waiting_s": now - state.waiting_since if waiting else None,
-                        "busy_s": now - state.busy_since if busy else None,
+                        "busy_s": now - busy_since if busy else None,
                         "stalled_s": stalled,
+                        "declared_s": state.declared_until - now if declared and not waiting else None,
+                        "declared": state.declared_reason if declared and not waiting else None,
                         "waits": state.waits,
                         "longest_wait_s": state.longest_wait,
                         "typical_busy_s": state.typical_busy,
                         "waited_total_s": state.waited_total,
-                        "_episode": state.waiting_since if waiting else state.busy_since,
+                        "_episode": state.waiting_since if waiting else busy_since,
                     },
                 )
             )
         return rows
 
     def _stalled_for(self, watched: Watched, pid: int, busy_since: float, now: float) -> float:
-        """Seconds since the worker last made progress of its own in this busy stretch (sampled once it has been busy
-        SAMPLE_AFTER seconds, every SAMPLE_EVERY)."""
+        """Seconds since the worker's process tree last made progress in this busy stretch (sampled once it has been
+        busy SAMPLE_AFTER seconds, every SAMPLE_EVERY)."""
         if watched.progressed_at < busy_since:
-            watched.progressed_at, watched.progress = busy_since, None
+            watched.progressed_at, watched.used = busy_since, None
         if now - busy_since >= SAMPLE_AFTER and now - watched.sampled_at >= SAMPLE_EVERY:
-            progress = process_progress(pid)
-            if progress is not None:
-                if watched.progress is not None and _progressed(watched.progress, progress, now - watched.sampled_at):
+            used = process_tree.tree_used(pid)
+            if used is not None:
+                gpu_busy = pid in self._gpu_busy_pids(now)
+                if watched.used is not None and (
+                    gpu_busy or progressed(process_tree.progress(watched.used, used), now - watched.sampled_at)
+                ):
                     watched.progressed_at = now
-                watched.progress, watched.sampled_at = progress, now
+                watched.used, watched.sampled_at = used, now
         return now - watched.progressed_at
+
+    def _gpu_busy_pids(self, now: float) -> set[int]:
+        """The processes NVML saw running kernels lately (asked at most every SAMPLE_EVERY, for every worker)."""
+        if self.gpus.available and now - self._gpu_sampled_at >= SAMPLE_EVERY:
+            self._gpu_busy, self._gpu_sampled_at = self.gpus.busy_pids(), now
+        return self._gpu_busy
 
     def _crossed(self, watched: Watched, row: dict[str, Any]) -> bool:
         """Did a quantity of this row cross a limit since it was last reported (in the same episode)?"""
@@ -219,6 +236,6 @@ class WaitWatch:
         return False
 
 
-def _progressed(before: tuple[int, int], after: tuple[int, int], seconds: float) -> bool:
-    cpu = (after[0] - before[0]) / _TICKS_PER_SECOND
-    return cpu >= PROGRESS_CPU_SHARE * seconds or after[1] - before[1] >= PROGRESS_IO_BYTES
+def progressed(used: process_tree.Progress, seconds: float) -> bool:
+    """Did a tree that used `used` over `seconds` make progress: a share of a core, or I/O?"""
+    return used.cpu_seconds >= PROGRESS_CPU_SHARE * seconds or used.io_bytes >= PROGRESS_IO_BYTES

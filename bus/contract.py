@@ -47,6 +47,8 @@ class Event:
     ROUND = "round"  # a new round: its hosts and slots, with the job plan
     HOSTS_UPDATED = "hosts_updated"  # the available hosts changed (relayed to workers)
     ABORT = "abort"  # the round's collectives must stop (relayed to workers)
+    WORKER_SUSPECTED = "worker_suspected"  # the others waited the calibrated limit for a worker with no progress:
+    # its agent prints its stack and lets it run (it is killed at the hang limit if it still makes none)
     KILL_WORKER = "kill_worker"  # the registry found a worker hung: its agent dumps its stack and kills it
     WORKER_HUNG = "worker_hung"  # a hung worker was killed: its host, rank, why, and its stack
     STRAGGLER = "straggler"  # one rank has cost the others more than a set share of their time, for a while

@@ -31,6 +31,7 @@ NO_TIME = "????-??-?? ??:??:??.???"  # same width and number of words as a time
 FIELDS = {
     "abort": ["round"],
     "kill_worker": ["host", "local_rank", "pid"],
+    "worker_suspected": ["host", "local_rank", "rank", "reason"],
     "worker_hung": ["host", "local_rank", "rank", "reason"],
     "straggler": ["host", "local_rank", "rank", "lost_s_per_min"],
     "job_finished": ["job", "state", "exit_code", "reason"],

@@ -1,5 +1,6 @@
-"""`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limit
-the agents are told and the ranks the others waited for most (the registry's `waits`)."""
+"""`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limits
+the agents are told, the ranks suspected of hanging, the waits ranks declared, and the ranks the others waited for
+most (the registry's `waits`)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def render(view: dict[str, Any], now: float) -> str:
         lines.append(f"  resumed from the snapshot of commit {job['resumed_from']} after every worker failed")
     waits = view.get("waits") or {}
     if waits.get("limit_s") is not None:
-        lines.append(f"  hang limit: {hang_limit(waits['limit_s'], waits['upper_s'])}")
+        lines.append(f"  hang limit: {hang_limit(waits['limit_s'], waits.get('kill_s'), waits['upper_s'])}")
     lines.append("")
     host_rows = []
     for h in view["hosts"]:
@@ -93,6 +94,17 @@ def render(view: dict[str, Any], now: float) -> str:
         if worker_rows
         else ["no workers"]
     )
+    suspected = [
+        [r["host"], r["local_rank"], r["rank"], r["pid"], r["stalled_s"], r["kill_at_s"]]
+        for r in waits.get("suspected", [])
+    ]
+    if suspected:
+        lines += ["", "suspected of hanging (no progress in its process tree; its stack is in the job's output):"]
+        lines += _table(["HOST", "LOCAL", "RANK", "PID", "NO PROGRESS S", "KILLED AT S"], suspected)
+    declared = [[r["host"], r["local_rank"], r["rank"], r["reason"], r["left_s"]] for r in waits.get("declared", [])]
+    if declared:
+        lines += ["", "declared waits (no hang judged while they last):"]
+        lines += _table(["HOST", "LOCAL", "RANK", "REASON", "LEFT S"], declared)
     slowest = [
         [r["host"], r["local_rank"], r["rank"], r["lost_s_per_min"], r["lost_s"]] for r in waits.get("ranks", [])
     ]
@@ -108,10 +120,12 @@ def render(view: dict[str, Any], now: float) -> str:
     return "\n".join(lines)
 
 
-def hang_limit(limit: float, upper: float) -> str:
+def hang_limit(limit: float, kill: float | None, upper: float) -> str:
+    """The limits in words: suspected at `limit` and killed at `kill` without progress; killed at `upper` busy."""
     if limit >= upper:
         return f"{upper:g}s (the upper bound: the job's hung timeout)"
-    return f"{limit:.1f}s (calibrated; upper bound {upper:g}s)"
+    killed = "" if kill is None else f", killed at {kill:.1f}s"
+    return f"suspected at {limit:.1f}s without progress{killed} (calibrated; upper bound {upper:g}s)"
 
 
 def newest_checkpoint(hosts: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -80,9 +80,15 @@ def _wait_in_slices(work: Any, while_stuck: Callable[[], None]) -> None:
         while not _ended_within_a_slice(work):
             if world.aborted_round == round_number:
                 raise fail("aborted by the control plane (a peer failed)")
-            if time.monotonic() > deadline:
+            if timed_out(deadline):
                 raise fail(f"collective did not finish within {world.timing.collective_timeout:g}s")
             while_stuck()
+
+
+def timed_out(deadline: float) -> bool:
+    """Is a wait for the others past its deadline, with nobody judging the rank it waits for? While the registry
+    judges that rank (busy, or inside a wait it declared), its agent excuses the wait: the judgement bounds it."""
+    return time.monotonic() > deadline and not world.waits.excused()
 
 
 def _ended_within_a_slice(work: Any) -> bool:

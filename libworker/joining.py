@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from libworker.collectives import fail, run_collective, waits_on_stream
+from libworker.collectives import fail, run_collective, timed_out, waits_on_stream
 from libworker.compression import Compressor, FP16Compressor, NoneCompressor
 from libworker.reduction import Average, Sum, grouped_reduce_started
 from libworker.signatures import Signature
@@ -290,7 +290,7 @@ class NoticeBoard:
                 return None
             if world.aborted_round == round_number:
                 raise fail("aborted by the control plane while joining (a peer failed)")
-            if time.monotonic() > deadline:
+            if timed_out(deadline):
                 raise fail(f"no rank answered this rank's join within {world.timing.collective_timeout:g}s")
             self.refresh(answer_to=operation)
             idle += 1

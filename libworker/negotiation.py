@@ -187,7 +187,7 @@ class Controller:
                 idle += 1
                 waited = time.monotonic() - idle_since
                 self.stalled = waited > STALL_PROBE_AFTER
-                if waited > world.timing.collective_timeout:
+                if waited > world.timing.collective_timeout and not world.waits.excused():
                     self._give_up(request, waited)
                 time.sleep(min(0.0005 * idle, IDLE_SLEEP_MAX))
         self.stalled = False

@@ -53,6 +53,10 @@ from slot_processes import rounds, wait_record
 from slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 
 FLIGHT_PRUNE_MIN = 64
+# gloo's own timeout for a collective, when the agent watches this worker's waits: the wait loops end a wait at the
+# collective timeout unless the registry judges the rank it waits for (libworker.collectives.timed_out), so gloo
+# must not end it first. Without a watching agent, and for NCCL, the collective timeout is gloo's and NCCL's.
+JUDGED_GROUP_TIMEOUT = timedelta(days=7)
 HOST_ADDED, HOST_REMOVED = 1, 2
 ARRIVED_KEY, ARRIVAL_POLL_MAX = "ranks_arrived", 0.02
 
@@ -247,6 +251,8 @@ def enter_next_round() -> None:
         raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
     _await_every_rank(store)
     world.backend = devices.backend()
+    if world.backend == "gloo" and isinstance(world.waits, wait_record.WaitRecord):
+        timeout = JUDGED_GROUP_TIMEOUT
     try:
         dist.init_process_group(
             world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout

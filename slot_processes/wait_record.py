@@ -19,7 +19,14 @@ The record (`LAYOUT`, native byte order; one writer, the worker):
   (`discount`);
 - `typical_busy`: the usual time between two waits (a running mean of this round's intervals after its first
   IGNORED_WAITS, each capped at OUTLIER_CAP times the mean so an evaluation does not move it);
-- `round`, `waits`: the round the worker is in and the waits it completed in it.
+- `round`, `waits`: the round the worker is in and the waits it completed in it;
+- `declared_until`, `declared_reason`: a wait the user's code declared (`declare`: a rank legitimately busy
+  outside the collectives, libworker.elastic.waiting): until when (monotonic, 0 when none) and why (UTF-8, cut to
+  REASON_BYTES). When it ends, the busy stretch begins again.
+
+After the record, outside the seqlock, one field the agent writes and the worker reads: `excused_until`, until
+when (monotonic) the worker's collectives may wait past the collective timeout, because the registry sees the
+rank they wait for and will judge it (agent/wait_watch.py). An aligned 8-byte store: read whole or not at all.
 
 Waits nest (a negotiation cycle waits inside the wait for its request): only
 the outermost counts. The stack dump: a worker started by an agent registers
@@ -35,9 +42,10 @@ import mmap
 import os
 import signal
 import struct
+import threading
 import time
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 RECORD_ENV = "ELASTIC_WAIT_RECORD"
 STACK_ENV = "ELASTIC_STACK_FILE"
@@ -46,10 +54,13 @@ IGNORED_WAITS = 3
 OUTLIER_CAP = 4.0
 TYPICAL_WEIGHT = 0.05
 
-LAYOUT = struct.Struct("=QdddddQQ")
-RECORD_SIZE = LAYOUT.size
+REASON_BYTES = 64
+LAYOUT = struct.Struct(f"=QdddddQQd{REASON_BYTES}s")
 _VERSION = struct.Struct("=Q")
-_BODY = struct.Struct("=dddddQQ")
+_BODY = struct.Struct(f"=dddddQQd{REASON_BYTES}s")
+_EXCUSE = struct.Struct("=d")
+EXCUSE_OFFSET = LAYOUT.size
+RECORD_SIZE = EXCUSE_OFFSET + _EXCUSE.size
 READ_TRIES = 100
 
 
@@ -64,6 +75,8 @@ class WaitState:
     typical_busy: float
     round: int
     waits: int
+    declared_until: float = 0.0
+    declared_reason: str = ""
 
 
 def create(path: str) -> None:
@@ -97,22 +110,31 @@ class RecordReader:
             body = _BODY.unpack_from(self._map, _VERSION.size)
             (after,) = _VERSION.unpack_from(self._map, 0)
             if before == after and before % 2 == 0:
-                return WaitState(*body)
+                *numbers, reason = body
+                return WaitState(*numbers, reason.rstrip(b"\0").decode(errors="replace"))
         return None
+
+    def excuse(self, until: float) -> None:
+        """The worker's collectives may wait past the collective timeout until `until` (monotonic)."""
+        _EXCUSE.pack_into(self._map, EXCUSE_OFFSET, until)
 
     def close(self) -> None:
         self._map.close()
 
 
 class WaitRecord:
-    """The worker's end: `waiting()` around every wait for the others, `begin_round` when it enters a round."""
+    """The worker's end: `waiting()` around every wait for the others, `begin_round` when it enters a round,
+    `declare` around a wait the user's code declares. Its writes take a lock: a declared wait may begin on another
+    thread than the collectives."""
 
     def __init__(self, path: str) -> None:
         self._map = _mapped(path)
         self._version = 0
         self._depth = 0
         self._calibrates = self._next_calibrates = True
-        self._state = [0.0, 0.0, 0.0, 0.0, 0.0, 0, 0]
+        self._state: list[Any] = [0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, b""]
+        self._declared: list[tuple[str, float]] = []  # the declared waits under way, innermost last
+        self._lock = threading.RLock()
 
     def begin_round(self, number: int) -> None:
         state = self._state
@@ -161,12 +183,43 @@ class WaitRecord:
         it says nothing of how long ranks normally wait, so it does not calibrate."""
         self._calibrates = False
 
+    def declare(self, reason: str, up_to: float) -> None:
+        """A declared wait begins: this rank is busy outside the collectives for good reason, for up to `up_to`
+        seconds. Nested declarations count until the latest of their ends, under the innermost reason."""
+        with self._lock:
+            self._declared.append((reason, time.monotonic() + up_to))
+            self._show_declared()
+
+    def end_declared(self) -> None:
+        """The innermost declared wait ended; when it was the last, the busy stretch begins again now."""
+        with self._lock:
+            self._declared.pop()
+            if not self._declared and not self._depth and self._state[1]:
+                self._state[1] = time.monotonic()
+            self._show_declared()
+
+    def excused(self) -> bool:
+        """May the collective under way wait past the collective timeout (the agent says the rank it waits for is
+        being judged)?"""
+        (until,) = _EXCUSE.unpack_from(self._map, EXCUSE_OFFSET)
+        return time.monotonic() < until
+
+    def _show_declared(self) -> None:
+        state = self._state
+        if self._declared:
+            state[7] = max(until for _, until in self._declared)
+            state[8] = self._declared[-1][0].encode()[:REASON_BYTES]
+        else:
+            state[7], state[8] = 0.0, b""
+        self._write()
+
     def _write(self) -> None:
-        self._version += 1
-        _VERSION.pack_into(self._map, 0, self._version)
-        _BODY.pack_into(self._map, _VERSION.size, *self._state)
-        self._version += 1
-        _VERSION.pack_into(self._map, 0, self._version)
+        with self._lock:
+            self._version += 1
+            _VERSION.pack_into(self._map, 0, self._version)
+            _BODY.pack_into(self._map, _VERSION.size, *self._state)
+            self._version += 1
+            _VERSION.pack_into(self._map, 0, self._version)
 
 
 class NoRecord:
@@ -186,6 +239,15 @@ class NoRecord:
 
     def discount(self) -> None:
         pass
+
+    def declare(self, reason: str, up_to: float) -> None:
+        pass
+
+    def end_declared(self) -> None:
+        pass
+
+    def excused(self) -> bool:
+        return False
 
 
 def record_from_env() -> WaitRecord | NoRecord:

@@ -92,6 +92,8 @@ class Job:
     resumed_from: int = 0  # the commit the job last resumed from after every worker failed (0: never)
     history: list[dict[str, Any]] = field(default_factory=list)
     wait_calibration: dict[str, float] = field(default_factory=dict)  # the longest wait, typical busy time reported
+    # "host:local_rank": [times its hang limits doubled, the pid whose kill doubled them last] (registry/waits.py)
+    hang_doublings: dict[str, list[int]] = field(default_factory=dict)
     waiting_since: float = field(default=0.0, metadata=INSTANT)
     first_report_at: float | None = field(default=None, metadata=INSTANT)
     failure_seen_at: float | None = field(default=None, metadata=INSTANT)

@@ -3,12 +3,14 @@
 Messages:
   submit {spec}                       -> {job}        a new job (refused while one runs)
   job                                 -> {state, round, size, resets, exit_code, reason}
-  status                              -> job + every worker of the current round + waits {limit_s, upper_s, ranks}
+  status                              -> job + every worker of the current round + waits {limit_s, kill_s, upper_s,
+                                         ranks, suspected, declared}
   cancel {reason}                     stop the job (elasticctl run interrupted)
   worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, after_script_end, snapshot_commit,
                  hung, stack}         -> {recorded}   from agents (services/registry/exits.py)
-  waits {host, slots}                 -> {limit_s, upper_s}   from agents: how long each worker waits for the
-                                      others (services/registry/waits.py judges hangs and stragglers from them)
+  waits {host, slots}                 -> {limit_s, kill_s, upper_s, excuse_s}   from agents: how long each worker
+                                      waits for the others (services/registry/waits.py judges hangs and stragglers
+                                      from them)
 
 The job is one record (services/registry/job.py) whose round's reports are a
 table (services/registry/reports.py). The registry drives it in passes, each
@@ -19,8 +21,9 @@ DRIVER acts on the job (services/registry/driver.py, its judgement the pure
 services/registry/decisions.py), reading the hosts' snapshots when every slot
 has reported; and the pass WRITES once at its end: one save of what changed,
 then the events it caused. Events go to agents through the notifier: `round`
-(services/registry/plan.py), `abort`, `kill_worker`, `job_finished`; and to
-operators: `worker_hung`, `straggler`. Every pass and request reads the time
+(services/registry/plan.py), `abort`, `kill_worker`, `worker_suspected` (its
+agent prints the suspect's stack), `job_finished`; and to operators:
+`worker_hung`, `straggler`. Every pass and request reads the time
 once (`Now`, from the service's clock).
 
 The `waits` reports are judged as they arrive, not in a pass: the service's
@@ -55,12 +58,14 @@ from bus.service import Request, RequestError, Service, handles
 from services.registry import metrics
 from services.registry.driver import Driver
 from services.registry.exits import WorkerExit
+from services.registry.hang_limits import judged_limits
 from services.registry.hosts import discovery_settings, host_marks
 from services.registry.job import FAILED, RUNNING_JOB, Job, Now
 from services.registry.peers import Pass, Peer, Read, Steps
 from services.registry.reports import PENDING
 from services.registry.store import JobStore, StoreError
-from services.registry.waits import FRESH_HEARTBEATS, NO_LIMITS, Seen, WaitBoard, judged_limits, parse_waits
+from services.registry.wait_rows import parse_waits
+from services.registry.waits import FRESH_HEARTBEATS, Seen, WaitBoard
 
 
 class RegistryService(Service):
@@ -172,16 +177,19 @@ class RegistryService(Service):
         now = self._now()
         seen = self.waits.note(self.job, host, rows, now.local)
         self._act_on_waits(seen)
-        if seen.calibrated or seen.kills or seen.stragglers:
+        if seen.job_changed or seen.suspects or seen.kills or seen.stragglers:
             self._persist(now)
-        return NO_LIMITS if seen.limits is None else seen.limits.to_wire()
+        return seen.reply()
 
     def _act_on_waits(self, seen: Seen) -> None:
-        """Queue the kills and straggler events a `waits` report made; log and count them."""
+        """Queue the suspects, kills and straggler events a `waits` report made; log and count them."""
         if seen.new_round:
             metrics.keep_hosts(host for host, _ in self.job.round_hosts)
         metrics.waited_for(seen.waited_for)
         metrics.hang_limit(None if seen.limits is None else seen.limits.limit_s)
+        for suspect in seen.suspects:
+            self.outbox.put(Event.WORKER_SUSPECTED, suspect)
+            self.log.warning("worker_suspected", **suspect, round=self.job.round)
         for kill in seen.kills:
             self.outbox.put(Event.KILL_WORKER, kill.event)
             shown = {key: value for key, value in kill.event.items() if key != "dump_stack"}

@@ -2,25 +2,23 @@
 worker hangs the others, what each rank costs them, and the hang limits the agents are told.
 
 Every worker records its waits in collectives (slot_processes/wait_record.py);
-its agent reports them (`parse_waits` reads one report at the door). Only the
+its agent reports them (services/registry/wait_rows.py reads one report at the door). Only the
 reports of the current round's workers count (`_counts`): the round and pid
 the job's `ReportTable` has for the slot, a slot not yet failed or exited, a
 running job that detects hangs. A report older than `fresh_s` (three
 heartbeats) is never judged: a silent agent is a lost host, which discovery
 handles.
 
-The limits (`limits_of`): `limit` is MARGIN times the longest wait and the
-typical time between waits any report of the job showed (the maxima kept in
-`Job.wait_calibration`, saved with the job), at least FLOOR_S and at most the
-job's `hung_timeout`, which is `upper`. A slot is a suspect (`hung_after`)
-when it is not waiting, is past the first IGNORED_WAITS waits of its round
-(they wait for ranks that restore, load or compile) and has been busy for T:
-`limit` when it made no progress of its own (no CPU time, no I/O) for
-`limit`, else `upper` (it computes or writes: a checkpoint save or a first
-compile is no hang before the explicit bound). A suspect is hung when another
-slot of the round waits for T. Its agent is sent `kill_worker` (with a stack
-dump), again every REKILL_AFTER_S while the same pid reports; the slot fails
-when its agent reports the exit (services/registry/exits.py).
+The limits and what a row is judged (services/registry/hang_limits.py). When another slot of the round waits for a
+suspect as long as its stage asks, a SUSPECT is told once per stall (`worker_suspected`: its agent prints its stack
+and lets it run) and a HUNG slot's agent is sent `kill_worker` (with a stack dump), again every REKILL_AFTER_S while
+the same pid reports; the slot fails when its agent reports the exit (services/registry/exits.py). A kill for no
+progress doubles the slot's later limits (`Job.hang_doublings`).
+
+The collective timeout. While some live slot of the round is judged (busy past its first waits, or inside a
+declared wait, which ends), the others' waits are bounded by the judgement, not by the collective timeout: every
+reply says so (`excuse_s`: `fresh_s`; 0 when no slot is judged, as when every rank waits), and the agents let their
+workers wait on past the timeout for that long.
 
 A rank's cost to the others: in a synchronous job every rank spends the same
 wall time, so rank r kept the rank that waits most waiting for the difference
@@ -42,19 +40,30 @@ the long waiters when a suspect is judged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bus.jobspec import JobSpec
-from bus.service import RequestError
-from bus.service import field as body_field
-from services.registry.job import RUNNING_JOB, Job
+from services.registry.hang_limits import (
+    HUNG,
+    MAX_DOUBLINGS,
+    NO_LIMITS,
+    RECOVERED_WAITS,
+    SUSPECT,
+    Limits,
+    calibrate,
+    doublings_for,
+    judged,
+    judged_limits,
+    judged_spec,
+    limits_of,
+    slot_key,
+    stage,
+    why,
+)
+from services.registry.job import Job
 from services.registry.reports import SILENT, Slot
-from slot_processes.wait_record import IGNORED_WAITS
+from services.registry.wait_rows import WaitRow
 
-FLOOR_S = 3.0
-MARGIN = 5.0  # NVRx's margin over the longest wait seen
 FRESH_HEARTBEATS = 3  # a report older than this many heartbeat intervals is never judged
 REKILL_AFTER_S = 10.0
 FRACTION_TAU_S = 10.0
@@ -62,110 +71,6 @@ FASTEST_REFRESH_S = 1.0
 STRAGGLER_SHARE = 0.1  # 6 s lost per minute
 STRAGGLER_AFTER_S = 30.0
 SLOWEST_SHOWN = 5
-CALIBRATION = ("longest_wait_s", "typical_busy_s")
-
-
-@dataclass(frozen=True)
-class WaitRow:
-    """One worker's waits as its agent saw them when it sent the report."""
-
-    local_rank: int
-    pid: int
-    round: int
-    waits: int
-    waiting_s: float | None
-    busy_s: float | None
-    stalled_s: float | None
-    longest_wait_s: float
-    typical_busy_s: float
-    waited_total_s: float
-
-    @property
-    def waited_s(self) -> float:
-        """Seconds waited over the worker's life, the wait under way included."""
-        return self.waited_total_s + (self.waiting_s or 0.0)
-
-
-def parse_waits(body: dict[str, Any]) -> tuple[str, list[WaitRow]]:
-    """The host and its rows of a `waits` request; a `bad_request` error naming the first field that is wrong."""
-    host, slots = body_field(body, "host", str), body.get("slots")
-    if not isinstance(slots, list):
-        raise RequestError("bad_request", "field 'slots' must be a list")
-    return host, [_row(item, f"slots[{index}]") for index, item in enumerate(slots)]
-
-
-def _row(item: Any, where: str) -> WaitRow:
-    if not isinstance(item, dict):
-        raise RequestError("bad_request", f"{where} must be a map")
-    counts = {name: _count(item, name, where) for name in ("local_rank", "pid", "round", "waits")}
-    spans = {name: _seconds(item, name, where, optional=True) for name in ("waiting_s", "busy_s", "stalled_s")}
-    totals = {name: _seconds(item, name, where) for name in ("longest_wait_s", "typical_busy_s", "waited_total_s")}
-    return WaitRow(**counts, **spans, **totals)
-
-
-def _count(item: dict[str, Any], name: str, where: str) -> int:
-    value = item.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise RequestError("bad_request", f"{where}.{name} must be an integer >= 0")
-    return value
-
-
-def _seconds(item: dict[str, Any], name: str, where: str, optional: bool = False) -> Any:
-    value = item.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise RequestError("bad_request", f"{where}.{name} must be seconds >= 0" + (" or null" if optional else ""))
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Limits:
-    limit_s: float
-    upper_s: float
-
-    def to_wire(self) -> dict[str, float]:
-        return {"limit_s": self.limit_s, "upper_s": self.upper_s}
-
-
-NO_LIMITS = {"limit_s": None, "upper_s": None}  # the limits told while no running job detects hangs
-
-
-def limits_of(spec: JobSpec, calibration: MutableMapping[str, float]) -> Limits:
-    calibrated = MARGIN * max(calibration.get(name, 0.0) for name in CALIBRATION)
-    return Limits(min(spec.hung_timeout, max(FLOOR_S, calibrated)), spec.hung_timeout)
-
-
-def judged_limits(job: Job) -> Limits | None:
-    """The limits the job's hangs are judged by; None unless it runs and detects hangs."""
-    spec = _judged_spec(job)
-    return None if spec is None else limits_of(spec, job.wait_calibration)
-
-
-def _judged_spec(job: Job) -> JobSpec | None:
-    """The spec of a job whose hangs are judged: it runs and detects hangs."""
-    if job.state != RUNNING_JOB or job.spec is None or not job.spec.hang_detection:
-        return None
-    return job.spec
-
-
-def calibrate(calibration: MutableMapping[str, float], rows: Iterable[WaitRow]) -> bool:
-    """Raise the job's maxima with `rows`; True when one rose."""
-    rose = False
-    for row in rows:
-        for name, value in (("longest_wait_s", row.longest_wait_s), ("typical_busy_s", row.typical_busy_s)):
-            if value > calibration.get(name, 0.0):
-                calibration[name], rose = value, True
-    return rose
-
-
-def hung_after(row: WaitRow, limits: Limits) -> float | None:
-    """How long the others must wait for this worker for it to be hung (it is a suspect); None when it is none."""
-    if row.waiting_s is not None or row.busy_s is None or row.waits < IGNORED_WAITS:
-        return None
-    stalled = row.stalled_s is not None and row.stalled_s >= limits.limit_s
-    threshold = limits.limit_s if stalled else limits.upper_s
-    return threshold if row.busy_s >= threshold else None
 
 
 @dataclass
@@ -180,6 +85,7 @@ class SlotWaits:
     costly_since: float | None = None  # since when its cost rate is at least STRAGGLER_SHARE
     told_straggler: bool = False  # this episode's `straggler` event was sent
     killed: tuple[int, float] | None = None  # (pid, when) of the last `kill_worker` sent
+    suspected: int | None = None  # the pid told as suspected in this stall (None once it moves again)
 
 
 @dataclass(frozen=True)
@@ -191,15 +97,22 @@ class Kill:
 
 @dataclass
 class Seen:
-    """What one `waits` report changed: the limits the agent is told, the kills and straggler events to send, the
-    seconds the others waited for the host's ranks, whether the calibration rose and whether a round began."""
+    """What one `waits` report changed: the limits the agent is told and how long its workers may wait past the
+    collective timeout, the suspects, kills and straggler events to send, the seconds the others waited for the
+    host's ranks, whether the saved job changed (calibration, doublings) and whether a round began."""
 
     limits: Limits | None
     new_round: bool
-    calibrated: bool = False
+    job_changed: bool = False
+    excuse_s: float = 0.0
+    suspects: list[dict[str, Any]] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     waited_for: dict[str, float] = field(default_factory=dict)
+
+    def reply(self) -> dict[str, Any]:
+        """The reply to the agent's `waits`."""
+        return {**(NO_LIMITS if self.limits is None else self.limits.to_wire()), "excuse_s": self.excuse_s}
 
 
 class WaitBoard:
@@ -208,7 +121,8 @@ class WaitBoard:
         self._watching = (0, 0)  # (job, round) the slots belong to
         self._slots: dict[Slot, SlotWaits] = {}
         self._long_waiters: dict[Slot, None] = {}  # waiting at least the limit when they last reported
-        self._suspects: dict[Slot, None] = {}  # a suspect (`hung_after`) when they last reported
+        self._suspects: dict[Slot, None] = {}  # at a `stage` when they last reported
+        self._judged: dict[Slot, None] = {}  # under judgement (`judged`) when they last reported
         self._fastest, self._fastest_at = 0.0, -math.inf
 
     def __len__(self) -> int:
@@ -218,16 +132,18 @@ class WaitBoard:
     def note(self, job: Job, host: str, rows: list[WaitRow], now: float) -> Seen:
         """A host's report, received at `now`: calibrate, account and judge."""
         new_round = self._follow(job)
-        spec = _judged_spec(job)
+        spec = judged_spec(job)
         if spec is None:
             return Seen(None, new_round)
         counted = {(host, row.local_rank): row for row in rows if _counts(job, (host, row.local_rank), row)}
         calibrated = calibrate(job.wait_calibration, counted.values())
         limits = limits_of(spec, job.wait_calibration)
         seen = Seen(limits, new_round, calibrated)
-        intervals = {slot: self._record(slot, row, now, limits) for slot, row in counted.items()}
+        intervals = {slot: self._record(job, slot, row, now, limits, seen) for slot, row in counted.items()}
         self._account(job, intervals, now, seen)
         self._judge(job, list(counted), limits, now, seen)
+        if self._someone_judged(job, now):
+            seen.excuse_s = self.fresh_s
         return seen
 
     def summary(self, job: Job, now: float) -> dict[str, Any]:
@@ -249,7 +165,46 @@ class WaitBoard:
             }
             for slot, state in costly[:SLOWEST_SHOWN]
         ]
-        return {**(NO_LIMITS if limits is None else limits.to_wire()), "ranks": ranks}
+        return {
+            **(NO_LIMITS if limits is None else limits.to_wire()),
+            "ranks": ranks,
+            "suspected": self._suspected_rows(job, now, limits),
+            "declared": self._declared_rows(job, now),
+        }
+
+    def _suspected_rows(self, job: Job, now: float, limits: Limits | None) -> list[dict[str, Any]]:
+        """The live slots told as suspected in their current stall, for `status`."""
+        rows = []
+        for slot in self._suspects:
+            state = self._slots.get(slot)
+            if state is None or state.suspected != state.row.pid or limits is None or not self._live(job, slot, now):
+                continue
+            own = limits.doubled(doublings_for(job, slot, state.row.pid))
+            rows.append(
+                {
+                    "host": slot[0],
+                    "local_rank": slot[1],
+                    "rank": job.reports[slot].rank,
+                    "pid": state.row.pid,
+                    "stalled_s": round(state.row.stalled_s or 0.0, 1),
+                    "kill_at_s": own.kill_s,
+                }
+            )
+        return rows
+
+    def _declared_rows(self, job: Job, now: float) -> list[dict[str, Any]]:
+        """The live slots inside a wait they declared, for `status`."""
+        return [
+            {
+                "host": slot[0],
+                "local_rank": slot[1],
+                "rank": job.reports[slot].rank,
+                "reason": state.row.declared,
+                "left_s": round(max(0.0, (state.row.declared_s or 0.0) - (now - state.received_at)), 1),
+            }
+            for slot, state in self._slots.items()
+            if state.row.declared_s is not None and self._live(job, slot, now)
+        ]
 
     def _follow(self, job: Job) -> bool:
         """Keep only the slots of the job's current round; True when a round (or job) began since the last report."""
@@ -262,6 +217,7 @@ class WaitBoard:
         self._watching = (job.job_id, job.round)
         self._long_waiters.clear()
         self._suspects.clear()
+        self._judged.clear()
         self._fastest, self._fastest_at = 0.0, -math.inf
         return True
 
@@ -270,9 +226,10 @@ class WaitBoard:
         state = self._slots.get(slot)
         return state is not None and now - state.received_at <= self.fresh_s and _counts(job, slot, state.row)
 
-    def _record(self, slot: Slot, row: WaitRow, now: float, limits: Limits) -> float | None:
-        """Keep the slot's report and its wait fraction; the seconds since its previous report when this one
-        continues it (same worker and round, not stale), else None: a new baseline."""
+    def _record(self, job: Job, slot: Slot, row: WaitRow, now: float, limits: Limits, seen: Seen) -> float | None:
+        """Keep the slot's report and its wait fraction (a worker that trained RECOVERED_WAITS waits in its round
+        clears the slot's doublings); the seconds since its previous report when this one continues it (same worker
+        and round, not stale), else None: a new baseline."""
         state = self._slots.get(slot)
         interval = None
         if state is None:
@@ -289,13 +246,28 @@ class WaitBoard:
         else:
             state.fraction, state.cost_rate, state.costly_since, state.told_straggler = None, 0.0, None, False
         state.row, state.received_at = row, now
+        if row.waits >= RECOVERED_WAITS and job.hang_doublings.pop(slot_key(slot), None) is not None:
+            seen.job_changed = True
         self._long_waiters.pop(slot, None)
         self._suspects.pop(slot, None)
+        self._judged.pop(slot, None)
         if row.waiting_s is not None and row.waiting_s >= limits.limit_s:
             self._long_waiters[slot] = None
-        if hung_after(row, limits) is not None:
+        if stage(row, limits) is not None:
             self._suspects[slot] = None
+        elif state.suspected is not None:
+            state.suspected = None  # it moved again: a later stall is a new suspicion
+        if judged(row):
+            self._judged[slot] = None
         return interval or None
+
+    def _someone_judged(self, job: Job, now: float) -> bool:
+        """Is a live slot of the round under judgement (the ones no longer live leave the index)?"""
+        for slot in list(self._judged):
+            if self._live(job, slot, now):
+                return True
+            del self._judged[slot]
+        return False
 
     def _fastest_fraction(self, now: float) -> float:
         """The largest wait fraction of the round's fresh slots (scanned again after FASTEST_REFRESH_S)."""
@@ -336,7 +308,8 @@ class WaitBoard:
 
     def _judge(self, job: Job, reported: list[Slot], limits: Limits, now: float, seen: Seen) -> None:
         """The suspects this report concerns (its own, or all when one of its slots waits long) that others wait
-        for: each gets `kill_worker`, at most once per REKILL_AFTER_S for the same pid."""
+        for: a SUSPECT is told once per stall, a HUNG one gets `kill_worker`, at most once per REKILL_AFTER_S for the
+        same pid."""
         candidates = dict.fromkeys(slot for slot in reported if slot in self._suspects)
         if any(slot in self._long_waiters for slot in reported):
             candidates.update(self._suspects)
@@ -345,20 +318,43 @@ class WaitBoard:
                 self._suspects.pop(slot, None)
                 continue
             state = self._slots[slot]
-            threshold = hung_after(state.row, limits)
-            if threshold is None:
-                continue
             pid, killed = state.row.pid, state.killed
-            if killed is not None and killed[0] == pid and now - killed[1] < REKILL_AFTER_S:
+            doublings = doublings_for(job, slot, pid)
+            own = limits.doubled(doublings)
+            judgement = stage(state.row, own)
+            if judgement is None:
+                continue
+            verdict, threshold = judgement
+            if verdict == SUSPECT and state.suspected == pid:
+                continue
+            if verdict == HUNG and killed is not None and killed[0] == pid and now - killed[1] < REKILL_AFTER_S:
                 continue
             waits = [self._slots[other].row.waiting_s or 0.0 for other in self._waiting_for(job, slot, threshold, now)]
             if not waits:
                 continue
-            state.killed = (pid, now)
             rank = job.reports[slot].rank
-            reason = f"hung: the others waited {max(waits):.1f}s for rank {rank} ({_why(state.row, threshold, limits)})"
+            reason_why = why(state.row, threshold, own) + (
+                f"; limits doubled {doublings}x after its earlier hangs" if doublings else ""
+            )
+            body = {"host": slot[0], "local_rank": slot[1], "pid": pid, "rank": rank}
+            if verdict == SUSPECT:
+                state.suspected = pid
+                reason = (
+                    f"suspected: the others waited {max(waits):.1f}s for rank {rank} ({reason_why}); "
+                    f"killed at {own.kill_s:.1f}s without progress"
+                )
+                seen.suspects.append({**body, "reason": reason, "kill_at_s": own.kill_s})
+                continue
+            first = killed is None or killed[0] != pid
+            state.killed = (pid, now)
+            reason = f"hung: the others waited {max(waits):.1f}s for rank {rank} ({reason_why})"
+            stalled = (state.row.stalled_s or 0.0) >= own.kill_s  # not a busy rank past the upper bound
+            if first and stalled and doublings < MAX_DOUBLINGS and own.kill_s < limits.upper_s:
+                job.hang_doublings[slot_key(slot)] = [doublings + 1, pid]
+                seen.job_changed = True
+                reason += f"; its slot's next limits double (killed at {limits.doubled(doublings + 1).kill_s:.0f}s)"
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
-            seen.kills.append(Kill(event, rank, first=killed is None or killed[0] != pid))
+            seen.kills.append(Kill(event, rank, first=first))
 
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[Slot]:
         """The other slots that wait at least `threshold` (the long waiters no longer live leave the index)."""
@@ -369,12 +365,6 @@ class WaitBoard:
             elif other != suspect and (self._slots[other].row.waiting_s or 0.0) >= threshold:
                 waiting.append(other)
         return waiting
-
-
-def _why(row: WaitRow, threshold: float, limits: Limits) -> str:
-    if threshold == limits.limit_s and row.stalled_s is not None and row.stalled_s >= limits.limit_s:
-        return f"limit {limits.limit_s:.1f}s, no progress for {row.stalled_s:.1f}s"
-    return f"upper bound {limits.upper_s:g}s, busy for {row.busy_s or 0.0:.1f}s"
 
 
 def _counts(job: Job, slot: Slot, row: WaitRow) -> bool:

@@ -91,38 +91,53 @@ def slot(local_rank: int, pid: int, **values: Any) -> dict[str, Any]:
     }
 
 
-def test_waits_are_answered_with_the_limits_and_a_deadlock_is_killed(
+def test_waits_are_answered_with_the_limits_a_stalled_rank_is_suspected_then_killed(
     registry: RegistryService, notifier: NotifierService, tmp_path: Path
 ) -> None:
     agent = Client(registry.endpoint, "test-agent", timeout=2.0, deadline=5.0)
     events = Client(notifier.endpoint, "test-reader", timeout=2.0, deadline=5.0)
     try:
-        stuck = slot(1, 101, busy_s=3.3, stalled_s=3.3)
-        assert agent.request("waits", {"host": "a", "slots": [slot(0, 100), stuck]}).body == {
-            "limit_s": 3.0,
-            "upper_s": 120.0,
-        }
-        agent.request("waits", {"host": "b", "slots": [slot(0, 110, waiting_s=3.4, busy_s=None)]})
 
-        def kills() -> list[dict[str, Any]]:
-            return [body for kind, body in events.request("since", {"seq": 0}).body["events"] if kind == "kill_worker"]
+        def published(kind: str) -> list[dict[str, Any]]:
+            return [body for type_, body in events.request("since", {"seq": 0}).body["events"] if type_ == kind]
 
-        (kill,) = wait_for(kills, 10, "the kill_worker event")
+        def stalled_for(seconds: float) -> None:
+            stuck = slot(1, 101, busy_s=seconds, stalled_s=seconds)
+            assert agent.request("waits", {"host": "a", "slots": [slot(0, 100), stuck]}).body == {
+                "limit_s": 30.0,
+                "kill_s": 40.0,
+                "upper_s": 120.0,
+                "excuse_s": 3.0,
+            }, "rank 1 is judged: the others may wait past the collective timeout"
+            agent.request("waits", {"host": "b", "slots": [slot(0, 110, waiting_s=seconds + 0.1, busy_s=None)]})
+
+        stalled_for(30.5)
+        (suspect,) = wait_for(lambda: published("worker_suspected"), 10, "the worker_suspected event")
+        assert (suspect["host"], suspect["local_rank"], suspect["pid"], suspect["kill_at_s"]) == ("a", 1, 101, 40.0)
+        assert not published("kill_worker"), "suspected, not killed"
+        (shown,) = agent.request("status").body["waits"]["suspected"]
+        assert (shown["host"], shown["local_rank"], shown["pid"]) == ("a", 1, 101)
+
+        stalled_for(40.1)
+        (kill,) = wait_for(lambda: published("kill_worker"), 10, "the kill_worker event")
         assert {k: kill[k] for k in ("host", "local_rank", "pid", "dump_stack")} == {
             "host": "a",
             "local_rank": 1,
             "pid": 101,
             "dump_stack": True,
         }
-        assert kill["reason"] == "hung: the others waited 3.4s for rank 1 (limit 3.0s, no progress for 3.3s)"
+        assert kill["reason"].startswith(
+            "hung: the others waited 40.2s for rank 1 (limit 40.0s, no progress in its process tree for 40.1s)"
+        )
 
-        reply = agent.request("waits", {"host": "b", "slots": [slot(0, 110, longest_wait_s=2.0)]}).body
-        assert reply == {"limit_s": 10.0, "upper_s": 120.0}
+        reply = agent.request("waits", {"host": "b", "slots": [slot(0, 110, longest_wait_s=8.0)]}).body
+        assert (reply["limit_s"], reply["upper_s"]) == (40.0, 120.0)
         reader = SqliteJobStore(tmp_path)
         saved = reader.load()
         reader.close()
-        assert saved is not None and saved[0]["job"]["wait_calibration"] == {"longest_wait_s": 2.0}, "saved before"
-        assert agent.request("status").body["waits"] == {"limit_s": 10.0, "upper_s": 120.0, "ranks": []}
+        assert saved is not None and saved[0]["job"]["wait_calibration"] == {"longest_wait_s": 8.0}, "saved before"
+        assert saved[0]["job"]["hang_doublings"] == {"a:1": [1, 101]}, "the slot's next limits double"
+        assert agent.request("status").body["waits"]["limit_s"] == 40.0
 
         with pytest.raises(ServiceError) as refused:
             agent.request("waits", {"host": "b", "slots": [slot(0, 110, waits=True)]})

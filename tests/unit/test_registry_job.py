@@ -138,6 +138,7 @@ def test_a_job_saved_before_the_fields_added_since_loads() -> None:
     newer_fields = {
         "failure_resets": 0,
         "wait_calibration": {},
+        "hang_doublings": {},
         "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True, "hang_detection": True},
     }
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (

@@ -1,5 +1,7 @@
 """WaitBoard (services/registry/waits.py): hangs judged from the agents' `waits` reports (a rank the others wait for
-while it makes no progress, or past the upper bound), the calibrated limit, the cost of each rank to the others and
+while its process tree makes no progress: suspected at the limit, killed at the kill limit, or past the upper
+bound), innocent pauses under the floor, declared waits, doubled limits for a slot hung again, the excuse from the
+collective timeout, the calibrated limit, the cost of each rank to the others and
 the stragglers it makes; bad reports refused at the door; only the current round's slots kept, and only its hosts'
 metric series."""
 
@@ -13,8 +15,10 @@ import pytest
 from bus.jobspec import JobSpec
 from bus.service import RequestError
 from services.registry import metrics
+from services.registry.hang_limits import FLOOR_S, Limits, limits_of
 from services.registry.job import Job
-from services.registry.waits import FLOOR_S, Kill, Limits, Seen, WaitBoard, limits_of, parse_waits
+from services.registry.wait_rows import parse_waits
+from services.registry.waits import Kill, Seen, WaitBoard
 
 SPEC = JobSpec.parse({"command": ["python", "train.py"], "min_np": 1, "hung_timeout": 120})
 HOSTS = [["a", [0, 1]], ["b", [0, 1]]]  # ranks: a/0 is 0, a/1 is 1, b/0 is 2, b/1 is 3
@@ -56,15 +60,55 @@ def report(board: WaitBoard, job: Job, host: str, now: float, *rows: dict[str, A
     return board.note(job, reported_host, parsed, now)
 
 
-def deadlock(board: WaitBoard, job: Job, now: float, suspect_first: bool = True, **suspect: Any) -> list[Kill]:
-    """Rank 1 (a/1) busy and stalled 3.3 s; rank 2 (b/0) has waited 3.4 s for it: the kills both reports made."""
-    stuck = {"busy_s": 3.3, "stalled_s": 3.3, **suspect}
-    reports = [("a", row("a", 1, **stuck)), ("b", row("b", 0, waiting_s=3.4))]
+def stall(board: WaitBoard, job: Job, now: float, for_s: float, suspect_first: bool = True, **suspect: Any) -> Seen:
+    """Rank 1 (a/1) busy with no progress for `for_s`; rank 2 (b/0) has waited 0.1 s longer for it: what both
+    reports made, together."""
+    stuck = {"busy_s": for_s, "stalled_s": for_s, **suspect}
+    waiter = {"waiting_s": for_s + 0.1, "pid": pid("b", 0), "round": stuck.get("round", 1)}
+    reports = [("a", row("a", 1, **stuck)), ("b", row("b", 0, **waiter))]
     first, second = reports if suspect_first else reports[::-1]
-    return report(board, job, first[0], now, first[1]).kills + report(board, job, second[0], now, second[1]).kills
+    seen = [report(board, job, host, now, body) for host, body in (first, second)]
+    return Seen(
+        seen[-1].limits,
+        False,
+        job_changed=any(s.job_changed for s in seen),
+        excuse_s=seen[-1].excuse_s,
+        suspects=seen[0].suspects + seen[1].suspects,
+        kills=seen[0].kills + seen[1].kills,
+    )
+
+
+def deadlock(board: WaitBoard, job: Job, now: float, suspect_first: bool = True, **suspect: Any) -> list[Kill]:
+    """Rank 1 stalled 40.1 s, past the kill limit at the floor (40 s): the kills."""
+    return stall(board, job, now, 40.1, suspect_first, **suspect).kills
 
 
 # -- hangs -----------------------------------------------------------------------------------------
+
+
+def test_at_the_floor_a_rank_is_suspected_after_30_s_without_progress_and_killed_after_40_s() -> None:
+    assert limits_of(SPEC, {}) == Limits(30.0, 40.0, 120.0)
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert stall(board, job, 100.0, 29.5).suspects == [], "an ordinary pause: a sleep, a lock, a child that waits"
+    seen = stall(board, job, 101.0, 30.5)
+    assert seen.kills == [] and seen.suspects == [
+        {
+            "host": "a",
+            "local_rank": 1,
+            "pid": 101,
+            "rank": 1,
+            "reason": "suspected: the others waited 30.6s for rank 1 (limit 30.0s, no progress in its process tree "
+            "for 30.5s); killed at 40.0s without progress",
+            "kill_at_s": 40.0,
+        }
+    ]
+    assert stall(board, job, 102.0, 31.5).suspects == [], "told once per stall"
+    assert board.summary(job, 102.0)["suspected"] == [
+        {"host": "a", "local_rank": 1, "rank": 1, "pid": 101, "stalled_s": 31.5, "kill_at_s": 40.0}
+    ]
+    report(board, job, "a", 103.0, row("a", 1, busy_s=32.5, stalled_s=0.2))
+    assert board.summary(job, 103.0)["suspected"] == [], "it moved again"
+    assert stall(board, job, 134.0, 30.5).suspects != [], "a later stall is a new suspicion"
 
 
 @pytest.mark.parametrize("suspect_first", [True, False])
@@ -76,7 +120,8 @@ def test_a_deadlocked_rank_that_others_wait_for_is_killed_with_a_stack_dump(susp
                 "host": "a",
                 "local_rank": 1,
                 "pid": 101,
-                "reason": "hung: the others waited 3.4s for rank 1 (limit 3.0s, no progress for 3.3s)",
+                "reason": "hung: the others waited 40.2s for rank 1 (limit 40.0s, no progress in its process tree "
+                "for 40.1s); its slot's next limits double (killed at 80s)",
                 "dump_stack": True,
             },
             1,
@@ -85,15 +130,65 @@ def test_a_deadlocked_rank_that_others_wait_for_is_killed_with_a_stack_dump(susp
     ]
 
 
+def restart_in_place(job: Job, number: int, new_pid: int) -> None:
+    """The job's next round, `number`, in which a/1 runs the worker `new_pid`."""
+    job.begin_round(number, HOSTS, float(number), {}, replacing=False)
+    for host, local_ranks in HOSTS:
+        for local_rank in local_ranks:
+            job.reports.record_started(
+                (host, local_rank), new_pid if (host, local_rank) == ("a", 1) else pid(host, local_rank)
+            )
+
+
+def test_a_slot_hung_again_after_its_restart_gets_doubled_limits_never_past_the_upper_bound() -> None:
+    """A first batch that takes 65 s without progress in every life: killed once at 40 s, then given 80 s."""
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert stall(board, job, 100.0, 40.1).job_changed and job.hang_doublings == {"a:1": [1, 101]}
+    restart_in_place(job, 2, 201)
+    again = stall(board, job, 200.0, 65.0, pid=201, round=2)
+    assert again.kills == [] and [s["kill_at_s"] for s in again.suspects] == [80.0]
+    assert "limits doubled 1x after its earlier hangs" in again.suspects[0]["reason"]
+    killed = stall(board, job, 300.0, 80.1, pid=201, round=2).kills
+    assert [kill.event["pid"] for kill in killed] == [201] and job.hang_doublings == {"a:1": [2, 201]}
+    assert "killed at 120s" in killed[0].event["reason"], "the next limit stops at the hung timeout"
+    restart_in_place(job, 3, 301)
+    assert [kill.event["pid"] for kill in stall(board, job, 400.0, 120.1, pid=301, round=3).kills] == [301]
+    assert job.hang_doublings == {"a:1": [2, 201]}, "no doubling past the upper bound"
+    restart_in_place(job, 4, 401)
+    assert report(board, job, "a", 500.0, row("a", 1, pid=401, round=4, waits=1000)).job_changed
+    assert job.hang_doublings == {}, "a worker that trained a thousand waits clears the slot's doublings"
+
+
 def test_a_rank_that_makes_progress_is_hung_only_past_the_upper_bound() -> None:
     board, job = WaitBoard(FRESH_S), running_job()
-    assert deadlock(board, job, 100.0, stalled_s=0.5) == [], "it computes or writes: a checkpoint, a compile"
-    assert deadlock(board, job, 101.0, stalled_s=None, busy_s=119.0) == []
+    assert deadlock(board, job, 100.0, stalled_s=0.5) == [], "its process tree computes or writes"
+    assert stall(board, job, 101.0, 119.0, stalled_s=None).suspects == []
     report(board, job, "a", 102.0, row("a", 1, busy_s=121.0, stalled_s=1.0))
     seen = report(board, job, "b", 102.0, row("b", 0, waiting_s=120.5))
     assert [kill.event["reason"] for kill in seen.kills] == [
         "hung: the others waited 120.5s for rank 1 (upper bound 120s, busy for 121.0s)"
     ]
+
+
+def test_a_declared_wait_is_never_judged_and_excuses_the_others() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    declared = {"busy_s": None, "stalled_s": None, "declared_s": 300.0, "declared": "downloading shard 7"}
+    report(board, job, "a", 100.0, row("a", 1, **declared))
+    seen = report(board, job, "b", 100.0, row("b", 0, waiting_s=500.0))
+    assert (seen.kills, seen.suspects, seen.excuse_s) == ([], [], FRESH_S)
+    assert board.summary(job, 101.0)["declared"] == [
+        {"host": "a", "local_rank": 1, "rank": 1, "reason": "downloading shard 7", "left_s": 299.0}
+    ]
+
+
+def test_the_others_are_excused_from_the_collective_timeout_only_while_someone_is_judged() -> None:
+    board, job = WaitBoard(FRESH_S), running_job()
+    everyone_waits = [report(board, job, h, 100.0, row(h, 0, waiting_s=70.0), row(h, 1, waiting_s=70.0)) for h in "ab"]
+    assert [seen.excuse_s for seen in everyone_waits] == [0.0, 0.0], "a wait nobody accounts for times out"
+    assert report(board, job, "a", 101.0, row("a", 1, busy_s=70.0, stalled_s=0.0)).excuse_s == FRESH_S
+    assert report(board, job, "b", 101.0 + FRESH_S + 0.5, row("b", 0, waiting_s=75.0)).excuse_s == 0.0, "stale"
+    starting = report(board, job, "a", 106.0, row("a", 1, busy_s=70.0, waits=2))
+    assert starting.excuse_s == 0.0, "a rank in its round's first waits is not judged: the timeout bounds the wait"
 
 
 def test_a_rank_in_its_first_waits_of_a_round_is_never_a_suspect() -> None:
@@ -106,34 +201,38 @@ def test_a_rank_in_its_first_waits_of_a_round_is_never_a_suspect() -> None:
 def test_a_stale_report_is_never_judged(stale: str) -> None:
     """An agent silent for three heartbeats is a lost host, discovery's to handle."""
     board, job = WaitBoard(FRESH_S), running_job()
-    suspect, waiter = ("a", row("a", 1, busy_s=9.0, stalled_s=9.0)), ("b", row("b", 0, waiting_s=9.0))
+    suspect, waiter = ("a", row("a", 1, busy_s=90.0, stalled_s=90.0)), ("b", row("b", 0, waiting_s=90.0))
     first, second = (suspect, waiter) if stale == "suspect" else (waiter, suspect)
     report(board, job, first[0], 100.0, first[1])
-    assert report(board, job, second[0], 100.0 + FRESH_S + 0.5, second[1]).kills == []
+    seen = report(board, job, second[0], 100.0 + FRESH_S + 0.5, second[1])
+    assert (seen.kills, seen.suspects) == ([], [])
 
 
 def test_a_pause_of_every_rank_is_never_a_hang() -> None:
     board, job = WaitBoard(FRESH_S), running_job()
-    paused = {"busy_s": 60.0, "stalled_s": 60.0}
+    paused = {"busy_s": 600.0, "stalled_s": 600.0}
     seen = [report(board, job, host, 100.0, row(host, 0, **paused), row(host, 1, **paused)) for host in ("a", "b")]
-    assert [s.kills for s in seen] == [[], []], "nobody waits for anybody"
+    assert [(s.kills, s.suspects) for s in seen] == [([], []), ([], [])], "nobody waits for anybody"
 
 
-def test_a_wait_under_the_floor_is_no_hang_and_raises_the_limit() -> None:
+def test_long_waits_raise_the_limit_above_the_floor() -> None:
     board, job = WaitBoard(FRESH_S), running_job()
-    report(board, job, "a", 100.0, row("a", 1, busy_s=2.0, stalled_s=2.0))
-    assert report(board, job, "b", 100.0, row("b", 0, waiting_s=2.0)).kills == []
-    seen = report(board, job, "b", 101.0, row("b", 0, busy_s=0.1, longest_wait_s=2.0, waited_total_s=2.0))
-    assert (seen.calibrated, seen.limits, job.wait_calibration) == (True, Limits(10.0, 120.0), {"longest_wait_s": 2.0})
-    assert deadlock(board, job, 102.0) == [], "3.4 s is now under the limit"
-    assert report(board, job, "b", 103.0, row("b", 0, busy_s=0.1, longest_wait_s=1.0)).calibrated is False
+    seen = report(board, job, "b", 101.0, row("b", 0, busy_s=0.1, longest_wait_s=8.0, waited_total_s=8.0))
+    assert seen.limits is not None and (seen.limits.limit_s, seen.limits.kill_s) == (40.0, pytest.approx(53.33, 0.01))
+    assert (seen.job_changed, seen.limits, job.wait_calibration) == (
+        True,
+        limits_of(SPEC, {"longest_wait_s": 8.0}),
+        {"longest_wait_s": 8.0},
+    )
+    assert stall(board, job, 102.0, 35.0).suspects == [], "35 s is now under the limit"
+    assert report(board, job, "b", 103.0, row("b", 0, busy_s=0.1, longest_wait_s=1.0)).job_changed is False
 
 
-def test_the_limit_never_exceeds_the_hung_timeout() -> None:
+def test_the_limits_never_exceed_the_hung_timeout() -> None:
     short = JobSpec.parse({"command": ["python", "train.py"], "hung_timeout": 20})
-    assert limits_of(short, {"longest_wait_s": 10.0, "typical_busy_s": 1.0}) == Limits(20.0, 20.0)
-    assert limits_of(short, {"typical_busy_s": 1.5}) == Limits(7.5, 20.0), "the typical busy time counts too"
-    assert limits_of(JobSpec.parse({"command": ["x"], "hung_timeout": 2}), {}) == Limits(2.0, 2.0)
+    assert limits_of(short, {"longest_wait_s": 10.0, "typical_busy_s": 1.0}) == Limits(20.0, 20.0, 20.0)
+    assert limits_of(SPEC, {"typical_busy_s": 9.0}) == Limits(45.0, 60.0, 120.0), "the typical busy time counts too"
+    assert limits_of(JobSpec.parse({"command": ["x"], "hung_timeout": 2}), {}) == Limits(2.0, 2.0, 2.0)
 
 
 def test_the_kill_is_sent_again_only_after_ten_seconds_while_the_same_worker_reports() -> None:
@@ -142,6 +241,7 @@ def test_the_kill_is_sent_again_only_after_ten_seconds_while_the_same_worker_rep
     assert [deadlock(board, job, now) for now in (101.0, 105.0, 109.9)] == [[], [], []]
     again = deadlock(board, job, 110.0)
     assert [(kill.event["pid"], kill.first) for kill in again] == [(101, False)], "in case the event was lost"
+    assert job.hang_doublings == {"a:1": [1, 101]}, "a resend doubles nothing"
 
 
 def test_reports_of_a_worker_that_is_not_the_rounds_or_has_failed_are_not_judged() -> None:
@@ -157,12 +257,13 @@ def test_a_job_without_hang_detection_is_told_no_limits_and_never_judged() -> No
     board = WaitBoard(FRESH_S)
     assert deadlock(board, job, 100.0) == []
     seen = report(board, job, "b", 101.0, row("b", 0, longest_wait_s=2.0))
-    assert (seen.limits, seen.calibrated, job.wait_calibration) == (None, False, {})
+    assert (seen.limits, seen.job_changed, job.wait_calibration) == (None, False, {})
+    assert seen.reply() == {"limit_s": None, "kill_s": None, "upper_s": None, "excuse_s": 0.0}
 
 
 def test_the_floor_is_the_limit_until_waits_are_seen() -> None:
     seen = report(WaitBoard(FRESH_S), running_job(), "a", 100.0, row("a", 0))
-    assert (seen.limits, seen.calibrated) == (Limits(limit_s=FLOOR_S, upper_s=120.0), False)
+    assert (seen.limits, seen.job_changed) == (Limits(limit_s=FLOOR_S, kill_s=40.0, upper_s=120.0), False)
 
 
 # -- what each rank costs the others -------------------------------------------------------------
@@ -234,6 +335,8 @@ def test_a_new_round_drops_the_slots_it_left_out() -> None:
         ({"host": "a", "slots": [row("a", 0, longest_wait_s=None)]}, "slots[0].longest_wait_s"),
         ({"host": "a", "slots": [row("a", 0, waited_total_s=float("nan"))]}, "slots[0].waited_total_s"),
         ({"host": "a", "slots": [{k: v for k, v in row("a", 0).items() if k != "typical_busy_s"}]}, "typical_busy_s"),
+        ({"host": "a", "slots": [row("a", 0, declared_s=-1.0)]}, "slots[0].declared_s"),
+        ({"host": "a", "slots": [row("a", 0, declared_s=5.0, declared=7)]}, "slots[0].declared"),
     ],
 )
 def test_a_bad_report_is_refused_with_one_line_naming_the_field(body: dict[str, Any], named: str) -> None:

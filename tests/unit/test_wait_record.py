@@ -1,20 +1,25 @@
-"""The wait record both ends read and write (slot_processes/wait_record.py), a process's progress as the agent samples
-it, the stack dump a hung worker answers with, and when the agent reports (agent/wait_watch.py)."""
+"""The wait record both ends read and write (slot_processes/wait_record.py), declared waits and the agent's excuse in
+it, a process tree's progress as the agent samples it (agent/process_tree.py), the stack dump a hung worker answers
+with, and when and what the agent reports (agent/wait_watch.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 
-from agent.wait_watch import WaitWatch, _progressed, process_progress
+from agent import process_tree
+from agent.gpu_activity import GpuActivity
+from agent.wait_watch import WaitWatch, progressed
 from agent.workers import Worker
 from bus.envelope import Message
 from slot_processes import wait_record
@@ -119,10 +124,7 @@ def test_a_worker_holding_the_gil_in_native_code_answers_the_stack_dump_and_make
     process = subprocess.Popen([sys.executable, "-c", HANGS], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline() == "ready\n"
-        before = process_progress(process.pid)
-        time.sleep(0.3)
-        after = process_progress(process.pid)
-        assert before is not None and after is not None and not _progressed(before, after, 0.3)
+        assert not tree_progressed(process.pid, 0.3)
         os.kill(process.pid, wait_record.STACK_DUMP_SIGNAL)
         wait_for(lambda: "stuck_in_native_code" in stack_file.read_text(), 10, "the stack in the dump file")
         assert process.poll() is None, "the dump does not end the process"
@@ -131,22 +133,139 @@ def test_a_worker_holding_the_gil_in_native_code_answers_the_stack_dump_and_make
         process.wait()
 
 
+def tree_progressed(root: int, seconds: float) -> bool:
+    """Did the tree rooted at `root` make progress over `seconds`, as the agent samples it?"""
+    before = process_tree.tree_used(root)
+    time.sleep(seconds)
+    after = process_tree.tree_used(root)
+    assert before is not None and after is not None
+    return progressed(process_tree.progress(before, after), seconds)
+
+
 def test_a_spinning_process_makes_progress(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        before = process_progress(process.pid)
-        time.sleep(0.5)
-        after = process_progress(process.pid)
-        assert before is not None and after is not None and _progressed(before, after, 0.5)
+        assert tree_progressed(process.pid, 0.5)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
 
 
+# A worker that waits in its own code while what it started runs: a child (`subprocess.run`), or a grandchild under
+# a shell, that computes or sleeps. The worker itself uses no CPU.
+WAITS_ON = """
+import subprocess, sys
+print("ready", flush=True)
+subprocess.run(sys.argv[1:])
+"""
+COMPUTES = [sys.executable, "-c", "while True: pass"]
+
+
+@pytest.mark.parametrize(
+    ("started", "makes_progress"),
+    [
+        (COMPUTES, True),
+        (["sh", "-c", f"{sys.executable} -c 'while True: pass'; true"], True),  # a grandchild computes
+        (["sleep", "30"], False),  # a child that waits: only time tells it from a deadlock
+    ],
+    ids=["child-computes", "grandchild-computes", "child-waits"],
+)
+def test_a_trees_progress_counts_its_descendants(started: list[str], makes_progress: bool) -> None:
+    worker = subprocess.Popen([sys.executable, "-c", WAITS_ON, *started], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        wait_for(
+            lambda: len(process_tree.tree_used(worker.pid) or {}) >= (3 if started[0] == "sh" else 2), 10, "its tree"
+        )
+        root_only = process_tree.process_used(worker.pid)
+        assert tree_progressed(worker.pid, 0.5) is makes_progress
+        alone = process_tree.process_used(worker.pid)
+        assert root_only is not None and alone is not None and alone[1].cpu_ticks - root_only[1].cpu_ticks <= 5, (
+            "the worker itself does nothing: the progress is its descendants'"
+        )
+    finally:
+        for key in process_tree.tree_used(worker.pid) or {}:
+            os.kill(key[0], signal.SIGKILL)
+        worker.wait()
+
+
+PREPARES_DATA = """
+import subprocess, sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+subprocess.run([sys.executable, "-c", "import time\\nt = time.time()\\nwhile time.time() - t < 0.4: pass"])
+print("prepared", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_child_that_computed_and_exited_between_samples_counts() -> None:
+    """Its time moves into the worker's own counters once reaped (cutime): a short data-preparation step."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", PREPARES_DATA], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        before = process_tree.tree_used(worker.pid)
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        assert worker.stdout.readline() == "prepared\n"
+        after = process_tree.tree_used(worker.pid)
+        assert before is not None and after is not None and len(after) == 1, "the child is gone"
+        assert process_tree.progress(before, after).cpu_seconds >= 0.2
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_tree_is_read_to_a_bound() -> None:
+    assert process_tree.tree_used(2**22 + 7) is None, "a process that is gone"
+    assert process_tree.descendants_readable(), "this kernel lists children (CONFIG_PROC_CHILDREN)"
+
+
+def test_without_nvml_the_gpu_activity_is_unavailable_and_says_why() -> None:
+    gpus = GpuActivity("libnvidia-ml-not-here.so.1")
+    assert not gpus.available and "not found" in gpus.reason and gpus.busy_pids() == set()
+
+
+# -- declared waits and the agent's excuse ---------------------------------------------------------
+
+
+def test_a_declared_wait_is_seen_with_its_reason_and_restarts_the_busy_time_when_it_ends(record_path: str) -> None:
+    record, reader = WaitRecord(record_path), RecordReader(record_path)
+    record.begin_round(1)
+    with record.waiting():
+        pass
+    before = reader.read()
+    record.declare("downloading shard 7", 60.0)
+    record.declare("x" * 200, 5.0)  # nested, with a reason longer than the record keeps
+    inner = reader.read()
+    record.end_declared()
+    outer = reader.read()
+    record.end_declared()
+    after = reader.read()
+    assert before is not None and inner is not None and outer is not None and after is not None
+    assert inner.declared_reason == "x" * wait_record.REASON_BYTES
+    assert inner.declared_until == outer.declared_until >= time.monotonic() + 59, "until the latest end"
+    assert outer.declared_reason == "downloading shard 7"
+    assert (after.declared_until, after.declared_reason) == (0.0, "")
+    assert after.busy_since > before.busy_since, "busy again from the declaration's end"
+
+
+def test_the_agents_excuse_lets_the_worker_wait_past_the_timeout_until_it_runs_out(record_path: str) -> None:
+    record, reader = WaitRecord(record_path), RecordReader(record_path)
+    assert not record.excused()
+    reader.excuse(time.monotonic() + 0.3)
+    assert record.excused()
+    wait_for(lambda: not record.excused(), 5, "the excuse to run out")
+    assert not NoRecord().excused(), "a worker no agent watches always has the collective timeout"
+
+
 class Registry:
     """Where WaitWatch sends its reports: each is kept, and answered with the limits given."""
 
-    def __init__(self, limits: dict[str, float]) -> None:
+    def __init__(self, limits: dict[str, Any]) -> None:
         self.sent: list[dict[str, Any]] = []
         self.limits = limits
 
@@ -156,11 +275,13 @@ class Registry:
         on_reply(Message(type="waits", body=self.limits))
 
 
-def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextlib.contextmanager
+def watched_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limits: dict[str, Any]
+) -> Iterator[tuple[WaitWatch, Registry, WaitRecord]]:
+    """A WaitWatch whose registry answers `limits`, watching one worker (a sleeping process) in round 1."""
     monkeypatch.setenv("ELASTIC_SHM_DIR", str(tmp_path))
-    registry = Registry({"limit_s": 0.2, "upper_s": 5.0})
+    registry = Registry(limits)
     watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger())  # type: ignore[arg-type]
     files = watch.new_files()
     assert files is not None
@@ -169,6 +290,17 @@ def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
         watch.watch(worker, files)
         record = WaitRecord(files.record)
         record.begin_round(1)
+        yield watch, registry, record
+    finally:
+        watch.forget(worker.pid)
+        worker.process.kill()
+        worker.process.wait()
+
+
+def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with watched_worker(tmp_path, monkeypatch, {"limit_s": 0.2, "upper_s": 5.0}) as (watch, registry, record):
         watch.report()
         assert [row["round"] for row in registry.sent[-1]["slots"]] == [1] and len(registry.sent) == 1
         record.__enter__()  # the worker waits for the others
@@ -178,8 +310,23 @@ def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
             watch.tick()
         assert len(registry.sent) == 2, "a limit crossed is reported once"
         record.__exit__(None)
-        watch.forget(worker.pid)
-        assert not list(tmp_path.glob("elastic-*")), "the worker's files go with it"
-    finally:
-        worker.process.kill()
-        worker.process.wait()
+    assert not list(tmp_path.glob("elastic-*")), "the worker's files go with it"
+
+
+def test_the_agent_reports_a_declared_wait_not_as_busy_and_writes_the_registrys_excuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limits = {"limit_s": 30.0, "kill_s": 40.0, "upper_s": 120.0, "excuse_s": 3.0}
+    with watched_worker(tmp_path, monkeypatch, limits) as (watch, registry, record):
+        with record.waiting():
+            pass
+        record.declare("fetching the next shard", 90.0)
+        watch.report()
+        (row,) = registry.sent[-1]["slots"]
+        assert (row["busy_s"], row["stalled_s"], row["declared"]) == (None, None, "fetching the next shard")
+        assert 89.0 < row["declared_s"] <= 90.0
+        assert record.excused(), "the reply's excuse is in the worker's record"
+        record.end_declared()
+        watch.report()
+        (row,) = registry.sent[-1]["slots"]
+        assert row["declared"] is None and row["busy_s"] is not None and row["busy_s"] < 1.0

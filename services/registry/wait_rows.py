@@ -1,0 +1,72 @@
+"""The `waits` report at the registry's door: one row per worker, as its agent saw it (agent/wait_watch.py), parsed
+into `WaitRow`s or refused with a `bad_request` error naming the first field that is wrong."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bus.service import RequestError
+from bus.service import field as body_field
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """One worker's waits as its agent saw them when it sent the report."""
+
+    local_rank: int
+    pid: int
+    round: int
+    waits: int
+    waiting_s: float | None
+    busy_s: float | None
+    stalled_s: float | None
+    longest_wait_s: float
+    typical_busy_s: float
+    waited_total_s: float
+    declared_s: float | None = None  # seconds left of the wait it declared, None outside one
+    declared: str | None = None  # the reason it declared
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds waited over the worker's life, the wait under way included."""
+        return self.waited_total_s + (self.waiting_s or 0.0)
+
+
+def parse_waits(body: dict[str, Any]) -> tuple[str, list[WaitRow]]:
+    """The host and its rows of a `waits` request; a `bad_request` error naming the first field that is wrong."""
+    host, slots = body_field(body, "host", str), body.get("slots")
+    if not isinstance(slots, list):
+        raise RequestError("bad_request", "field 'slots' must be a list")
+    return host, [_row(item, f"slots[{index}]") for index, item in enumerate(slots)]
+
+
+def _row(item: Any, where: str) -> WaitRow:
+    if not isinstance(item, dict):
+        raise RequestError("bad_request", f"{where} must be a map")
+    counts = {name: _count(item, name, where) for name in ("local_rank", "pid", "round", "waits")}
+    spans = {
+        name: _seconds(item, name, where, optional=True) for name in ("waiting_s", "busy_s", "stalled_s", "declared_s")
+    }
+    totals = {name: _seconds(item, name, where) for name in ("longest_wait_s", "typical_busy_s", "waited_total_s")}
+    declared = item.get("declared")
+    if declared is not None and not isinstance(declared, str):
+        raise RequestError("bad_request", f"{where}.declared must be a string or null")
+    return WaitRow(**counts, **spans, **totals, declared=declared)
+
+
+def _count(item: dict[str, Any], name: str, where: str) -> int:
+    value = item.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RequestError("bad_request", f"{where}.{name} must be an integer >= 0")
+    return value
+
+
+def _seconds(item: dict[str, Any], name: str, where: str, optional: bool = False) -> Any:
+    value = item.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise RequestError("bad_request", f"{where}.{name} must be seconds >= 0" + (" or null" if optional else ""))
+    return float(value)
