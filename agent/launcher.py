@@ -25,7 +25,7 @@ from agent.snapshots import SnapshotKeeper
 from agent.wait_watch import WaitWatch
 from agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
 from bus.assignments import SlotInfo
-from bus.contract import JobPlan
+from bus.contract import JobPlan, WorkerEnv
 from bus.service import Service
 
 
@@ -81,6 +81,8 @@ class Launcher:
         files = self.watch.new_files() if plan.hang_detection and plan.mode == "horovod" else None
         if files is not None:
             env.update(files.env())
+            if plan.hung_timeout is not None:
+                env[WorkerEnv.HUNG_TIMEOUT] = f"{plan.hung_timeout:g}"
         worker = None
         try:
             worker = self._process(local_rank, plan, env, may_spawn)

@@ -34,8 +34,10 @@ from bus.client import AsyncClient
 from bus.envelope import Message
 from slot_processes import wait_record
 
-SAMPLE_AFTER = 0.5  # seconds busy before the process's progress is sampled (a training step is shorter)
-SAMPLE_EVERY = 0.25
+# A tree costs ~4 ms to sample (a worker with 4 DataLoader workers and a child: bench/hangs.py's `tree`), so it is
+# sampled only once a worker has been busy longer than a training step, once a second: the limits are 30 s or more.
+SAMPLE_AFTER = 5.0  # seconds busy before the tree's progress is sampled (its stall still counts from the start)
+SAMPLE_EVERY = 1.0
 PROGRESS_CPU_SHARE = 0.05  # of one core, over a sample: below it (and without I/O) the tree made no progress
 PROGRESS_IO_BYTES = 256 * 1024
 _FILE_NAME = re.compile(r"^elastic-(?:waits|stack)-(\d+)-")

@@ -1,15 +1,16 @@
 """Hung workers and slow ranks (issue 35): how soon a job trains again after a worker hangs, whether its stack reached
 the output, how soon a slow rank is named, what the wait accounting costs, and whether long pauses look like hangs.
 
-    python -m bench.hangs [--only hang,straggler,cost,pauses] [--baseline] [--cost-steps 300]
+    python -m bench.hangs [--only hang,straggler,cost,tree,pauses] [--baseline] [--cost-steps 300]
                           [--pause-minutes 10]
 
 Every run: 3 hosts x 1 slot, the production intervals (heartbeat 1 s, collective timeout 60 s), every default of
 the job spec, `tests/workers/stalls.py` (a Horovod-style elastic loop, DistributedOptimizer, commit every 5 steps)
 with 50 ms steps:
   hang       host-3's worker deadlocks in its own code at step 100 (a lock it holds). Printed: from its last
-             step to the survivors' first step in a later round (`others_again_s`), from then to the first step at
-             full size again (`full_size_after_s`; 0 when the replacement was ready before the survivors re-formed),
+             step to the `worker_suspected` event (`suspected_after_s`: the calibrated limit, 30 s at the floor),
+             to the survivors' first step in a later round (`others_again_s`), from then to the first step at full
+             size again (`full_size_after_s`; 0 when the replacement was ready before the survivors re-formed),
              and whether the function it hung in is in the job's output.
              `--baseline` also runs it with `--no-hang-detection` (what the job did before: the collective
              timeout, then the hung timeout; about three minutes).
@@ -19,6 +20,11 @@ with 50 ms steps:
              step by step (a 1M-parameter MLP and a small conv net, `--cost-steps` each), one writing its waits to
              the wait record, one not: the median ms per step of each, the ratio on/off, the waits per step, what
              recording one wait costs (timed apart) and so its share of a step.
+  tree       what the agent pays to sample a worker's process tree (agent/process_tree.py) beside sampling the
+             worker alone (the baseline, what it did before): a worker with a DataLoader of 4 workers and a
+             subprocess, each read 2,000 times; µs per sample, and the share of one core the agent spends at one
+             sample every SAMPLE_EVERY (only while a worker has been busy SAMPLE_AFTER outside every collective,
+             so never during ordinary steps).
   pauses     a `--pause-minutes` job in which every rank pauses 60 s every 2,000 steps (an evaluation) and
              host-2's rank 2 s every 100 steps (slow data): hangs declared (expected 0) and rounds.
 """
@@ -27,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent import process_tree
+from agent.wait_watch import SAMPLE_AFTER, SAMPLE_EVERY
 from bench.common import cluster, steps
 from testing.harness import Cluster, read_events, wait_for
 
@@ -92,10 +102,17 @@ def hang(workdir: Path, detection: bool) -> None:
             "full size again, or the job's end",
         )
         code = job.wait(timeout=600)
+        suspected = [
+            body["time"]
+            for event, body in c.call("notifier", "since", {"seq": 0})["events"]
+            if event == "worker_suspected"
+        ]
+        suspected_after = f"{suspected[0] - hung['time']:.2f}" if suspected else "never"
         full_after = f"{full['time'] - again['time']:.2f}" if isinstance(full, dict) else "never(ended at size 2)"
         output = c.output("agent-host-3")
         print(
-            f"HANG detection={'on' if detection else 'off'} others_again_s={again['time'] - hung['time']:.2f} "
+            f"HANG detection={'on' if detection else 'off'} suspected_after_s={suspected_after} "
+            f"others_again_s={again['time'] - hung['time']:.2f} "
             f"full_size_after_s={full_after} "
             f"stack_in_output={'load_next_batch_deadlocked' in output} exit={code}",
             flush=True,
@@ -155,6 +172,43 @@ def cost(steps_per_model: int) -> None:
             )
 
 
+TREE = """
+import subprocess, sys, time
+import torch
+from torch.utils.data import DataLoader
+loader = iter(DataLoader(torch.zeros(1000, 4), batch_size=1, num_workers=4))
+next(loader)
+child = subprocess.Popen(["sleep", "600"])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def tree(samples: int = 2000) -> None:
+    """The cost of sampling a worker's whole tree, against sampling the worker alone (the baseline)."""
+    worker = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        processes = len(process_tree.tree_used(worker.pid) or {})
+        timings = {}
+        for name, sample in (("alone", process_tree.process_used), ("tree", process_tree.tree_used)):
+            began = time.perf_counter()
+            for _ in range(samples):
+                sample(worker.pid)
+            timings[name] = (time.perf_counter() - began) / samples * 1e6
+        print(
+            f"TREE processes={processes} us_per_sample_alone={timings['alone']:.1f} "
+            f"us_per_sample_tree={timings['tree']:.1f} ratio={timings['tree'] / timings['alone']:.2f} "
+            f"agent_core_share_while_sampling={timings['tree'] / 1e6 / SAMPLE_EVERY:.5f} "
+            f"sampled_after_busy_s={SAMPLE_AFTER}",
+            flush=True,
+        )
+    finally:
+        for key in process_tree.tree_used(worker.pid) or {}:
+            os.kill(key[0], signal.SIGKILL)
+        worker.wait()
+
+
 def pauses(workdir: Path, minutes: float) -> None:
     with cluster(PRODUCTION) as c:
         log_dir = workdir / "pauses"
@@ -181,11 +235,12 @@ def pauses(workdir: Path, minutes: float) -> None:
         job.wait(timeout=60)
         notices = c.call("notifier", "since", {"seq": 0})["events"]
         hangs = sum(1 for event, _ in notices if event in ("kill_worker", "worker_hung"))
+        suspects = sum(1 for event, _ in notices if event == "worker_suspected")
         all_steps = steps(log_dir)
         print(
             f"PAUSES minutes={minutes:g} steps={max(e['step'] for e in all_steps)} "
             f"evaluations={max(e['step'] for e in all_steps) // 2000} "
-            f"rounds={sorted({e['round'] for e in all_steps})} hangs_declared={hangs} "
+            f"rounds={sorted({e['round'] for e in all_steps})} hangs_declared={hangs} suspected={suspects} "
             f"limit_s={status['waits']['limit_s']}",
             flush=True,
         )
@@ -193,7 +248,7 @@ def pauses(workdir: Path, minutes: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", default="hang,straggler,cost,pauses")
+    parser.add_argument("--only", default="hang,straggler,cost,tree,pauses")
     parser.add_argument("--baseline", action="store_true")
     parser.add_argument("--cost-steps", type=int, default=300)
     parser.add_argument("--pause-minutes", type=float, default=10.0)
@@ -209,6 +264,8 @@ def main() -> None:
             straggler(workdir)
         if "cost" in chosen:
             cost(args.cost_steps)
+        if "tree" in chosen:
+            tree()
         if "pauses" in chosen:
             pauses(workdir, args.pause_minutes)
     finally:

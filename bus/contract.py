@@ -36,6 +36,7 @@ class WorkerEnv:
     RESET_LIMIT = (
         "ELASTIC_RESET_LIMIT"  # torchrun mode: the job's reset limit (TORCHELASTIC_MAX_RESTARTS); absent: none
     )
+    HUNG_TIMEOUT = "ELASTIC_HUNG_TIMEOUT"  # the job's --hung-timeout, for a worker whose waits its agent watches
     SNAPSHOT_WRITER = (
         "ELASTIC_SNAPSHOT_WRITER"  # torchrun mode: "1" when this round's command writes the host's snapshot
     )
@@ -73,6 +74,7 @@ class JobPlan:
     preload: tuple[str, ...] = ()
     fork_server: bool = True
     hang_detection: bool = True
+    hung_timeout: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +103,7 @@ class JobPlan:
             else (),
             fork_server=body.get("fork_server") is not False,
             hang_detection=body.get("hang_detection") is not False,
+            hung_timeout=_number(body.get("hung_timeout")),
         )
 
 

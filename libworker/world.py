@@ -47,16 +47,13 @@ from bus.client import ServiceError, Unreachable
 from bus.config import Timing
 from bus.contract import WorkerEnv
 from bus.envelope import Message
+from bus.jobspec import JobSpec
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
 from slot_processes import rounds, wait_record
 from slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 
 FLIGHT_PRUNE_MIN = 64
-# gloo's own timeout for a collective, when the agent watches this worker's waits: the wait loops end a wait at the
-# collective timeout unless the registry judges the rank it waits for (libworker.collectives.timed_out), so gloo
-# must not end it first. Without a watching agent, and for NCCL, the collective timeout is gloo's and NCCL's.
-JUDGED_GROUP_TIMEOUT = timedelta(days=7)
 HOST_ADDED, HOST_REMOVED = 1, 2
 ARRIVED_KEY, ARRIVAL_POLL_MAX = "ranks_arrived", 0.02
 
@@ -252,7 +249,7 @@ def enter_next_round() -> None:
     _await_every_rank(store)
     world.backend = devices.backend()
     if world.backend == "gloo" and isinstance(world.waits, wait_record.WaitRecord):
-        timeout = JUDGED_GROUP_TIMEOUT
+        timeout = judged_group_timeout()
     try:
         dist.init_process_group(
             world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout
@@ -266,6 +263,19 @@ def enter_next_round() -> None:
         except (RuntimeError, dist.DistError) as exc:
             world.poisoned = True
             raise WorkerInternalError(f"setting up round {world.round} failed: {exc}") from None
+
+
+def judged_group_timeout() -> timedelta:
+    """gloo's own timeout for a collective when the agent watches this worker's waits. The wait loops go past the
+    collective timeout while the registry judges the rank they wait for (libworker.collectives.timed_out), which it
+    kills by the job's hung timeout at the latest, so gloo must not end the wait first; it still ends, so a round's
+    group retired with works pending is released (torch_compat.RetiredGroups). Without a watching agent, and for
+    NCCL, the collective timeout is gloo's and NCCL's."""
+    try:
+        hung_timeout = float(os.environ.get(WorkerEnv.HUNG_TIMEOUT, JobSpec.hung_timeout))
+    except ValueError:
+        hung_timeout = JobSpec.hung_timeout
+    return timedelta(seconds=world.timing.collective_timeout + max(hung_timeout, world.timing.collective_timeout))
 
 
 def _await_every_rank(store: dist.Store) -> None:

@@ -6,18 +6,18 @@ only time tells them apart, so the limits start above a floor that ordinary paus
 slow read, a child that waits: up to 30 s, at any point of a job). `limit` is MARGIN times the longest wait and the
 typical time between waits any report of the job showed (the maxima kept in `Job.wait_calibration`, saved with
 the job), at least FLOOR_S and at most the job's `hung_timeout`, which is `upper`; `kill` is KILL_FACTOR times
-`limit`, at most `upper`. A slot is judged (`stage`) when it is not waiting, is past the first IGNORED_WAITS waits
-of its round (they wait for ranks that restore, load or compile), is not inside a wait it declared (the agent
-reports none of its busy time until the declaration ends) and has been busy: with no progress of its process tree
-for `limit` it is SUSPECT, for `kill` it is HUNG; busy for `upper` it is HUNG whatever it did (it computes or
-writes: a checkpoint save or a first compile is no hang before the explicit bound). Each slot killed for no
+`limit`, at most `upper`. A slot is judged (`stage`) when it is not waiting, is not inside a wait it declared (the
+agent reports none of its busy time until the declaration ends) and has been busy: for `upper` it is HUNG whatever
+it did (it computes or writes: a checkpoint save or a first compile is no hang before the explicit bound); past
+the first IGNORED_WAITS waits of its round (they wait for ranks that restore, load or compile), with no progress of
+its process tree for `limit` it is SUSPECT, for `kill` it is HUNG. Each slot killed for no
 progress has its later limits doubled (`Job.hang_doublings`, saved with the job, at most MAX_DOUBLINGS, never past
 `upper`; `doublings_for`): a rank that hangs again at the same place after its restart (a first batch slower than
 the limit in every life) is given longer, not crash-looped; its worker doing RECOVERED_WAITS waits in one round
 clears it.
 
-A slot under judgement (`judged`: busy past its first waits, or inside a wait it declared) bounds the others' wait
-for it, so the registry excuses them from the collective timeout (services/registry/waits.py).
+A slot under judgement (`judged`: busy, or inside a wait it declared) bounds the others' wait for it, so the
+registry excuses them from the collective timeout (services/registry/waits.py).
 """
 
 from __future__ import annotations
@@ -88,22 +88,22 @@ def calibrate(calibration: MutableMapping[str, float], rows: Iterable[WaitRow]) 
 
 
 def judged(row: WaitRow) -> bool:
-    """Is the slot under judgement: busy past its round's first waits, or inside a wait it declared?"""
-    return row.waiting_s is None and (
-        row.declared_s is not None or (row.busy_s is not None and row.waits >= IGNORED_WAITS)
-    )
+    """Is the slot under judgement: busy (bounded by the upper bound at least), or inside a wait it declared?"""
+    return row.waiting_s is None and (row.declared_s is not None or row.busy_s is not None)
 
 
 def stage(row: WaitRow, limits: Limits) -> tuple[str, float] | None:
     """(SUSPECT or HUNG, how long the others must wait for it) for a slot that may hang the others; None when it is
-    none."""
-    if row.waiting_s is not None or row.busy_s is None or row.waits < IGNORED_WAITS or row.declared_s is not None:
+    none. Busy for the upper bound, it is HUNG even in its round's first waits."""
+    if row.waiting_s is not None or row.busy_s is None or row.declared_s is not None:
+        return None
+    if row.busy_s >= limits.upper_s:
+        return HUNG, limits.upper_s
+    if row.waits < IGNORED_WAITS:
         return None
     stalled = row.stalled_s or 0.0  # never more than busy_s: it counts from the busy stretch's start at the most
     if stalled >= limits.kill_s:
         return HUNG, limits.kill_s
-    if row.busy_s >= limits.upper_s:
-        return HUNG, limits.upper_s
     if stalled >= limits.limit_s:
         return SUSPECT, limits.limit_s
     return None

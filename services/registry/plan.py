@@ -28,7 +28,9 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
     - `preload`, `fork_server`: what the hosts' fork servers import beyond torch, and whether the job's workers
       are forked from them at all (agent/fork_server.py);
     - `hang_detection`: whether the agents measure their workers' waits (agent/wait_watch.py) for the registry to
-      find hung ranks and each rank's cost to the others (services/registry/waits.py).
+      find hung ranks and each rank's cost to the others (services/registry/waits.py);
+    - `hung_timeout`: the upper bound of a hang, which bounds how long a watched worker's gloo collectives wait
+      (libworker/world.py).
     """
     spec = job.spec
     assert spec is not None, "a round is planned only for a submitted job"
@@ -47,5 +49,6 @@ def round_plan(job: Job, size: int) -> dict[str, Any]:
         preload=tuple(spec.preload),
         fork_server=spec.fork_server,
         hang_detection=spec.hang_detection,
+        hung_timeout=spec.hung_timeout,
     )
     return {**plan.to_wire(), "round": job.round, "hosts": job.round_hosts, "size": size}

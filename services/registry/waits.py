@@ -15,10 +15,10 @@ and lets it run) and a HUNG slot's agent is sent `kill_worker` (with a stack dum
 the same pid reports; the slot fails when its agent reports the exit (services/registry/exits.py). A kill for no
 progress doubles the slot's later limits (`Job.hang_doublings`).
 
-The collective timeout. While some live slot of the round is judged (busy past its first waits, or inside a
-declared wait, which ends), the others' waits are bounded by the judgement, not by the collective timeout: every
-reply says so (`excuse_s`: `fresh_s`; 0 when no slot is judged, as when every rank waits), and the agents let their
-workers wait on past the timeout for that long.
+The collective timeout. While some live slot of the round is judged (busy, bounded by the upper bound at least,
+or inside a declared wait, which ends), the others' waits are bounded by the judgement, not by the collective
+timeout: every reply says so (`excuse_s`: `fresh_s`; 0 when no slot is judged, as when every rank waits), and the
+agents let their workers wait on past the timeout for that long.
 
 A rank's cost to the others: in a synchronous job every rank spends the same
 wall time, so rank r kept the rank that waits most waiting for the difference

@@ -1,8 +1,11 @@
-"""Hung workers and slow ranks (issue 35), with every default of the job spec: a worker that stops in its own code
-without dying is found by how long the others wait for it, gives its stack to the job's output, and is replaced in
-place; pauses of every rank and short stalls of one are not hangs; a slow rank is named in `elasticctl status`.
+"""Hung workers and slow ranks (issues 35 and 43), with every default of the job spec: a worker that stops in its own
+code without dying (no progress anywhere in its process tree) is found by how long the others wait for it: at the
+calibrated limit (30 s at the floor) it is suspected and its stack shown while it runs on, at the kill limit (40 s)
+it gives its stack again and is replaced in place; pauses of every rank and short stalls of one are not hangs; a
+slow rank is named in `elasticctl status`. The innocent cases beside these are in test_innocent_waits.py.
 
-The harness's collective timeout is 20 s: a job that trains again well before it found the hang by the waits."""
+The harness's collective timeout is 20 s: the others wait past it (excused while the hung rank is under judgement)
+and train again once the hang is found, within the 45 s the issue sets."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from tests.integration.test_metrics import scrape
 
 HOSTS = ("host-1", "host-2", "host-3")
 STALLS = [sys.executable, "tests/workers/stalls.py"]
-FOUND_WELL_BEFORE_THE_COLLECTIVE_TIMEOUT = 12.0
+TRAINING_AGAIN_WITHIN = 45.0
+SUSPECTED_AFTER = (30.0, 35.0)  # the calibrated limit at the floor, and the 5 s the issue allows for its stack
 
 
 def start(cluster: Cluster, tmp_path: Path, *script_args: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -58,14 +62,25 @@ def hang_and_recover(cluster: Cluster, tmp_path: Path, how: str) -> tuple[Path, 
     wait_for(lambda: events(log_dir, "hanging"), 120, "host-3's worker to hang")
     hung = events(log_dir, "hanging")[0]
 
+    def suspected_in_status() -> list[dict[str, Any]]:
+        return (cluster.status().get("waits") or {}).get("suspected") or []
+
+    (shown,) = wait_for(suspected_in_status, 60, "`elasticctl status` showing host-3's rank as suspected")
+    assert (shown["host"], shown["pid"], shown["kill_at_s"]) == ("host-3", hung["pid"], 40.0), shown
+
     def survivors_again() -> float | None:
         later = [e["time"] for e in events(log_dir, "step") if e["round"] > hung["round"] and e["host"] != "host-3"]
         return min(later, default=None)
 
-    again = wait_for(survivors_again, 60, "the survivors training in a round after the hang")
-    assert again - hung["time"] < FOUND_WELL_BEFORE_THE_COLLECTIVE_TIMEOUT, (
+    again = wait_for(survivors_again, 90, "the survivors training in a round after the hang")
+    assert again - hung["time"] < TRAINING_AGAIN_WITHIN, (
         f"the others trained again {again - hung['time']:.1f}s after the hang: not found by their waits"
     )
+    (suspected,) = [
+        event for event in cluster.call("notifier", "since", {"seq": 0})["events"] if event[0] == "worker_suspected"
+    ]
+    after = suspected[1]["time"] - hung["time"]
+    assert SUSPECTED_AFTER[0] <= after <= SUSPECTED_AFTER[1], f"suspected {after:.1f}s after it hung"
     assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
     last = events(log_dir, "step")[-1]
     assert last["size"] == 3 and last["step"] == 140, last
@@ -76,15 +91,17 @@ def hang_and_recover(cluster: Cluster, tmp_path: Path, how: str) -> tuple[Path, 
     return log_dir, hung, cluster.output("agent-host-3")
 
 
-def test_a_deadlocked_worker_is_found_its_stack_printed_and_its_slot_replaced_in_place(
+def test_a_deadlocked_worker_is_suspected_with_its_stack_then_killed_and_its_slot_replaced_in_place(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     _, hung, output = hang_and_recover(cluster, tmp_path, "lock")
     stack = [line for line in output.splitlines() if line.startswith("[host-3:0] ")]
-    assert any("hung: the others waited" in line and "its stack before it was killed" in line for line in stack), (
-        output[-3000:]
-    )
-    assert any("load_next_batch_deadlocked" in line for line in stack), "the function it hung in, in the output"
+    said = [i for i, line in enumerate(stack) if "suspected: the others waited" in line and "it runs on" in line]
+    killed = [i for i, line in enumerate(stack) if "hung: the others waited" in line and "before it was killed" in line]
+    assert len(said) == 1 and len(killed) == 1 and said[0] < killed[0], output[-3000:]
+    suspected_stack = stack[said[0] : killed[0]]
+    assert any("load_next_batch_deadlocked" in line for line in suspected_stack), "the function, while it runs on"
+    assert any("load_next_batch_deadlocked" in line for line in stack[killed[0] :]), "and again when it is killed"
     published = notifier_events(cluster, "worker_hung")
     assert len(published) == 1 and published[0]["host"] == "host-3" and published[0]["pid"] == hung["pid"]
     assert "load_next_batch_deadlocked" in published[0]["stack"]

@@ -187,14 +187,15 @@ def test_the_others_are_excused_from_the_collective_timeout_only_while_someone_i
     assert [seen.excuse_s for seen in everyone_waits] == [0.0, 0.0], "a wait nobody accounts for times out"
     assert report(board, job, "a", 101.0, row("a", 1, busy_s=70.0, stalled_s=0.0)).excuse_s == FRESH_S
     assert report(board, job, "b", 101.0 + FRESH_S + 0.5, row("b", 0, waiting_s=75.0)).excuse_s == 0.0, "stale"
-    starting = report(board, job, "a", 106.0, row("a", 1, busy_s=70.0, waits=2))
-    assert starting.excuse_s == 0.0, "a rank in its round's first waits is not judged: the timeout bounds the wait"
+    starting = report(board, job, "a", 106.0, row("a", 1, busy_s=None, waits=0))
+    assert starting.excuse_s == 0.0, "a rank before its first wait is not judged: the timeout bounds the wait"
 
 
-def test_a_rank_in_its_first_waits_of_a_round_is_never_a_suspect() -> None:
+def test_a_rank_in_its_first_waits_of_a_round_is_no_suspect_and_hung_only_past_the_upper_bound() -> None:
     board, job = WaitBoard(FRESH_S), running_job()
-    report(board, job, "a", 100.0, row("a", 1, busy_s=200.0, stalled_s=200.0, waits=2))
-    assert report(board, job, "b", 100.0, row("b", 0, waiting_s=200.0)).kills == [], "the others load or compile"
+    assert stall(board, job, 100.0, 119.0, waits=2).kills == [], "the others load or compile"
+    assert stall(board, job, 100.0, 119.0, waits=2).suspects == []
+    assert [kill.event["pid"] for kill in stall(board, job, 101.0, 120.5, waits=2).kills] == [101]
 
 
 @pytest.mark.parametrize("stale", ["suspect", "waiter"])

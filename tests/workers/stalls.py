@@ -8,6 +8,12 @@
     --pause-every N --pause-s S      every rank pauses S seconds every N steps (an evaluation)
     --slow-host HOST --slow-every N --slow-s S   that host's rank sleeps S seconds every N steps (slow data)
     --lag-host HOST --lag-s S       that host's rank takes S seconds longer every step (a straggler)
+    --innocent HOST:WHEN:KIND:S     that host's rank waits S seconds in its own code, legitimately (KIND: one of
+                                    tests/workers/innocent_waits.py), WHEN: after step N, "first" (the first step of
+                                    each of its lives), or "replacement" (the first step of a life that began in a
+                                    running job: a restarted rank); repeatable
+    --crash HOST:STEP --crash-once-dir DIR   the worker on HOST exits 3 after STEP, once (a file in DIR marks that
+                                    it did: its replacement trains); repeatable
 
 Each step sleeps --step-s (the work of a step). Steps, commits and round entries are logged as JSON lines like
 examples/train_elastic.py's, which the tests read.
@@ -27,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from innocent_waits import KINDS  # noqa: E402
 from train import make_data, make_model  # noqa: E402
 from train_elastic import EventLog  # noqa: E402
 
@@ -66,6 +73,9 @@ def main() -> int:
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--lag-host")
     parser.add_argument("--lag-s", type=float, default=0.0)
+    parser.add_argument("--innocent", action="append", default=[])
+    parser.add_argument("--crash", action="append", default=[])
+    parser.add_argument("--crash-once-dir")
     args = parser.parse_args()
 
     x, y = make_data(256)
@@ -77,6 +87,30 @@ def main() -> int:
     optimizer = elastic.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
     host = os.environ.get("ELASTIC_HOST")
+
+    innocent = [(h, when, KINDS[kind], float(s)) for h, when, kind, s in (i.split(":") for i in args.innocent)]
+    life = {"first_step": None}
+
+    def innocent_waits(step: int) -> None:
+        """This host's legitimate waits due after `step`, each logged before and after."""
+        if life["first_step"] is None:
+            life["first_step"] = step
+        first = step == life["first_step"]
+        for name, when, wait, seconds in innocent:
+            due = when == str(step) or (when == "first" and first) or (when == "replacement" and first and step > 1)
+            if name == host and due:
+                log.write("innocent_wait", step=step, kind=wait.__name__, seconds=seconds)
+                wait(seconds)
+                log.write("innocent_wait_done", step=step, kind=wait.__name__)
+
+    def should_crash(step: int) -> bool:
+        if f"{host}:{step}" not in args.crash or not args.crash_once_dir:
+            return False
+        crashed = Path(args.crash_once_dir) / f"crashed-{host}"
+        if crashed.exists():
+            return False
+        crashed.touch()
+        return True
 
     def should_hang(step: int) -> bool:
         if step != args.hang_at or host != args.hang_host or not args.hang_once:
@@ -97,6 +131,10 @@ def main() -> int:
             state.step += 1
             log.write("step", step=state.step)
             time.sleep(args.step_s + (args.lag_s if host == args.lag_host else 0.0))
+            innocent_waits(state.step)
+            if should_crash(state.step):
+                log.write("crashing", step=state.step)
+                os._exit(3)
             if should_hang(state.step):
                 log.write("hanging", step=state.step, how=args.hang)
                 if args.hang == "native":
