@@ -211,7 +211,7 @@ class WaitWatch:
         if now - busy_since >= SAMPLE_AFTER and now - watched.sampled_at >= SAMPLE_EVERY:
             used = process_tree.tree_used(pid)
             if used is not None:
-                gpu_busy = pid in self._gpu_busy_pids(now)
+                gpu_busy = any(key[0] in self._gpu_busy_pids(now) for key in used)
                 if watched.used is not None and (
                     gpu_busy or progressed(process_tree.progress(watched.used, used), now - watched.sampled_at)
                 ):

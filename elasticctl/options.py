@@ -56,7 +56,10 @@ def job_options(fn: Any) -> Any:
                 "--hung-timeout",
                 float,
                 "Upper bound, in seconds, on how long the others wait for a rank before it counts as hung (the limit "
-                "calibrates itself below it), and on how long workers may stay silent after a round's first report.",
+                "calibrates itself below it: a rank whose process tree makes no progress is suspected at 30 s or "
+                "more and killed at 4/3 of that; a rank that declares a wait with libworker.elastic.waiting(reason, "
+                "up_to=S) is not judged inside it), and on how long workers may stay silent after a round's first "
+                "report.",
             ),
             _spec_option(
                 "--max-restarts",

@@ -267,4 +267,5 @@ def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
         "preload": (),
         "fork_server": True,
         "hang_detection": True,
+        "hung_timeout": 120.0,
     }
