@@ -37,4 +37,4 @@ EXPOSE 5550-5554
 # their Prometheus metrics (HTTP), in the same order, with --metrics-port
 EXPOSE 9550-9553
 
-# No CMD of our own: docker-compose.yml and the chart set `python -m services.<name>`, elastic-agent or elasticctl.
+# No CMD of our own: docker-compose.yml and the chart set `python -m elastic_control_plane.services.<name>`, elastic-agent or elasticctl.

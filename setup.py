@@ -1,4 +1,5 @@
-"""Build hook for the optional native extension `snapshot._snapcopy`; all project metadata lives in pyproject.toml.
+"""Build hook for the optional native extension `elastic_control_plane.snapshot._snapcopy` (built from native/ into
+snapshot/); all project metadata lives in pyproject.toml.
 
 `optional=True`: without a C compiler (or zlib headers) the install still
 succeeds and snapshot/copying.py falls back to its pure-Python path.
@@ -9,7 +10,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "snapshot._snapcopy",
+            "elastic_control_plane.snapshot._snapcopy",
             ["native/snapcopy.c"],
             libraries=["z"],
             extra_compile_args=["-O3", "-pthread"],

@@ -50,26 +50,26 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from agent.discovery_link import DiscoveryLink
-from agent.fork_choice import own_key
-from agent.fork_server import ForkServer
-from agent.hung_workers import HungWorkers
-from agent.keeper import KeeperConfig, WorkerKeeper
-from agent.launcher import Launcher
-from agent.metrics import COMMIT_SECONDS, WorkerStates
-from agent.reports import ExitReports
-from agent.round_entry import HostEntry, RoundKeyLookups
-from agent.signal_wakeup import SignalWakeup
-from agent.snapshots import SnapshotKeeper
-from agent.wait_watch import WaitWatch
-from agent.workers import HostSettings
-from bus.client import AsyncClient, incarnation_id
-from bus.config import Endpoints, Timing
-from bus.contract import Event, JobPlan
-from bus.envelope import Message
-from bus.pubsub import Subscription
-from bus.service import DEFERRED, Request, RequestError, Service, field, handles
-from bus.sockets import Security
+from elastic_control_plane.agent.discovery_link import DiscoveryLink
+from elastic_control_plane.agent.fork_choice import own_key
+from elastic_control_plane.agent.fork_server import ForkServer
+from elastic_control_plane.agent.hung_workers import HungWorkers
+from elastic_control_plane.agent.keeper import KeeperConfig, WorkerKeeper
+from elastic_control_plane.agent.launcher import Launcher
+from elastic_control_plane.agent.metrics import COMMIT_SECONDS, WorkerStates
+from elastic_control_plane.agent.reports import ExitReports
+from elastic_control_plane.agent.round_entry import HostEntry, RoundKeyLookups
+from elastic_control_plane.agent.signal_wakeup import SignalWakeup
+from elastic_control_plane.agent.snapshots import SnapshotKeeper
+from elastic_control_plane.agent.wait_watch import WaitWatch
+from elastic_control_plane.agent.workers import HostSettings
+from elastic_control_plane.bus.client import AsyncClient, incarnation_id
+from elastic_control_plane.bus.config import Endpoints, Timing
+from elastic_control_plane.bus.contract import Event, JobPlan
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.pubsub import Subscription
+from elastic_control_plane.bus.service import DEFERRED, Request, RequestError, Service, field, handles
+from elastic_control_plane.bus.sockets import Security
 
 RELAYED_EVENTS = (Event.HOSTS_UPDATED, Event.ABORT)
 TICK = 0.05

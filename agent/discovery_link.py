@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bus.client import AsyncClient
-from bus.config import Timing, unresolved_hosts
-from bus.envelope import Message
-from bus.reachability import Reachability
+from elastic_control_plane.bus.client import AsyncClient
+from elastic_control_plane.bus.config import Timing, unresolved_hosts
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.reachability import Reachability
 
 SLOT_REPORT_DEADLINE = 1.0
 

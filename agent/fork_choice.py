@@ -20,10 +20,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bus.contract import JobPlan
-from slot_processes.warm_start import script_argv
+from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.slot_processes.warm_start import script_argv
 
-TORCHRUN_SUPERVISOR = ["-m", "slot_processes.torchrun_slot", "--"]
+TORCHRUN_SUPERVISOR = ["-m", "elastic_control_plane.slot_processes.torchrun_slot", "--"]
 # The job's variables an interpreter, the dynamic loader or a library torch loads reads once, as it starts (sys.path,
 # OpenMP and BLAS thread pools, allocators, torch's import-time switches): a zygote started without them cannot take
 # them on. Every other variable a worker gets when it starts, which is all a variable read later needs.

@@ -1,4 +1,4 @@
-"""The agent's side of its host's fork server (agent/zygote.py): start it, ask it for workers, replace it, say
+"""The agent's side of its host's fork server (slot_processes/zygote.py): start it, ask it for workers, replace it, say
 why it does not serve.
 
 A zygote is started with the job's interpreter exactly as the job names it (`python` found on the workers' PATH,
@@ -9,8 +9,8 @@ is chosen in agent/fork_choice.py; a zygote is kept after its job for the next o
 
 `fork(...)` returns a `ForkedProcess` (what `subprocess.Popen` is to a spawned worker: pid, poll, wait, stdout and
 stderr pipes) or None, and the caller spawns instead. A Horovod-mode job's worker is the command itself; a torchrun-mode
-job's is the slot's supervisor around it (`python -m slot_processes.torchrun_slot -- CMD`), forked from the same zygote,
-which then forks each round's command from a fork of its own (slot_processes/command_seed.py).
+job's is the slot's supervisor around it (`python -m elastic_control_plane.slot_processes.torchrun_slot -- CMD`), forked
+from the same zygote, which then forks each round's command from a fork of its own (slot_processes/command_seed.py).
 
 Why a host spawns instead is always said (`availability`): the command is not `python SCRIPT`/`python -m MODULE`,
 fork servers are off, the zygote refused (an import failed or left a thread or CUDA behind) or exited while it
@@ -35,9 +35,15 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from agent.fork_choice import Key
-from bus.lifetime import die_with_parent
-from slot_processes.forking import PR_SET_CHILD_SUBREAPER, ForkedProcess, current_umask, parse_answer, send_order
+from elastic_control_plane.agent.fork_choice import Key
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.slot_processes.forking import (
+    PR_SET_CHILD_SUBREAPER,
+    ForkedProcess,
+    current_umask,
+    parse_answer,
+    send_order,
+)
 
 START_LIMIT = 60.0
 DEATHS_ALLOWED = 3
@@ -55,7 +61,7 @@ class Zygote:
     def __init__(self, key: Key, base_env: Mapping[str, str]) -> None:
         self.key = key
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [key.python, "-m", "agent.zygote", "--socket-fd", str(theirs.fileno())]
+        command = [key.python, "-m", "elastic_control_plane.slot_processes.zygote", "--socket-fd", str(theirs.fileno())]
         if key.preload:
             command += ["--preload", ",".join(key.preload)]
         self.stderr = tempfile.TemporaryFile()

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.reports import ExitReports
-from agent.wait_watch import WaitWatch
-from agent.workers import Worker
-from slot_processes.wait_record import STACK_DUMP_SIGNAL
+from elastic_control_plane.agent.reports import ExitReports
+from elastic_control_plane.agent.wait_watch import WaitWatch
+from elastic_control_plane.agent.workers import Worker
+from elastic_control_plane.slot_processes.wait_record import STACK_DUMP_SIGNAL
 
 DUMP_GRACE = 1.0
 STACK_KEPT = 64 * 1024

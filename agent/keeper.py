@@ -26,17 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.discovery_link import DiscoveryLink
-from agent.launcher import Launcher
-from agent.reports import ExitReports
-from agent.restarts import RestartPolicy
-from agent.slots import Remedy, SlotBook
-from agent.standbys import StandbyPool, standbys_wanted
-from agent.workers import STANDBY, HostSettings, Worker, reap
-from bus.assignments import SlotInfo, slots_of
-from bus.contract import JobPlan
-from bus.service import Request
-from slot_processes.forking import reap_orphans
+from elastic_control_plane.agent.discovery_link import DiscoveryLink
+from elastic_control_plane.agent.launcher import Launcher
+from elastic_control_plane.agent.reports import ExitReports
+from elastic_control_plane.agent.restarts import RestartPolicy
+from elastic_control_plane.agent.slots import Remedy, SlotBook
+from elastic_control_plane.agent.standbys import StandbyPool, standbys_wanted
+from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, reap
+from elastic_control_plane.bus.assignments import SlotInfo, slots_of
+from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.bus.service import Request
+from elastic_control_plane.slot_processes.forking import reap_orphans
 
 STOP_GRACE = 5.0
 WARM_UP_LIMIT = 120.0

@@ -18,15 +18,15 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from agent.fork_choice import Key, forked_argv, key_of, own_key
-from agent.fork_server import SPAWN_COST, ForkServer
-from agent.output import PrefixedPipe
-from agent.snapshots import SnapshotKeeper
-from agent.wait_watch import WaitWatch
-from agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
-from bus.assignments import SlotInfo
-from bus.contract import JobPlan, WorkerEnv
-from bus.service import Service
+from elastic_control_plane.agent.fork_choice import Key, forked_argv, key_of, own_key
+from elastic_control_plane.agent.fork_server import SPAWN_COST, ForkServer
+from elastic_control_plane.agent.output import PrefixedPipe
+from elastic_control_plane.agent.snapshots import SnapshotKeeper
+from elastic_control_plane.agent.wait_watch import WaitWatch
+from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
+from elastic_control_plane.bus.assignments import SlotInfo
+from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.bus.service import Service
 
 
 class Launcher:

@@ -10,13 +10,13 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from agent.agent import AgentService
-from agent.fork_server import enabled as fork_server_enabled
-from agent.gpus import check_slots, check_standby, default_slots, gpu_devices
-from bus import metrics
-from bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
-from bus.logs import setup_logging
-from bus.sockets import Security, SecurityError
+from elastic_control_plane.agent.agent import AgentService
+from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
+from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
+from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
+from elastic_control_plane.bus.logs import setup_logging
+from elastic_control_plane.bus.sockets import Security, SecurityError
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

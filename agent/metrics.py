@@ -10,7 +10,7 @@ import time
 
 from prometheus_client import Gauge, Histogram
 
-from agent.keeper import WorkerKeeper
+from elastic_control_plane.agent.keeper import WorkerKeeper
 
 INTERVAL = 1.0
 WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")

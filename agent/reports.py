@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent.snapshots import SnapshotKeeper
-from bus.client import AsyncClient
-from bus.config import Timing
+from elastic_control_plane.agent.snapshots import SnapshotKeeper
+from elastic_control_plane.bus.client import AsyncClient
+from elastic_control_plane.bus.config import Timing
 
 
 class ExitReports:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bus.contract import JobPlan
-from bus.jobspec import JobSpec, usable
+from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.bus.jobspec import JobSpec, usable
 
 BACKOFF_FIRST = 1.0
 BACKOFF_CAP = 30.0

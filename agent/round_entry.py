@@ -21,9 +21,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from bus.client import AsyncClient
-from bus.envelope import Message
-from bus.service import Request, RequestError, field
+from elastic_control_plane.bus.client import AsyncClient
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.service import Request, RequestError, field
 
 PARKED_TIMEOUT = 5.0  # a parked request is sent again after this long (same id: the rendezvous answers it once)
 ROUND_KEYS_KEPT = 8  # values of round keys kept: every slot of the host asks for its round's store address

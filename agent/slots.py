@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from agent.restarts import CrashHistory, RestartPolicy, give_up_reason
-from agent.workers import STANDBY
+from elastic_control_plane.agent.restarts import CrashHistory, RestartPolicy, give_up_reason
+from elastic_control_plane.agent.workers import STANDBY
 
 
 class Remedy(Enum):

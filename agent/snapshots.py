@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bus.contract import JobPlan, WorkerEnv
-from snapshot import durable, layout
+from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.snapshot import durable, layout
 
 _SLOT_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")
 

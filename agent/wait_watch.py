@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import process_tree
-from agent.gpu_activity import GpuActivity
-from agent.snapshots import remove_orphans, shm_dir
-from agent.workers import STANDBY, Worker
-from bus.client import AsyncClient
-from bus.envelope import Message
-from slot_processes import wait_record
+from elastic_control_plane.agent import process_tree
+from elastic_control_plane.agent.gpu_activity import GpuActivity
+from elastic_control_plane.agent.snapshots import remove_orphans, shm_dir
+from elastic_control_plane.agent.workers import STANDBY, Worker
+from elastic_control_plane.bus.client import AsyncClient
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.slot_processes import wait_record
 
 # A tree costs ~4 ms to sample (a worker with 4 DataLoader workers and a child: bench/hangs.py's `tree`), so it is
 # sampled only once a worker has been busy longer than a training step, once a second: the limits are 30 s or more.

@@ -18,12 +18,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.output import PrefixedPipe
-from bus.assignments import SlotInfo
-from bus.contract import JobPlan, WorkerEnv
-from bus.lifetime import die_with_parent
-from slot_processes.forking import WorkerProcess
-from slot_processes.rounds import round_environment
+from elastic_control_plane.agent.output import PrefixedPipe
+from elastic_control_plane.bus.assignments import SlotInfo
+from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.slot_processes.forking import WorkerProcess
+from elastic_control_plane.slot_processes.rounds import round_environment
 
 STANDBY = -1
 
@@ -106,7 +106,7 @@ def worker_env(
 def worker_command(plan: JobPlan) -> list[str]:
     """What a worker process runs: the job's command, or in torchrun mode the slot's supervisor around it."""
     return (
-        [sys.executable, "-m", "slot_processes.torchrun_slot", "--", *plan.command]
+        [sys.executable, "-m", "elastic_control_plane.slot_processes.torchrun_slot", "--", *plan.command]
         if plan.mode == "torchrun"
         else list(plan.command)
     )

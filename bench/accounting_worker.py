@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 import libworker as hvd
 from bench.step_time_worker import MODELS, Trainer
+from elastic_control_plane.slot_processes.wait_record import RECORD_ENV, NoRecord, RecordReader, WaitRecord
 from libworker.world import world
-from slot_processes.wait_record import RECORD_ENV, NoRecord, RecordReader, WaitRecord
 
 
 def timed_step(trainer: Trainer, record: WaitRecord | NoRecord) -> float:

@@ -63,7 +63,10 @@ def cold_job() -> float:
         log_dir = c.workdir / "log"
         started = time.time()
         for host in ("host-1", "host-2"):
-            c.spawn(f"agent-{host}", [sys.executable, "-m", "agent.main", "--host", host, "--slots", "1"])
+            c.spawn(
+                f"agent-{host}",
+                [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", host, "--slots", "1"],
+            )
         c.submit("--min-np", "2", "--", *JOB, *TRAIN, "--log-dir", str(log_dir))
         return first_step_at_size(log_dir, 2, started) - started
 

@@ -42,7 +42,7 @@ def run_job(repo: Path, standby: int, epochs: int) -> JobEnd:
     command = [
         sys.executable,
         "-m",
-        "elasticctl.main",
+        "elastic_control_plane.elasticctl.main",
         "local",
         "--hosts",
         "2",

@@ -38,8 +38,8 @@ from typing import Any
 
 import zmq
 
-from bus.client import incarnation_id
-from bus.pubsub import Subscription
+from elastic_control_plane.bus.client import incarnation_id
+from elastic_control_plane.bus.pubsub import Subscription
 from testing.control_hosts import ReplicatedCluster
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for, worker_pid

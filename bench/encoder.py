@@ -31,10 +31,10 @@ from typing import Any
 import msgpack
 import zmq
 
-from bus.client import Client
-from bus.envelope import VERSION, Message, encode
-from bus.service import Request, Service, handles
-from bus.sockets import client_socket
+from elastic_control_plane.bus.client import Client
+from elastic_control_plane.bus.envelope import VERSION, Message, encode
+from elastic_control_plane.bus.service import Request, Service, handles
+from elastic_control_plane.bus.sockets import client_socket
 
 BATCHES = 20
 PING_PAUSE_S = 0.0002  # the pinger's pause between pings: busy, without holding the GIL most of the time

@@ -79,7 +79,7 @@ from typing import Any
 
 from bench.common import JOB, cluster
 from bench.gpu_smoke import running_pid
-from bus.config import Timing
+from elastic_control_plane.bus.config import Timing
 from testing.harness import Cluster, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from agent.gpus import gpu_devices
 from bench.common import cluster
+from elastic_control_plane.agent.gpus import gpu_devices
 from testing.harness import Cluster, read_events, wait_for
 
 WORKER = [

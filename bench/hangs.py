@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import process_tree
-from agent.wait_watch import SAMPLE_AFTER, SAMPLE_EVERY
 from bench.common import cluster, steps
+from elastic_control_plane.agent import process_tree
+from elastic_control_plane.agent.wait_watch import SAMPLE_AFTER, SAMPLE_EVERY
 from testing.harness import Cluster, read_events, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")

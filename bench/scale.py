@@ -343,7 +343,7 @@ class ScaleRun:
         self.simulators.wait_hello(self.deadline)
         started = time.monotonic()
         for service in SERVICES:
-            self.cluster.spawn(service, [sys.executable, "-m", f"services.{service}"])
+            self.cluster.spawn(service, [sys.executable, "-m", f"elastic_control_plane.services.{service}"])
         for service in SERVICES:
             wait_for(lambda s=service: self.cluster.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
         connected = time.monotonic()

@@ -54,11 +54,11 @@ import torch
 import torch.distributed as dist
 
 from bench.common import cluster
+from elastic_control_plane.snapshot import copying, layout
+from elastic_control_plane.snapshot.tree import split
 from libworker.elastic import snapshots
 from libworker.elastic.state import TorchState
 from libworker.world import world
-from snapshot import copying, layout
-from snapshot.tree import split
 from testing.harness import Cluster, read_events, wait_for
 
 SHM = Path("/dev/shm")

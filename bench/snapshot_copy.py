@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapshot import copying
+from elastic_control_plane.snapshot import copying
 
 ALIGN = 64
 

@@ -138,12 +138,12 @@ def watched_processes(c: Cluster, survivor: int, fork_server: bool) -> list[Seri
 
 
 def zygote_of(agent: int) -> int:
-    """The pid of the agent's fork server: its child running agent.zygote."""
+    """The pid of the agent's fork server: its child running the zygote (slot_processes.zygote)."""
     for pid in os.listdir("/proc"):
         try:
             if (
                 pid.isdigit()
-                and b"agent.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
+                and b"elastic_control_plane.slot_processes.zygote" in open(f"/proc/{pid}/cmdline", "rb").read()
                 and parent_of(int(pid)) == agent
             ):
                 return int(pid)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from snapshot.tree import split
+from elastic_control_plane.snapshot.tree import split
 from testing.ranks import run_ranks
 
 LAYERS, TRIES = 8, 3

@@ -52,7 +52,10 @@ from testing.harness import REPO, free_ports, read_events, wait_for
 
 RECOVERY_LIMIT = 120.0
 SCRIPT = ["examples/ddp_train.py", "--steps", "1000000", "--step-delay", "0.02", "--save-every", "5"]
-SLOT_PROCESSES = (b"slot_processes.torchrun_slot", b"slot_processes.round_store")
+SLOT_PROCESSES = (
+    b"elastic_control_plane.slot_processes.torchrun_slot",
+    b"elastic_control_plane.slot_processes.round_store",
+)
 
 
 def events(log_dir: Path, kind: str) -> list[dict[str, Any]]:

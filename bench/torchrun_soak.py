@@ -22,7 +22,11 @@ from typing import Any
 from bench.common import cluster
 from testing.harness import read_events, wait_for
 
-WATCHED = (b"slot_processes.torchrun_slot", b"slot_processes.round_store", b"agent.main")
+WATCHED = (
+    b"elastic_control_plane.slot_processes.torchrun_slot",
+    b"elastic_control_plane.slot_processes.round_store",
+    b"elastic_control_plane.agent.main",
+)
 
 
 def sample() -> dict[int, tuple[str, int, int, int]]:

@@ -26,8 +26,8 @@ from typing import Any
 
 import zmq
 
-from bus.envelope import Message, WireError, decode, encode
-from bus.sockets import Security, client_socket
+from elastic_control_plane.bus.envelope import Message, WireError, decode, encode
+from elastic_control_plane.bus.sockets import Security, client_socket
 
 
 class Unreachable(ConnectionError):
@@ -165,7 +165,7 @@ class AsyncClient:
     def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
         # Imported here, not at the top: elasticctl and libworker import this module but never make an AsyncClient,
         # and importing prometheus-client would add some 70 ms to their start.
-        from bus.metrics import CLIENT_REQUESTS_IN_FLIGHT
+        from elastic_control_plane.bus.metrics import CLIENT_REQUESTS_IN_FLIGHT
 
         self.endpoint = endpoint
         self.sender = sender

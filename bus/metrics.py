@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from bus.config import ConfigError
+from elastic_control_plane.bus.config import ConfigError
 
 UNKNOWN_TYPE = "unknown"
 HANDLED, REFUSED, FAILED, MALFORMED = "handled", "refused", "failed", "malformed"

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from bus.client import AsyncClient
-from bus.envelope import Message
-from bus.sockets import Security
+from elastic_control_plane.bus.client import AsyncClient
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.sockets import Security
 
 MAX_QUEUED = 10_000  # hours of events at a normal rate; a notifier away that long is an outage the operator sees
 RESEND_EVERY = 1.0

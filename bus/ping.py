@@ -1,4 +1,5 @@
-"""`python -m bus.ping ENDPOINT`: exit 0 if a service answers `ping` there (container healthchecks)."""
+"""`python -m elastic_control_plane.bus.ping ENDPOINT`: exit 0 if a service answers `ping` there (container
+healthchecks)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from bus.client import Client, ServiceError, Unreachable, incarnation_id
-from bus.sockets import Security
+from elastic_control_plane.bus.client import Client, ServiceError, Unreachable, incarnation_id
+from elastic_control_plane.bus.sockets import Security
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m bus.ping ENDPOINT", file=sys.stderr)
+        print("usage: python -m elastic_control_plane.bus.ping ENDPOINT", file=sys.stderr)
         return 2
     keys = os.environ.get("ELASTIC_KEYS")
     client = Client(

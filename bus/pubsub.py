@@ -23,9 +23,9 @@ from typing import Any
 
 import zmq
 
-from bus.client import Client, ServiceError, Unreachable
-from bus.envelope import Message, WireError, decode, encode
-from bus.sockets import Security, client_socket, server_socket, stop_authenticator
+from elastic_control_plane.bus.client import Client, ServiceError, Unreachable
+from elastic_control_plane.bus.envelope import Message, WireError, decode, encode
+from elastic_control_plane.bus.sockets import Security, client_socket, server_socket, stop_authenticator
 
 EVENT_TOPIC = b"event"
 HEARTBEAT = "notifier.heartbeat"

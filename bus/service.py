@@ -33,10 +33,10 @@ from typing import Any
 import structlog
 import zmq
 
-from bus import metrics
-from bus.envelope import Message, WireError, decode, encode, error_body, reply_to
-from bus.kept_requests import ParkingLot, ReplyCache
-from bus.sockets import Security, server_socket, stop_authenticator
+from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus.envelope import Message, WireError, decode, encode, error_body, reply_to
+from elastic_control_plane.bus.kept_requests import ParkingLot, ReplyCache
+from elastic_control_plane.bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
 # Messages handled in one turn of the loop before its timers get theirs: a few tens of milliseconds of work.

@@ -29,8 +29,8 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from bus.config import endpoint_list, is_loopback
-from bus.envelope import MAX_MESSAGE_BYTES
+from elastic_control_plane.bus.config import endpoint_list, is_loopback
+from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES
 
 # A client may queue this many requests: an agent relays those of all its workers.
 HIGH_WATER_MARK = 10_000

@@ -13,10 +13,10 @@ from typing import Any
 
 import zmq
 
-from bus.client import Client, ServiceError, Unreachable, incarnation_id
-from bus.config import Endpoints
-from bus.pubsub import Subscription
-from bus.sockets import Security
+from elastic_control_plane.bus.client import Client, ServiceError, Unreachable, incarnation_id
+from elastic_control_plane.bus.config import Endpoints
+from elastic_control_plane.bus.pubsub import Subscription
+from elastic_control_plane.bus.sockets import Security
 
 
 class CommandError(Exception):

@@ -7,9 +7,9 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from replication.election import leader_key
-from replication.etcd import EtcdClient, EtcdError
-from replication.store_choice import StoreChoice
+from elastic_control_plane.replication.election import leader_key
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
+from elastic_control_plane.replication.store_choice import StoreChoice
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 

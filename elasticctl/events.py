@@ -18,9 +18,9 @@ import time
 from datetime import datetime
 from typing import Any, TextIO
 
-from bus.pubsub import HEARTBEAT
-from elasticctl.control import ControlPlane, ControlPlaneUnreachable
-from elasticctl.outage import Outage
+from elastic_control_plane.bus.pubsub import HEARTBEAT
+from elastic_control_plane.elasticctl.control import ControlPlane, ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.outage import Outage
 
 LIST_ITEMS = 4
 TEXT_CHARS = 60

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
-from elasticctl.outage import Outage
+from elastic_control_plane.elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.outage import Outage
 
 POLL_INTERVAL = 0.25
 CANCEL_WAIT = 30.0

@@ -37,13 +37,13 @@ from typing import IO, Any
 
 import click
 
-from agent.gpus import check_standby, gpu_devices
-from bus.config import Endpoints, endpoint_list
-from bus.lifetime import die_with_parent
-from elasticctl.control import CommandError, ControlPlane
-from elasticctl.follow import submit_and_follow
-from replication.etcd import EtcdClient, EtcdError
-from replication.etcd_member import MemberSpec, member_command
+from elastic_control_plane.agent.gpus import check_standby, gpu_devices
+from elastic_control_plane.bus.config import Endpoints, endpoint_list
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
+from elastic_control_plane.elasticctl.follow import submit_and_follow
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
+from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 START_TIMEOUT = 30.0
@@ -140,10 +140,15 @@ class LocalCluster:
             env["ELASTIC_STORE"] = "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in members)
             for host in addresses:
                 for service in SERVICES:
-                    self._start(f"{service}@{host}", ["-m", f"services.{service}", "--bind", host], env, True)
+                    self._start(
+                        f"{service}@{host}",
+                        ["-m", f"elastic_control_plane.services.{service}", "--bind", host],
+                        env,
+                        True,
+                    )
         else:
             for service in SERVICES:
-                self._start(service, ["-m", f"services.{service}"], env, log_to_file=True)
+                self._start(service, ["-m", f"elastic_control_plane.services.{service}"], env, log_to_file=True)
         plane = ControlPlane(self.endpoints, timeout=0.5)
         try:
             for service in SERVICES:
@@ -155,7 +160,15 @@ class LocalCluster:
                 own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
                 self._start(
                     f"agent host-{i}",
-                    ["-m", "agent.main", "--host", f"host-{i}", "--slots", str(self.slots), *share],
+                    [
+                        "-m",
+                        "elastic_control_plane.agent.main",
+                        "--host",
+                        f"host-{i}",
+                        "--slots",
+                        str(self.slots),
+                        *share,
+                    ],
                     {**agent_env, **own_gpus},
                     log_to_file=False,
                 )
@@ -183,7 +196,7 @@ class LocalCluster:
                             "starting it again",
                             err=True,
                         )
-                        self._start(name, ["-m", f"services.{name}"], env, log_to_file=True)
+                        self._start(name, ["-m", f"elastic_control_plane.services.{name}"], env, log_to_file=True)
 
     def _wait(self, probe: Any, what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT

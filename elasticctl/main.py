@@ -11,18 +11,18 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from bus.config import ConfigError, Endpoints, unresolved_hosts
-from bus.sockets import SecurityError, generate_keys
-from elasticctl.control import CommandError, ControlPlane
-from elasticctl.control_hosts import gather_control_hosts
-from elasticctl.events import follow_events, print_history
-from elasticctl.follow import CANCEL_WAIT, submit_and_follow
-from elasticctl.local import run_local
-from elasticctl.options import build_spec, job_options
-from elasticctl.status import as_json, gather, render
-from elasticctl.torchrun import LaunchError, parse_launch
-from elasticctl.watch import watch_status
-from replication.store_choice import StoreChoice
+from elastic_control_plane.bus.config import ConfigError, Endpoints, unresolved_hosts
+from elastic_control_plane.bus.sockets import SecurityError, generate_keys
+from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
+from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts
+from elastic_control_plane.elasticctl.events import follow_events, print_history
+from elastic_control_plane.elasticctl.follow import CANCEL_WAIT, submit_and_follow
+from elastic_control_plane.elasticctl.local import run_local
+from elastic_control_plane.elasticctl.options import build_spec, job_options
+from elastic_control_plane.elasticctl.status import as_json, gather, render
+from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
+from elastic_control_plane.elasticctl.watch import watch_status
+from elastic_control_plane.replication.store_choice import StoreChoice
 
 keys_option = click.option(
     "--keys",

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from bus.jobspec import MODES, JobSpec, SpecError
-from elasticctl.control import CommandError
+from elastic_control_plane.bus.jobspec import MODES, JobSpec, SpecError
+from elastic_control_plane.elasticctl.control import CommandError
 
 # How the CLI spells a spec's field in an error; any other field is its option, `--` and the name with dashes.
 SPELLED = {"command": "CMD", "cooldown": "--blacklist-cooldown MIN MAX", "fork_server": "--no-fork-server"}

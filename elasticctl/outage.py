@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from elasticctl.control import ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.control import ControlPlaneUnreachable
 
 UNREACHABLE = "[elasticctl] control plane unreachable, retrying"
 FIRST_RETRY = 0.25

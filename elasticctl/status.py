@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from elasticctl.control import ControlPlane
-from elasticctl.control_hosts import render_control_hosts
+from elastic_control_plane.elasticctl.control import ControlPlane
+from elastic_control_plane.elasticctl.control_hosts import render_control_hosts
 
 
 def gather(plane: ControlPlane) -> dict[str, Any]:

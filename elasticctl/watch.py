@@ -15,9 +15,9 @@ import time
 from datetime import datetime
 from typing import Any, TextIO
 
-from elasticctl.control import ControlPlane, ControlPlaneUnreachable
-from elasticctl.outage import UNREACHABLE, Outage
-from elasticctl.status import gather, render
+from elastic_control_plane.elasticctl.control import ControlPlane, ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.outage import UNREACHABLE, Outage
+from elastic_control_plane.elasticctl.status import gather, render
 
 HOME = "\x1b[H"
 ERASE_LINE_END = "\x1b[K"

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bus.contract import WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.snapshot.layout import read_header, slot_paths
 from libworker.elastic import snapshots
-from snapshot.layout import read_header, slot_paths
 
 _last_saved = 0
 

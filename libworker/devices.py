@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from bus.contract import WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
 
 CPU_BACKEND = "gloo"
 GPU_BACKEND = "cpu:gloo,cuda:nccl"

@@ -42,16 +42,16 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from bus.assignments import SlotInfo
-from bus.client import ServiceError, Unreachable
-from bus.config import Timing
-from bus.contract import WorkerEnv
-from bus.envelope import Message
-from bus.jobspec import JobSpec
+from elastic_control_plane.bus.assignments import SlotInfo
+from elastic_control_plane.bus.client import ServiceError, Unreachable
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.slot_processes import rounds, wait_record
+from elastic_control_plane.slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
-from slot_processes import rounds, wait_record
-from slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 
 FLIGHT_PRUNE_MIN = 64
 HOST_ADDED, HOST_REMOVED = 1, 2

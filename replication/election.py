@@ -30,7 +30,7 @@ from typing import Any
 
 import structlog
 
-from replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4

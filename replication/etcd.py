@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from replication.etcd_wire import (
+from elastic_control_plane.replication.etcd_wire import (
     GatewayFailure,
     KeyValue,
     Member,

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bus.config import ConfigError, check_host
+from elastic_control_plane.bus.config import ConfigError, check_host
 
 RETRIED_CODES = {4, 14}  # gRPC DeadlineExceeded, Unavailable (no leader, leader changed, request timed out)
 

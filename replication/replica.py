@@ -26,11 +26,11 @@ from typing import NoReturn
 
 import structlog
 
-from bus import metrics
-from bus.service import Service
-from replication.election import Leadership, Outage
-from replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
-from replication.store_choice import StoreChoice
+from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus.service import Service
+from elastic_control_plane.replication.election import Leadership, Outage
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
+from elastic_control_plane.replication.store_choice import StoreChoice
 
 STORE_SCHEMA = 1
 # How long a service waits for etcd when it starts before it says so and exits.

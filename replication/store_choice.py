@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bus.config import ConfigError
-from replication.etcd import parse_endpoints
+from elastic_control_plane.bus.config import ConfigError
+from elastic_control_plane.replication.etcd import parse_endpoints
 
 DEFAULT_PREFIX = "elastic"
 

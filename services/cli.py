@@ -17,8 +17,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from bus import metrics
-from bus.config import (
+from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus.config import (
     DEFAULT_HOST,
     ConfigError,
     Endpoints,
@@ -29,12 +29,12 @@ from bus.config import (
     endpoint_list,
     tcp_endpoint,
 )
-from bus.logs import setup_logging
-from bus.service import Service
-from bus.sockets import Security, SecurityError
-from replication.replica import StoreUnusable, serve_replica
-from replication.store_choice import StoreChoice
-from services.registry.store import StoreError
+from elastic_control_plane.bus.logs import setup_logging
+from elastic_control_plane.bus.service import Service
+from elastic_control_plane.bus.sockets import Security, SecurityError
+from elastic_control_plane.replication.replica import StoreUnusable, serve_replica
+from elastic_control_plane.replication.store_choice import StoreChoice
+from elastic_control_plane.services.registry.store import StoreError
 
 # (bind, connect, timing, security, log, replica): replica is None with the SQLite store; a service that keeps state
 # on disk (the registry) is given its state_dir too.
@@ -109,7 +109,7 @@ def service_command(
             if choice.kind == "etcd":
                 serve_replica(
                     name,
-                    f"services.{name}",
+                    f"elastic_control_plane.services.{name}",
                     choice,
                     replica_name(address),
                     address,

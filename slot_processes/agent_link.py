@@ -23,12 +23,12 @@ from typing import Any
 
 import zmq
 
-from bus.client import Client, incarnation_id
-from bus.config import Timing
-from bus.contract import WorkerEnv
-from bus.envelope import Message, WireError, decode, encode
-from bus.reachability import Reachability
-from bus.sockets import client_socket
+from elastic_control_plane.bus.client import Client, incarnation_id
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.bus.envelope import Message, WireError, decode, encode
+from elastic_control_plane.bus.reachability import Reachability
+from elastic_control_plane.bus.sockets import client_socket
 
 Listener = Callable[[Message], None]
 ORPHAN_EXIT_CODE = 70

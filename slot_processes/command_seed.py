@@ -1,11 +1,11 @@
 """A torchrun-mode slot's command seed: a copy of the slot's supervisor, made before it starts any thread, that forks
 each round's command (and the round's store server) on order.
 
-A supervisor forked from its host's zygote (agent/zygote.py) has torch imported but cannot fork its commands itself once
-it runs threads (the agent link's, a zmq context), and the zygote's forks are re-parented to the agent, not to the
-supervisor that must wait for them. So the supervisor's first act is `CommandSeed()`: it becomes a child subreaper and
-forks the seed, which answers orders with slot_processes/forking.py's protocol (`serve`): each order is forked twice,
-re-parented to the supervisor, takes its stdio, dies with the supervisor and runs its script as `__main__`
+A supervisor forked from its host's zygote (slot_processes/zygote.py) has torch imported but cannot fork its commands
+itself once it runs threads (the agent link's, a zmq context), and the zygote's forks are re-parented to the agent, not
+to the supervisor that must wait for them. So the supervisor's first act is `CommandSeed()`: it becomes a child
+subreaper and forks the seed, which answers orders with slot_processes/forking.py's protocol (`serve`): each order is
+forked twice, re-parented to the supervisor, takes its stdio, dies with the supervisor and runs its script as `__main__`
 (slot_processes/warm_start.py). The seed shares the zygote's pages and dies with the supervisor.
 """
 
@@ -19,9 +19,9 @@ import socket
 import sys
 from collections.abc import Mapping
 
-from bus.lifetime import PR_SET_PDEATHSIG
-from slot_processes import warm_start
-from slot_processes.forking import (
+from elastic_control_plane.bus.lifetime import PR_SET_PDEATHSIG
+from elastic_control_plane.slot_processes import warm_start
+from elastic_control_plane.slot_processes.forking import (
     PR_SET_CHILD_SUBREAPER,
     ForkedProcess,
     current_umask,

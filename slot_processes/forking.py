@@ -1,6 +1,6 @@
 """The fork order protocol: one order from a parent, one process forked by a warm interpreter, re-parented to it.
 
-Two kinds of warm interpreters serve it: the host's fork server (agent/zygote.py, ordered by its agent,
+Two kinds of warm interpreters serve it: the host's fork server (slot_processes/zygote.py, ordered by its agent,
 agent/fork_server.py) and a torchrun-mode supervisor's seed (slot_processes/command_seed.py, ordered by its supervisor).
 Both ends are here: `send_order` is the parent's, `serve` the warm interpreter's.
 

@@ -1,10 +1,10 @@
 """A torchrun-mode slot's supervisor: joins each round for its slot, then runs the user's command in it with
 torchrun's environment, and starts it again at every new round.
 
-The agent starts one per slot of a `--mode torchrun` job (`python -m slot_processes.torchrun_slot CMD...`) in place of
-the command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins rounds, its exit is
-the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter per slot); forked
-from the host's zygote, it shares the zygote's pages and costs what it writes.
+The agent starts one per slot of a `--mode torchrun` job (`python -m elastic_control_plane.slot_processes.torchrun_slot
+CMD...`) in place of the command itself; to the agent, the registry and the rendezvous it is the slot's worker (it joins
+rounds, its exit is the slot's exit). It lives as long as the slot. Spawned, it never imports torch (a small interpreter
+per slot); forked from the host's zygote, it shares the zygote's pages and costs what it writes.
 
 In each round:
 - it enters the round through its agent as libworker's workers do (slot_processes/rounds.py) and learns the slot's rank;
@@ -51,16 +51,22 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from bus.client import ServiceError, Unreachable
-from bus.config import Timing
-from bus.contract import WorkerEnv
-from bus.envelope import Message
-from bus.lifetime import die_with_parent
-from slot_processes.agent_link import link_to_agent, worker_pid
-from slot_processes.command_seed import CommandSeed, SeedGone
-from slot_processes.forking import ForkedProcess, WorkerProcess, reap_orphans
-from slot_processes.rounds import RoundAborted, enter_round, publish_store, read_store, wait_for_a_slot
-from slot_processes.warm_start import script_argv
+from elastic_control_plane.bus.client import ServiceError, Unreachable
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.slot_processes.agent_link import link_to_agent, worker_pid
+from elastic_control_plane.slot_processes.command_seed import CommandSeed, SeedGone
+from elastic_control_plane.slot_processes.forking import ForkedProcess, WorkerProcess, reap_orphans
+from elastic_control_plane.slot_processes.rounds import (
+    RoundAborted,
+    enter_round,
+    publish_store,
+    read_store,
+    wait_for_a_slot,
+)
+from elastic_control_plane.slot_processes.warm_start import script_argv
 
 STOP_GRACE = 5.0
 POLL = 0.01
@@ -115,7 +121,7 @@ class RoundStores:
     def start(self) -> None:
         if self.process is not None:
             return
-        command = [sys.executable, "-m", "slot_processes.round_store", self.address]
+        command = [sys.executable, "-m", "elastic_control_plane.slot_processes.round_store", self.address]
         if self.seed is not None:
             (requests_read, requests_write), (ports_read, ports_write) = os.pipe(), os.pipe()
             try:
@@ -368,7 +374,7 @@ def main() -> None:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        sys.exit("usage: python -m slot_processes.torchrun_slot [--] COMMAND [ARGS...]")
+        sys.exit("usage: python -m elastic_control_plane.slot_processes.torchrun_slot [--] COMMAND [ARGS...]")
     forked_from_a_zygote = "torch" in sys.modules  # a spawned supervisor never imports it
     seed = CommandSeed() if forked_from_a_zygote and script_argv(command) is not None else None
     code = SlotSupervisor(command, seed).run()

@@ -1,16 +1,19 @@
 """What a process forked from a warm interpreter does once it is on its own: become the worker its order describes,
 then run its script as `python SCRIPT ARGS` would, in an interpreter that has already imported torch.
 
-A process forked by slot_processes/forking.py's `serve` (in the host's zygote, agent/zygote.py, or in a torchrun-mode
-supervisor's seed, slot_processes/command_seed.py) ends in `run(order, fds)`. First `become_worker`: it waits to be the
-child of the process that ordered it, dies with that process (PR_SET_PDEATHSIG, armed once it is its parent), takes its
-stdio, rlimits and umask, reseeds the random generators a fresh process would seed, and shows the order's command line
-and environment in /proc. Then `start`: it takes the order's environment as its own (and, when it names OMP_NUM_THREADS,
-the thread count torch would have read from it at start), goes to the order's `cwd` and runs the script (`argv`: a
-script's path or `-m MODULE`, then its arguments, as `script_argv` reads them from a command) as `__main__` (runpy). Its
-exit is the script's, through the interpreter's normal shutdown (atexit, non-daemon threads), as if spawned. `PRELOADED`
-is what a warm interpreter imports for it: torch, torch.distributed, DDP, what a first optimizer imports, and libworker;
-never CUDA.
+A process forked by slot_processes/forking.py's `serve` (in the host's zygote, slot_processes/zygote.py, or in a
+torchrun-mode supervisor's seed, slot_processes/command_seed.py) ends in `run(order, fds)`. First `become_worker`: it
+waits to be the child of the process that ordered it, dies with that process (PR_SET_PDEATHSIG, armed once it is its
+parent), takes its stdio, rlimits and umask, reseeds the random generators a fresh process would seed, and shows the
+order's command line and environment in /proc. Then `start`: it takes the order's environment as its own (and, when it
+names OMP_NUM_THREADS, the thread count torch would have read from it at start), goes to the order's `cwd` and runs the
+script (`argv`: a script's path or `-m MODULE`, then its arguments, as `script_argv` reads them from a command) as
+`__main__` (runpy). Its exit is the script's, through the interpreter's normal shutdown (atexit, non-daemon threads), as
+if spawned. `PRELOADED` is what a warm interpreter imports for it: torch, torch.distributed, DDP, what a first optimizer
+imports, and libworker; never CUDA. Before the script runs, the modules only the warm interpreter needed
+(`SERVER_MODULES`: the order protocol, this module, the zygote) leave `sys.modules`: the script imports what a spawned
+worker would, and nothing else of ours (every name of ours is under `elastic_control_plane`, or is `libworker`: a user's
+`agent.py` is the user's).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import sys
 import time
 from typing import Any
 
-from bus.lifetime import PR_SET_PDEATHSIG
+from elastic_control_plane.bus.lifetime import PR_SET_PDEATHSIG
 
 # torch._dynamo: the first optimizer a script builds imports it (some 800 modules, ~2 s here on torch 2.13).
 PRELOADED = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "libworker")
+SERVER_MODULES = tuple(f"{__package__}.{name}" for name in ("forking", "warm_start", "zygote", "command_seed"))
 REPARENT_LIMIT = 5.0
 PR_SET_MM, PR_SET_MM_MAP = 35, 14
 _SHOWN: list[Any] = []  # the blocks /proc/self/cmdline and /proc/self/environ point at: they live as long as the worker
@@ -147,6 +151,8 @@ def start(order: dict[str, Any]) -> None:
         import torch
 
         torch.set_num_threads(int(threads))
+    for name in SERVER_MODULES:
+        sys.modules.pop(name, None)
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0] = os.getcwd()

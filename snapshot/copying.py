@@ -45,7 +45,7 @@ THREADS = min(os.cpu_count() or 1, 8)
 Source = tuple[int, Any]  # (offset in the destination, a C-contiguous buffer)
 
 try:
-    from snapshot import _snapcopy
+    from elastic_control_plane.snapshot import _snapcopy
 except ImportError as exc:
     _snapcopy = None
     _missing = f"{type(exc).__name__}: {exc}"

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from snapshot import copying
-from snapshot.layout import PAYLOAD_START, SlotHeader, newest_header, read_header
+from elastic_control_plane.snapshot import copying
+from elastic_control_plane.snapshot.layout import PAYLOAD_START, SlotHeader, newest_header, read_header
 
 KEEP = 2
 _NAME = re.compile(r"^commit-(\d+)\.snap$")

@@ -23,9 +23,17 @@ import cloudpickle
 import numpy as np
 import torch
 
-from snapshot import copying
-from snapshot.layout import ALIGN, HEADER_BYTES, INVALID, PAYLOAD_START, SlotHeader, read_header, slot_paths
-from snapshot.tree import rebuild, split
+from elastic_control_plane.snapshot import copying
+from elastic_control_plane.snapshot.layout import (
+    ALIGN,
+    HEADER_BYTES,
+    INVALID,
+    PAYLOAD_START,
+    SlotHeader,
+    read_header,
+    slot_paths,
+)
+from elastic_control_plane.snapshot.tree import rebuild, split
 
 _GROWTH = 1 << 20
 Reject = Callable[[str, str], None]

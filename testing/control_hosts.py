@@ -17,9 +17,9 @@ import signal
 import sys
 from pathlib import Path
 
-from bus.config import Endpoints
-from replication.election import leader_key
-from replication.etcd import EtcdClient
+from elastic_control_plane.bus.config import Endpoints
+from elastic_control_plane.replication.election import leader_key
+from elastic_control_plane.replication.etcd import EtcdClient
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for
 
@@ -43,7 +43,10 @@ class ReplicatedCluster(Cluster):
 
     def start_replicas(self, host: str, services: tuple[str, ...] = SERVICES) -> None:
         for service in services:
-            self.spawn(replica_name(service, host), [sys.executable, "-m", f"services.{service}", "--bind", host])
+            self.spawn(
+                replica_name(service, host),
+                [sys.executable, "-m", f"elastic_control_plane.services.{service}", "--bind", host],
+            )
 
     def start_services(
         self, extra_args: dict[str, list[str]] | None = None, services: tuple[str, ...] = SERVICES

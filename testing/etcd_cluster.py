@@ -16,9 +16,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-from bus.lifetime import die_with_parent
-from replication.etcd import EtcdClient
-from replication.etcd_member import MemberSpec, member_command
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.replication.etcd import EtcdClient
+from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
 from testing.harness import free_ports, wait_for
 
 HEALTHY_WITHIN = 30.0  # seconds for members to start and elect a leader, on a loaded machine

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bus.client import Client, incarnation_id
-from bus.config import Endpoints
-from bus.lifetime import die_with_parent
-from bus.sockets import Security
+from elastic_control_plane.bus.client import Client, incarnation_id
+from elastic_control_plane.bus.config import Endpoints
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.bus.sockets import Security
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
@@ -178,14 +178,31 @@ class Cluster:
     ) -> None:
         """Start services (all four by default, or restart some that were killed) and wait until each answers."""
         for service in services:
-            self.spawn(service, [sys.executable, "-m", f"services.{service}", *(extra_args or {}).get(service, [])])
+            self.spawn(
+                service,
+                [
+                    sys.executable,
+                    "-m",
+                    f"elastic_control_plane.services.{service}",
+                    *(extra_args or {}).get(service, []),
+                ],
+            )
         for service in services:
             wait_for(lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
 
     def start_agent(self, host: str, slots: int = 2, extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
         process = self.spawn(
             f"agent-{host}",
-            [sys.executable, "-m", "agent.main", "--host", host, "--slots", str(slots), *(extra_args or [])],
+            [
+                sys.executable,
+                "-m",
+                "elastic_control_plane.agent.main",
+                "--host",
+                host,
+                "--slots",
+                str(slots),
+                *(extra_args or []),
+            ],
         )
         wait_for(
             lambda: any(h["host"] == host and h["state"] != "lost" for h in self.call("discovery", "hosts")["all"]),
@@ -211,7 +228,7 @@ class Cluster:
 
     def elasticctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "elasticctl.main", *args],
+            [sys.executable, "-m", "elastic_control_plane.elasticctl.main", *args],
             env=self.env,
             cwd=REPO,
             capture_output=True,
@@ -221,7 +238,7 @@ class Cluster:
 
     def submit(self, *args: str, name: str = "elasticctl-run") -> subprocess.Popen[bytes]:
         """Start `elasticctl run ARGS` in the background (its output goes to a log file)."""
-        return self.spawn(name, [sys.executable, "-m", "elasticctl.main", "run", *args])
+        return self.spawn(name, [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "run", *args])
 
     def job(self) -> dict[str, Any]:
         return self.call("registry", "job")

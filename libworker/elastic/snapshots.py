@@ -18,12 +18,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bus.contract import WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.slot_processes.agent_link import say
+from elastic_control_plane.snapshot.durable import checkpoint_files
+from elastic_control_plane.snapshot.layout import newest_header, slot_paths
+from elastic_control_plane.snapshot.store import Snapshot, SnapshotWriter, read_newest
 from libworker.world import world
-from slot_processes.agent_link import say
-from snapshot.durable import checkpoint_files
-from snapshot.layout import newest_header, slot_paths
-from snapshot.store import Snapshot, SnapshotWriter, read_newest
 
 _writer: SnapshotWriter | None = None
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
+from elastic_control_plane.snapshot.store import Snapshot
 from libworker.elastic import snapshots
 from libworker.elastic.transfer import broadcast_tree
 from libworker.errors import HostsUpdatedInterrupt
 from libworker.mpi_ops import Max, allreduce_
 from libworker.world import HOST_ADDED, HOST_REMOVED, world
-from snapshot.store import Snapshot
 
 
 class State:

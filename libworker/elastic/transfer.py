@@ -30,10 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastic_control_plane.snapshot.tree import rebuild, split
 from libworker.functions import broadcast_object
 from libworker.mpi_ops import broadcast_async_, synchronize
 from libworker.world import require_joined
-from snapshot.tree import rebuild, split
 
 BUFFER_BYTES = 64 << 20
 IN_FLIGHT_BUFFERS = 2

@@ -1,16 +1,16 @@
-"""`python -m services.discovery`: run discovery; with --kubernetes-selector, its hosts are the Ready pods of that
-label selector (services/discovery/kubernetes.py)."""
+"""`python -m elastic_control_plane.services.discovery`: run discovery; with --kubernetes-selector, its hosts are the
+Ready pods of that label selector (services/discovery/kubernetes.py)."""
 
 from typing import Any
 
 import click
 
-from bus.config import Endpoints, Timing
-from bus.sockets import Security
-from services.cli import service_command
-from services.discovery.kubernetes import ApiServer, PodSource, default_namespace
-from services.discovery.marks_log import MarksLog
-from services.discovery.service import DiscoveryService
+from elastic_control_plane.bus.config import Endpoints, Timing
+from elastic_control_plane.bus.sockets import Security
+from elastic_control_plane.services.cli import service_command
+from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource, default_namespace
+from elastic_control_plane.services.discovery.marks_log import MarksLog
+from elastic_control_plane.services.discovery.service import DiscoveryService
 
 KUBERNETES_OPTIONS = [
     click.Option(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bus.service import RequestError, field
-from services.discovery.hostset import Mark, slot_ids
+from elastic_control_plane.bus.service import RequestError, field
+from elastic_control_plane.services.discovery.hostset import Mark, slot_ids
 
 MAX_PATH = 4096
 MAX_REASON = 500

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from services.discovery.pods import Forbidden, Gone, KubernetesError, PodTable, check_selector, pods_path
+from elastic_control_plane.services.discovery.pods import (
+    Forbidden,
+    Gone,
+    KubernetesError,
+    PodTable,
+    check_selector,
+    pods_path,
+)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 API_ENV = "ELASTIC_KUBERNETES_API"

@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from replication.election import LostRole
-from replication.etcd import EtcdError, put_op
-from replication.replica import Replica
-from services.discovery.hostset import HostRecord, Mark
+from elastic_control_plane.replication.election import LostRole
+from elastic_control_plane.replication.etcd import EtcdError, put_op
+from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.services.discovery.hostset import HostRecord, Mark
 
 
 class MarksLogError(RuntimeError):

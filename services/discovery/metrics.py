@@ -3,7 +3,7 @@ from the loop, and `elastic_discovery_heartbeats_total{status}`."""
 
 from prometheus_client import Counter, Gauge
 
-from services.discovery.hostset import ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING
+from elastic_control_plane.services.discovery.hostset import ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING
 
 METRICS_INTERVAL = 1.0
 HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])

@@ -11,7 +11,7 @@ import subprocess
 
 import structlog
 
-from services.discovery.hostset import parse_script_output
+from elastic_control_plane.services.discovery.hostset import parse_script_output
 
 
 class DiscoveryScript:

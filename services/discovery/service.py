@@ -38,22 +38,18 @@ Meanwhile it publishes nothing: the agents' registrations rebuild the host set t
 workers. When it settles, the hosts of the round that never came back are lost, and the host set is compared with the
 round's (never restored: taken as it is).
 
-When the slots an assignment would use change, `hosts_updated {timestamp, version,
-added, removed, set, remove}` goes out through the notifier; a change beyond
-max_np sends nothing. `added`/`removed` are Horovod's flags; `set` ([[name,
-[slot ids]]]: a host already listed keeps its place, a new one goes last) and
-`remove` ([names]) turn the list of `version - 1` into that of `version`
-(hostset.apply_diff); when they cannot (a host left and came back between
-two), the event carries the whole list as `hosts` instead. A subscriber that
-missed a change asks `hosts` for the whole list (`published`, at `version`).
-Changes are coalesced: they are published at most every COALESCE_WINDOW, and
-at once before a `hosts` reply, so a burst of thousands of registrations makes
-a handful of events and whoever reads the hosts sees what was announced.
+When the slots an assignment would use change, `hosts_updated {timestamp, version, added, removed, set, remove}` goes
+out through the notifier; a change beyond max_np sends nothing. `added`/`removed` are Horovod's flags; `set` ([[name,
+[slot ids]]]: a host already listed keeps its place, a new one goes last) and `remove` ([names]) turn the list of
+`version - 1` into that of `version` (hostset.apply_diff); when they cannot (a host left and came back between two), the
+event carries the whole list as `hosts` instead. A subscriber that missed a change asks `hosts` for the whole list
+(`published`, at `version`). Changes are coalesced: they are published at most every COALESCE_WINDOW, and at once before
+a `hosts` reply, so a burst of thousands of registrations makes a handful of events and whoever reads the hosts sees
+what was announced.
 
-Replicated (`--store etcd://...`), the drains and blacklists are kept in etcd
-as well (services/discovery/marks_log.py), written before a change is
-acknowledged; a replica that takes over starts from them and keeps them over
-the registry's `restore`. Metrics: services/discovery/metrics.py.
+Replicated (`--store etcd://...`), the drains and blacklists are kept in etcd as well (services/discovery/marks_log.py),
+written before a change is acknowledged; a replica that takes over starts from them and keeps them over the registry's
+`restore`. Metrics: services/discovery/metrics.py.
 """
 
 from __future__ import annotations
@@ -62,17 +58,23 @@ import time
 import uuid
 from typing import Any
 
-from bus.client import incarnation_id
-from bus.config import Timing
-from bus.outbox import Outbox
-from bus.service import Request, RequestError, Service, field, handles
-from services.discovery import bodies
-from services.discovery.brief import BriefGenerations
-from services.discovery.hostset import LOST, HostSet, compare, effective, hosts_diff, hosts_updated_body
-from services.discovery.kubernetes import PodSource, pods_and_script
-from services.discovery.marks_log import MarksLog, MarksLogError, raw_marks
-from services.discovery.metrics import HEARTBEATS_BY_STATUS, METRICS_INTERVAL, count_hosts_by_state
-from services.discovery.script import DiscoveryScript
+from elastic_control_plane.bus.client import incarnation_id
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
+from elastic_control_plane.services.discovery import bodies, metrics
+from elastic_control_plane.services.discovery.brief import BriefGenerations
+from elastic_control_plane.services.discovery.hostset import (
+    LOST,
+    HostSet,
+    compare,
+    effective,
+    hosts_diff,
+    hosts_updated_body,
+)
+from elastic_control_plane.services.discovery.kubernetes import PodSource, pods_and_script
+from elastic_control_plane.services.discovery.marks_log import MarksLog, MarksLogError, raw_marks
+from elastic_control_plane.services.discovery.script import DiscoveryScript
 
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
@@ -111,7 +113,7 @@ class DiscoveryService(Service):
         self._last_expire_check = self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
         self.every(timing.discovery_poll, self._poll_script)
-        self.every(METRICS_INTERVAL, self._update_metrics)
+        self.every(metrics.METRICS_INTERVAL, self._update_metrics)
         self.every(COALESCE_WINDOW, self._publish_change)
         self.pods = pods
         if pods is not None:
@@ -163,7 +165,7 @@ class DiscoveryService(Service):
             snapshots, fork_server = bodies.snapshots(body), bodies.fork_server(body)
         was_warm = record is not None and record.warm
         status = self.hostset.heartbeat(host, incarnation, self.clock(), warm=warm)
-        HEARTBEATS_BY_STATUS[status].inc()
+        metrics.HEARTBEATS_BY_STATUS[status].inc()
         if status != "ok":
             return {"status": status}
         if reports_changed:
@@ -389,7 +391,7 @@ class DiscoveryService(Service):
 
     def _update_metrics(self) -> None:
         """Count hosts by state here, in the loop: the thread serving metrics must not iterate the host set."""
-        count_hosts_by_state([self.hostset.state(record) for record in self.hostset.hosts.values()])
+        metrics.count_hosts_by_state([self.hostset.state(record) for record in self.hostset.hosts.values()])
 
     def close(self) -> None:
         self.script.stop()

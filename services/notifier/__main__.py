@@ -1,8 +1,8 @@
-"""`python -m services.notifier`: run the notifier."""
+"""`python -m elastic_control_plane.services.notifier`: run the notifier."""
 
-from services.cli import service_command
-from services.notifier.event_log import EventLog
-from services.notifier.service import NotifierService
+from elastic_control_plane.services.cli import service_command
+from elastic_control_plane.services.notifier.event_log import EventLog
+from elastic_control_plane.services.notifier.service import NotifierService
 
 main = service_command(
     "notifier",

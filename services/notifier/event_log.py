@@ -18,9 +18,9 @@ from typing import Any
 
 import msgpack
 
-from replication.election import LostRole
-from replication.etcd import EtcdError, delete_op, put_op
-from replication.replica import Replica
+from elastic_control_plane.replication.election import LostRole
+from elastic_control_plane.replication.etcd import EtcdError, delete_op, put_op
+from elastic_control_plane.replication.replica import Replica
 
 
 class EventLogError(RuntimeError):

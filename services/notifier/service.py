@@ -23,10 +23,10 @@ import uuid
 from collections import deque
 from typing import Any
 
-from bus.pubsub import HEARTBEAT, Publisher, encode_event
-from bus.service import LimitExceeded, Request, RequestError, Service, handles
-from bus.sockets import Security
-from services.notifier.event_log import EventLog, EventLogError
+from elastic_control_plane.bus.pubsub import HEARTBEAT, Publisher, encode_event
+from elastic_control_plane.bus.service import LimitExceeded, Request, RequestError, Service, handles
+from elastic_control_plane.bus.sockets import Security
+from elastic_control_plane.services.notifier.event_log import EventLog, EventLogError
 
 # A subscriber away for a while catches up from here with one `since` request.
 HISTORY = 4096

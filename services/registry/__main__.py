@@ -1,9 +1,9 @@
-"""`python -m services.registry`: run the registry."""
+"""`python -m elastic_control_plane.services.registry`: run the registry."""
 
-from services.cli import service_command
-from services.registry.etcd_store import EtcdJobStore
-from services.registry.service import RegistryService
-from services.registry.store import SqliteJobStore
+from elastic_control_plane.services.cli import service_command
+from elastic_control_plane.services.registry.etcd_store import EtcdJobStore
+from elastic_control_plane.services.registry.service import RegistryService
+from elastic_control_plane.services.registry.store import SqliteJobStore
 
 main = service_command(
     "registry",

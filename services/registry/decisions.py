@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from services.registry.reports import FAILURE, SUCCESS, Slot, SlotReport
+from elastic_control_plane.services.registry.reports import FAILURE, SUCCESS, Slot, SlotReport
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.client import ServiceError, Unreachable
-from bus.contract import Event
-from bus.jobspec import JobSpec
-from bus.outbox import Outbox
-from services.registry import metrics
-from services.registry.decisions import Decision, decide, reset_cause
-from services.registry.exits import WorkerExit
-from services.registry.hosts import agent_incarnations, available_slots, newest_snapshot, restarted_agents
-from services.registry.job import FAILED, SUCCEEDED, WAITING, Job
-from services.registry.peers import Peer
-from services.registry.plan import round_plan
-from services.registry.reports import SILENT, SUCCESS, Slot
+from elastic_control_plane.bus.client import ServiceError, Unreachable
+from elastic_control_plane.bus.contract import Event
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.services.registry import metrics
+from elastic_control_plane.services.registry.decisions import Decision, decide, reset_cause
+from elastic_control_plane.services.registry.exits import WorkerExit
+from elastic_control_plane.services.registry.hosts import (
+    agent_incarnations,
+    available_slots,
+    newest_snapshot,
+    restarted_agents,
+)
+from elastic_control_plane.services.registry.job import FAILED, SUCCEEDED, WAITING, Job
+from elastic_control_plane.services.registry.peers import Peer
+from elastic_control_plane.services.registry.plan import round_plan
+from elastic_control_plane.services.registry.reports import SILENT, SUCCESS, Slot
 
 
 class Driver:

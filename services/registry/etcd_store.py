@@ -23,10 +23,10 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from replication.election import LostRole
-from replication.etcd import EtcdError, put_op
-from replication.replica import Replica
-from services.registry.store import StoreError
+from elastic_control_plane.replication.election import LostRole
+from elastic_control_plane.replication.etcd import EtcdError, put_op
+from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.services.registry.store import StoreError
 
 PART_BUCKETS = 64
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bus.service import field
-from services.registry.reports import Slot
+from elastic_control_plane.bus.service import field
+from elastic_control_plane.services.registry.reports import Slot
 
 MAX_STACK_BYTES = 64 * 1024
 MAX_HUNG_CHARS = 500

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 
-from bus.jobspec import JobSpec
-from services.registry.job import RUNNING_JOB, Job
-from services.registry.reports import Slot
-from services.registry.wait_rows import WaitRow
-from slot_processes.wait_record import IGNORED_WAITS
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.services.registry.job import RUNNING_JOB, Job
+from elastic_control_plane.services.registry.reports import Slot
+from elastic_control_plane.services.registry.wait_rows import WaitRow
+from elastic_control_plane.slot_processes.wait_record import IGNORED_WAITS
 
 FLOOR_S = 30.0  # ordinary pauses with no progress (a sleep, a lock, a child that waits) stay under it
 MARGIN = 5.0  # NVRx's margin over the longest wait seen

@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from bus.jobspec import JobSpec
-from services.registry.decisions import Decision
-from services.registry.reports import FAILURE, PENDING, ReportTable
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.services.registry.decisions import Decision
+from elastic_control_plane.services.registry.reports import FAILURE, PENDING, ReportTable
 
 NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"
 JOB_STATES = (NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED)

@@ -46,8 +46,8 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.registry.job import JOB_STATES
-from services.registry.reports import STATES as WORKER_STATES
+from elastic_control_plane.services.registry.job import JOB_STATES
+from elastic_control_plane.services.registry.reports import STATES as WORKER_STATES
 
 RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "hosts_changed", "resume")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from bus.client import AsyncClient, Client, ServiceError, Unreachable
-from bus.envelope import Message
-from bus.service import Service
+from elastic_control_plane.bus.client import AsyncClient, Client, ServiceError, Unreachable
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.bus.service import Service
 
 TIMEOUT = 0.5  # a request unanswered this long is sent again
 DEADLINE = 1.0  # and given up this long after it was first sent

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.contract import JobPlan
-from services.registry.job import Job
+from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.services.registry.job import Job
 
 
 def round_plan(job: Job, size: int) -> dict[str, Any]:

@@ -49,23 +49,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.client import ServiceError, Unreachable, incarnation_id
-from bus.config import Endpoints, Timing
-from bus.contract import Event
-from bus.jobspec import JobSpec, SpecError
-from bus.outbox import Outbox
-from bus.service import Request, RequestError, Service, handles
-from services.registry import metrics
-from services.registry.driver import Driver
-from services.registry.exits import WorkerExit
-from services.registry.hang_limits import judged_limits
-from services.registry.hosts import discovery_settings, host_marks
-from services.registry.job import FAILED, RUNNING_JOB, Job, Now
-from services.registry.peers import Pass, Peer, Read, Steps
-from services.registry.reports import PENDING
-from services.registry.store import JobStore, StoreError
-from services.registry.wait_rows import parse_waits
-from services.registry.waits import FRESH_HEARTBEATS, Seen, WaitBoard
+from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnation_id
+from elastic_control_plane.bus.config import Endpoints, Timing
+from elastic_control_plane.bus.contract import Event
+from elastic_control_plane.bus.jobspec import JobSpec, SpecError
+from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.bus.service import Request, RequestError, Service, handles
+from elastic_control_plane.services.registry import metrics
+from elastic_control_plane.services.registry.driver import Driver
+from elastic_control_plane.services.registry.exits import WorkerExit
+from elastic_control_plane.services.registry.hang_limits import judged_limits
+from elastic_control_plane.services.registry.hosts import discovery_settings, host_marks
+from elastic_control_plane.services.registry.job import FAILED, RUNNING_JOB, Job, Now
+from elastic_control_plane.services.registry.peers import Pass, Peer, Read, Steps
+from elastic_control_plane.services.registry.reports import PENDING
+from elastic_control_plane.services.registry.store import JobStore, StoreError
+from elastic_control_plane.services.registry.wait_rows import parse_waits
+from elastic_control_plane.services.registry.waits import FRESH_HEARTBEATS, Seen, WaitBoard
 
 
 class RegistryService(Service):

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bus.service import RequestError
-from bus.service import field as body_field
+from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.bus.service import field as body_field
 
 
 @dataclass(frozen=True)

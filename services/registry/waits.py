@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.registry.hang_limits import (
+from elastic_control_plane.services.registry.hang_limits import (
     HUNG,
     MAX_DOUBLINGS,
     NO_LIMITS,
@@ -60,9 +60,9 @@ from services.registry.hang_limits import (
     stage,
     why,
 )
-from services.registry.job import Job
-from services.registry.reports import SILENT, Slot
-from services.registry.wait_rows import WaitRow
+from elastic_control_plane.services.registry.job import Job
+from elastic_control_plane.services.registry.reports import SILENT, Slot
+from elastic_control_plane.services.registry.wait_rows import WaitRow
 
 FRESH_HEARTBEATS = 3  # a report older than this many heartbeat intervals is never judged
 REKILL_AFTER_S = 10.0

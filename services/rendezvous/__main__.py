@@ -1,8 +1,8 @@
-"""`python -m services.rendezvous`: run the rendezvous."""
+"""`python -m elastic_control_plane.services.rendezvous`: run the rendezvous."""
 
-from services.cli import service_command
-from services.rendezvous.kv_log import KvLog
-from services.rendezvous.service import RendezvousService
+from elastic_control_plane.services.cli import service_command
+from elastic_control_plane.services.rendezvous.kv_log import KvLog
+from elastic_control_plane.services.rendezvous.service import RendezvousService
 
 main = service_command(
     "rendezvous",

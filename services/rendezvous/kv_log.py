@@ -9,9 +9,9 @@ loads them all. Without etcd the rendezvous keeps its store in memory only.
 
 from __future__ import annotations
 
-from replication.election import LostRole
-from replication.etcd import EtcdError, delete_op, put_op
-from replication.replica import Replica
+from elastic_control_plane.replication.election import LostRole
+from elastic_control_plane.replication.etcd import EtcdError, delete_op, put_op
+from elastic_control_plane.replication.replica import Replica
 
 
 class KvLogError(RuntimeError):

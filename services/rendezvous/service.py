@@ -44,10 +44,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
-from bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
-from services.rendezvous.kv_log import KvLog, KvLogError
-from services.rendezvous.rounds import Join, Round, Rounds
+from elastic_control_plane.bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
+from elastic_control_plane.bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
+from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
+from elastic_control_plane.services.rendezvous.rounds import Join, Round, Rounds
 
 # A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
 MAX_KV_KEYS = 1024

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bus.config import DEFAULT_PORTS
+from elastic_control_plane.bus.config import DEFAULT_PORTS
 from testing.harness import Cluster, wait_for
 from testing.kube_apiserver import KubeApiServer
 from tests.deploy.conftest import render

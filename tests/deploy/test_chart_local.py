@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from bus.config import DEFAULT_PORTS
+from elastic_control_plane.bus.config import DEFAULT_PORTS
 from testing.harness import Cluster, free_ports, wait_for
 from tests.deploy.conftest import render
 from tests.deploy.test_chart_objects import component, containers, environment
 
-COMMANDS = {"python": [sys.executable], "elastic-agent": [sys.executable, "-m", "agent.main"]}
-COMMANDS["elasticctl"] = [sys.executable, "-m", "elasticctl.main"]
+COMMANDS = {"python": [sys.executable], "elastic-agent": [sys.executable, "-m", "elastic_control_plane.agent.main"]}
+COMMANDS["elasticctl"] = [sys.executable, "-m", "elastic_control_plane.elasticctl.main"]
 
 
 @pytest.fixture

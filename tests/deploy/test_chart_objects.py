@@ -13,9 +13,9 @@ import click
 import pytest
 import yaml
 
-from bus.config import DEFAULT_PORTS, Endpoints, Timing, endpoint_list
-from replication.store_choice import StoreChoice
-from services.cli import bind_endpoints
+from elastic_control_plane.bus.config import DEFAULT_PORTS, Endpoints, Timing, endpoint_list
+from elastic_control_plane.replication.store_choice import StoreChoice
+from elastic_control_plane.services.cli import bind_endpoints
 from tests.deploy.conftest import NAMESPACE, REPO, render
 
 Obj = dict[str, Any]
@@ -102,9 +102,9 @@ def click_command(argv: list[str]) -> tuple[click.Command, str, list[str]]:
     if argv[:2] == ["python", "-m"] and argv[2].removeprefix("services.") in SERVICES:
         return importlib.import_module(f"{argv[2]}.__main__").main, argv[2], argv[3:]
     if argv[0] == "elastic-agent":
-        return importlib.import_module("agent.main").main, argv[0], argv[1:]
+        return importlib.import_module("elastic_control_plane.agent.main").main, argv[0], argv[1:]
     if argv[0] == "elasticctl":
-        return importlib.import_module("elasticctl.main").cli, argv[0], argv[1:]
+        return importlib.import_module("elastic_control_plane.elasticctl.main").cli, argv[0], argv[1:]
     raise AssertionError(f"a container runs {argv}, which is none of the project's commands")
 
 
@@ -267,5 +267,5 @@ def test_the_single_layout_runs_one_pod_per_service_the_registry_on_a_volume() -
         "volumeMounts"
     ]
     probe = registry["readinessProbe"]["exec"]["command"]
-    assert probe == ["python", "-m", "bus.ping", f"tcp://127.0.0.1:{DEFAULT_PORTS['registry']}"]
+    assert probe == ["python", "-m", "elastic_control_plane.bus.ping", f"tcp://127.0.0.1:{DEFAULT_PORTS['registry']}"]
     assert "elastic-etcd" not in sets

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bus.config import DEFAULT_PORTS
-from bus.lifetime import die_with_parent
-from replication.etcd_member import etcd_binary
+from elastic_control_plane.bus.config import DEFAULT_PORTS
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.replication.etcd_member import etcd_binary
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
 from tests.deploy.test_chart_objects import SERVICES, environment

@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import zmq
 
-from bus.client import ServiceError
-from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
+from elastic_control_plane.bus.client import ServiceError
+from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
 from testing.harness import REPO, SERVICES, Cluster, free_ports, wait_for
 
 
@@ -109,7 +109,12 @@ def test_discovery_refuses_a_malformed_snapshot_report_and_keeps_the_last_good_o
 
 def _elasticctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 

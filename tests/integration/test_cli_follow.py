@@ -17,7 +17,7 @@ from typing import IO
 
 import pytest
 
-from elasticctl.outage import UNREACHABLE
+from elastic_control_plane.elasticctl.outage import UNREACHABLE
 from testing.harness import REPO, Cluster, free_ports, read_events, wait_for
 
 OUTAGE = 10.0
@@ -61,7 +61,7 @@ class Output:
 def elasticctl_piped(cluster: Cluster, *args: str) -> Iterator[tuple[subprocess.Popen[str], Output]]:
     """`elasticctl ARGS` with its output on a pipe (not a terminal); killed on the way out if still running."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "elasticctl.main", *args],
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", *args],
         env=cluster.env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -182,7 +182,7 @@ def test_events_prints_the_history_in_order_and_follows_new_events(cluster: Clus
 )
 def test_bad_values_of_the_follow_options_are_one_line_exit_2(args: list[str], line: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", *args],
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", *args],
         env=_clean_env(),
         cwd=REPO,
         capture_output=True,
@@ -196,7 +196,7 @@ def test_events_follow_needs_the_notifier_when_it_starts() -> None:
     port = free_ports(1)[0]
     env = _clean_env(ELASTIC_NOTIFIER_ENDPOINT=f"tcp://127.0.0.1:{port}")
     result = subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", "events", "--follow"],
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "events", "--follow"],
         env=env,
         cwd=REPO,
         capture_output=True,

@@ -11,11 +11,11 @@ each must answer a ping and serve its metrics, and each compose healthcheck
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bus.client import Client, Unreachable, incarnation_id
+from elastic_control_plane.bus.client import Client, Unreachable, incarnation_id
 from testing.harness import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,14 +194,20 @@ def test_four_services_with_their_commands(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         service = services[name]
         assert service["build"] == "."
-        assert service["command"] == ["python", "-m", f"services.{name}", "--metrics-port", str(METRICS_PORT_OF[name])]
+        assert service["command"] == [
+            "python",
+            "-m",
+            f"elastic_control_plane.services.{name}",
+            "--metrics-port",
+            str(METRICS_PORT_OF[name]),
+        ]
         assert service["restart"] == "unless-stopped"
 
 
 def test_healthchecks_ping_each_service_on_its_own_port(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         argv = healthcheck_argv(compose["services"][name])
-        assert argv == ["python", "-m", "bus.ping", f"tcp://127.0.0.1:{PORT_OF[name]}"], name
+        assert argv == ["python", "-m", "elastic_control_plane.bus.ping", f"tcp://127.0.0.1:{PORT_OF[name]}"], name
 
 
 def test_ports_published(compose: dict[str, Any]) -> None:
@@ -227,7 +233,7 @@ def test_environment_binds_everywhere_and_connects_by_service_name(compose: dict
 
 def test_insecure_value_is_read_as_the_flag(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The ELASTIC_INSECURE string in the compose file turns the click flag on (and keys stay unset)."""
-    from services.notifier.__main__ import main
+    from elastic_control_plane.services.notifier.__main__ import main
 
     env = environment_of(compose["services"]["notifier"])
     for var in [k for k in os.environ if k.startswith("ELASTIC_")]:
@@ -350,10 +356,9 @@ def test_the_registry_keeps_its_state_on_a_named_volume(compose: dict[str, Any])
 
 
 def test_the_image_holds_every_package_the_project_installs() -> None:
-    """`pip install .` in the Dockerfile installs what was copied: every package of pyproject.toml's list must be."""
-    include = re.search(r"include = \[(.*?)\]", (REPO / "pyproject.toml").read_text())
-    assert include is not None
-    packages = [name.strip().strip('"').rstrip("*") for name in include.group(1).split(",")]
+    """`pip install .` in the Dockerfile installs what was copied: every folder pyproject.toml installs must be."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {*setuptools["package-dir"].values(), *(p for p in setuptools["packages"] if "." not in p)}
     dockerfile = (REPO / "Dockerfile").read_text()
-    missing = [package for package in packages if f"COPY {package}/ {package}/" not in dockerfile]
+    missing = [folder for folder in sorted(folders) if f"COPY {folder}/ {folder}/" not in dockerfile]
     assert not missing, f"the Dockerfile does not copy {missing}"

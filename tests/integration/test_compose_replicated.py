@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bus.lifetime import die_with_parent
-from replication.election import leader_key
-from replication.etcd import EtcdClient
-from replication.etcd_member import etcd_binary
+from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.replication.election import leader_key
+from elastic_control_plane.replication.etcd import EtcdClient
+from elastic_control_plane.replication.etcd_member import etcd_binary
 from testing.harness import free_ports, wait_for
 from tests.integration.test_compose import (
     REPO,
@@ -62,7 +62,7 @@ def test_three_members_that_name_each_other_and_two_replicas_of_each_service(com
         for replica in REPLICAS:
             service = services[f"{name}-{replica}"]
             assert service["hostname"] == f"{name}-{replica}"
-            assert service["command"][:3] == ["python", "-m", f"services.{name}"]
+            assert service["command"][:3] == ["python", "-m", f"elastic_control_plane.services.{name}"]
             env = environment_of(service)
             assert env["ELASTIC_STORE"] == "etcd://" + ",".join(f"{m}:2379" for m in MEMBERS)
             for peer, port in SERVICE_PORTS.items():

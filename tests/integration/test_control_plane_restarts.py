@@ -102,7 +102,7 @@ def test_the_registry_refuses_a_state_directory_it_cannot_read(tmp_path: Path) -
     (state_dir / "registry.sqlite3").write_bytes(b"this is not a database" * 100)
     env = {**os.environ, "ELASTIC_REGISTRY_ENDPOINT": f"tcp://127.0.0.1:{free_ports(1)[0]}"}
     result = subprocess.run(
-        [sys.executable, "-m", "services.registry", "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "elastic_control_plane.services.registry", "--state-dir", str(state_dir)],
         env=env,
         capture_output=True,
         text=True,

@@ -181,7 +181,18 @@ def test_agent_shutdown_stops_its_standby(cluster: Cluster, tmp_path: Path) -> N
 
 def test_more_standbys_than_slots_is_refused_with_one_line(cluster: Cluster) -> None:
     agent = cluster.spawn(
-        "agent-host-9", [sys.executable, "-m", "agent.main", "--host", "host-9", "--slots", "1", "--standby", "2"]
+        "agent-host-9",
+        [
+            sys.executable,
+            "-m",
+            "elastic_control_plane.agent.main",
+            "--host",
+            "host-9",
+            "--slots",
+            "1",
+            "--standby",
+            "2",
+        ],
     )
     assert agent.wait(timeout=30) == 2
     lines = cluster.output("agent-host-9").strip().splitlines()
@@ -272,7 +283,7 @@ def test_elasticctl_local_standby_gives_each_agent_a_standby_that_takes_a_crashe
         [
             sys.executable,
             "-m",
-            "elasticctl.main",
+            "elastic_control_plane.elasticctl.main",
             "local",
             "--hosts",
             "2",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replication.etcd import (
+from elastic_control_plane.replication.etcd import (
     RANGE_PAGE,
     EtcdClient,
     EtcdRefused,
@@ -25,7 +25,7 @@ from replication.etcd import (
     range_op,
     value_is,
 )
-from replication.etcd_wire import RETRIED_CODES
+from elastic_control_plane.replication.etcd_wire import RETRIED_CODES
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import wait_for
 

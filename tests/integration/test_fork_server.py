@@ -83,7 +83,9 @@ def test_a_forked_worker_is_the_process_a_spawned_one_would_be(cluster: Cluster,
     if launched == "from a terminal":
         agent = cluster.start_agent("host-1", 2, ["--standby", "0"])
     else:  # `elastic-agent ... &` in a script: the agent inherits SIGINT and SIGQUIT ignored
-        agent_command = shlex.join([sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "2"])
+        agent_command = shlex.join(
+            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "2"]
+        )
         agent = cluster.spawn("agent-host-1", ["sh", "-c", f"trap '' INT QUIT; exec {agent_command} --standby 0"])
         wait_for(lambda: any(h["host"] == "host-1" for h in cluster.call("discovery", "hosts")["all"]), 20, "host-1")
     forked = run_report_job(cluster, tmp_path, "forked")

@@ -15,8 +15,8 @@ from testing.harness import REPO
 # In a process of its own: a ForkServer makes its process a child subreaper, which this test session must not be.
 PREPARE = """
 import json, sys, time
-from agent.fork_choice import Key, interpreter_identity
-from agent.fork_server import ForkServer
+from elastic_control_plane.agent.fork_choice import Key, interpreter_identity
+from elastic_control_plane.agent.fork_server import ForkServer
 
 class Log:
     def __init__(self):

@@ -22,12 +22,12 @@ time.sleep(120)
 def test_slots_default_to_the_gpus_the_agent_sees(cluster: Cluster) -> None:
     cluster.spawn(
         "agent-gpu-host",
-        [sys.executable, "-m", "agent.main", "--host", "gpu-host"],
+        [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "gpu-host"],
         {**cluster.env, "CUDA_VISIBLE_DEVICES": "0,1,2"},
     )
     cluster.spawn(
         "agent-cpu-host",
-        [sys.executable, "-m", "agent.main", "--host", "cpu-host"],
+        [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "cpu-host"],
         {**cluster.env, "CUDA_VISIBLE_DEVICES": ""},
     )
     available = wait_for(

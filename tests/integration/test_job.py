@@ -16,7 +16,7 @@ from testing.harness import REPO, Cluster, processes_with_env, wait_for
 
 def _registry_pid(cluster: Cluster) -> int:
     for pid in processes_with_env(cluster.endpoints.registry):
-        if b"services.registry" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if b"elastic_control_plane.services.registry" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return pid
     raise AssertionError("no registry process")
 
@@ -48,7 +48,7 @@ def test_local_runs_the_example_on_four_workers_rides_through_its_registry_s_dea
             [
                 sys.executable,
                 "-m",
-                "elasticctl.main",
+                "elastic_control_plane.elasticctl.main",
                 "local",
                 "--hosts",
                 "2",

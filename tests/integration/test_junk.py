@@ -26,10 +26,10 @@ import msgpack
 import pytest
 import zmq
 
-from agent.agent import agent_endpoint
-from bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
-from bus.pubsub import EVENT_TOPIC
-from bus.sockets import HARD_MAX_MESSAGE_BYTES
+from elastic_control_plane.agent.agent import agent_endpoint
+from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
+from elastic_control_plane.bus.pubsub import EVENT_TOPIC
+from elastic_control_plane.bus.sockets import HARD_MAX_MESSAGE_BYTES
 from testing.harness import Cluster, wait_for
 
 JUNK_PER_SOCKET = 20_000

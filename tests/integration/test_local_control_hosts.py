@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticctl.local import ETCD_CLIENT_PORT, SERVICES, control_addresses
+from elastic_control_plane.elasticctl.local import ETCD_CLIENT_PORT, SERVICES, control_addresses
 from testing.harness import REPO, Cluster, processes_with_env, wait_for
 from tests.integration.test_snapshots import assert_finished_exactly, committed
 
@@ -24,7 +24,17 @@ STORE = "etcd://" + ",".join(f"{host}:{ETCD_CLIENT_PORT}" for host in control_ad
 
 def status(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", "status", "--control", CONTROL, "--store", STORE, *args],
+        [
+            sys.executable,
+            "-m",
+            "elastic_control_plane.elasticctl.main",
+            "status",
+            "--control",
+            CONTROL,
+            "--store",
+            STORE,
+            *args,
+        ],
         env=cluster.env,
         cwd=REPO,
         capture_output=True,
@@ -66,7 +76,18 @@ def test_three_control_hosts_on_one_machine_show_in_status_and_a_lost_one_costs_
     job = [sys.executable, "tests/workers/counter.py", "--batches", str(BATCHES), "--step-delay", "0.02"]
     env = {k: v for k, v in cluster.env.items() if not k.endswith("_ENDPOINT")}  # local's own endpoints
     run = subprocess.Popen(
-        [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--control-hosts", "3"]
+        [
+            sys.executable,
+            "-m",
+            "elastic_control_plane.elasticctl.main",
+            "local",
+            "--hosts",
+            "2",
+            "--slots",
+            "1",
+            "--control-hosts",
+            "3",
+        ]
         + ["--min-np", "2", "--", *job, "--log-dir", str(log_dir)],
         env=env,
         cwd=REPO,

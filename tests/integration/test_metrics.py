@@ -13,7 +13,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from bus.client import ServiceError
+from elastic_control_plane.bus.client import ServiceError
 from testing.harness import SERVICES, Cluster, free_ports, wait_for
 
 COUNTER_JOB = [sys.executable, "tests/workers/counter.py", "--batches", "150", "--step-delay", "0.02"]
@@ -139,13 +139,21 @@ def _taken_port() -> tuple[socket.socket, int]:
     ("command", "port", "expected"),
     [
         (
-            ["-m", "services.rendezvous"],
+            ["-m", "elastic_control_plane.services.rendezvous"],
             "70000",
             "rendezvous: --metrics-port='70000': port 70000 is out of range (1-65535)",
         ),
-        (["-m", "services.registry"], "metrics", "registry: --metrics-port='metrics': not a port number"),
-        (["-m", "services.discovery"], "taken", f"discovery: {IN_USE}"),
-        (["-m", "agent.main", "--host", "host-1", "--slots", "1"], "taken", f"elastic-agent: {IN_USE}"),
+        (
+            ["-m", "elastic_control_plane.services.registry"],
+            "metrics",
+            "registry: --metrics-port='metrics': not a port number",
+        ),
+        (["-m", "elastic_control_plane.services.discovery"], "taken", f"discovery: {IN_USE}"),
+        (
+            ["-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "1"],
+            "taken",
+            f"elastic-agent: {IN_USE}",
+        ),
     ],
     ids=["out-of-range", "not-a-number", "taken", "taken-by-the-agent"],
 )

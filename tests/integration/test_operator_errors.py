@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.agent import agent_endpoint
+from elastic_control_plane.agent.agent import agent_endpoint
 from testing.harness import REPO, SERVICES, Cluster, processes_with_env, wait_for
 
 BAD_PORT = "tcp://127.0.0.1:70000"
@@ -87,12 +87,14 @@ def _log_events(cluster: Cluster, name: str, event: str) -> list[dict[str, Any]]
     ],
 )
 def test_cli_bad_endpoint_is_one_line_exit_2(args: list[str], env: dict[str, str], line: str) -> None:
-    result = _run(["-m", "elasticctl.main", *args], _clean_env(**env))
+    result = _run(["-m", "elastic_control_plane.elasticctl.main", *args], _clean_env(**env))
     _assert_one_line(result, f"elasticctl: {line}")
 
 
 def test_cli_says_a_control_host_does_not_resolve() -> None:
-    result = _run(["-m", "elasticctl.main", "status", "--control", "not-a-host.invalid"], _clean_env())
+    result = _run(
+        ["-m", "elastic_control_plane.elasticctl.main", "status", "--control", "not-a-host.invalid"], _clean_env()
+    )
     _assert_one_line(
         result, "elasticctl: cannot reach the control plane: not-a-host.invalid does not resolve", exit_code=1
     )
@@ -102,7 +104,7 @@ def test_cli_says_a_control_host_does_not_resolve() -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_each_service_refuses_a_bad_endpoint(service: str) -> None:
     setting = f"ELASTIC_{service.upper()}_ENDPOINT"
-    result = _run(["-m", f"services.{service}"], _clean_env(**{setting: BAD_PORT}))
+    result = _run(["-m", f"elastic_control_plane.services.{service}"], _clean_env(**{setting: BAD_PORT}))
     _assert_one_line(result, f"{service}: {setting}='{BAD_PORT}': port 70000 is out of range (1-65535)")
 
 
@@ -116,7 +118,7 @@ def test_a_bad_value_in_the_compose_environment_stops_the_service() -> None:
 
 
 def test_a_bad_bind_host_stops_the_service() -> None:
-    result = _run(["-m", "services.notifier"], _clean_env(ELASTIC_BIND="0.0.0.0:5553"))
+    result = _run(["-m", "elastic_control_plane.services.notifier"], _clean_env(ELASTIC_BIND="0.0.0.0:5553"))
     _assert_one_line(
         result, "notifier: ELASTIC_BIND='0.0.0.0:5553': '0.0.0.0:5553' is not a host name or an IP address"
     )
@@ -144,7 +146,7 @@ def test_a_bad_bind_host_stops_the_service() -> None:
 )
 def test_discovery_refuses_a_kubernetes_source_it_cannot_use(args: list[str], env: dict[str, str], line: str) -> None:
     clean = {k: v for k, v in _clean_env(**env).items() if not k.startswith("KUBERNETES_")}
-    _assert_one_line(_run(["-m", "services.discovery", *args], clean), f"discovery: {line}")
+    _assert_one_line(_run(["-m", "elastic_control_plane.services.discovery", *args], clean), f"discovery: {line}")
 
 
 # -- the agent -----------------------------------------------------------------------------------
@@ -166,7 +168,8 @@ def test_discovery_refuses_a_kubernetes_source_it_cannot_use(args: list[str], en
 )
 def test_agent_refuses_a_bad_endpoint(tmp_path: Path, args: list[str], env: dict[str, str], line: str) -> None:
     result = _run(
-        ["-m", "agent.main", "--host", "h", "--slots", "1", *args], _clean_env(ELASTIC_RUN_DIR=str(tmp_path), **env)
+        ["-m", "elastic_control_plane.agent.main", "--host", "h", "--slots", "1", *args],
+        _clean_env(ELASTIC_RUN_DIR=str(tmp_path), **env),
     )
     _assert_one_line(result, f"elastic-agent: {line}")
 
@@ -174,7 +177,10 @@ def test_agent_refuses_a_bad_endpoint(tmp_path: Path, args: list[str], env: dict
 def test_agent_warns_once_then_says_when_a_late_control_plane_answers(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path)
     try:
-        cluster.spawn("agent-host-1", [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1"])
+        cluster.spawn(
+            "agent-host-1",
+            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "1"],
+        )
         (warning,) = wait_for(
             lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning"
         )
@@ -201,7 +207,17 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
     try:
         cluster.spawn(
             "agent-host-1",
-            [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1", "--control", "not-a-host.invalid"],
+            [
+                sys.executable,
+                "-m",
+                "elastic_control_plane.agent.main",
+                "--host",
+                "host-1",
+                "--slots",
+                "1",
+                "--control",
+                "not-a-host.invalid",
+            ],
             env=env,
         )
         (warning,) = wait_for(
@@ -227,7 +243,10 @@ def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_pat
             rf"^libworker: no word from the agent at {re.escape(endpoint)} for \d+s; still trying", re.M
         )
         wait_for(lambda: warning.search(cluster.output("worker")), 20, "the worker's warning")
-        cluster.spawn("agent-host-1", [sys.executable, "-m", "agent.main", "--host", "host-1", "--slots", "1"])
+        cluster.spawn(
+            "agent-host-1",
+            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "1"],
+        )
         wait_for(
             lambda: f"libworker: the agent at {endpoint} answers again after" in cluster.output("worker"),
             10,
@@ -246,7 +265,19 @@ def test_sigkill_of_elasticctl_local_leaves_none_of_its_processes(tmp_path: Path
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
     try:
         local = cluster.spawn(
-            "local", [sys.executable, "-m", "elasticctl.main", "local", "--hosts", "2", "--slots", "1", "--", *sleeper]
+            "local",
+            [
+                sys.executable,
+                "-m",
+                "elastic_control_plane.elasticctl.main",
+                "local",
+                "--hosts",
+                "2",
+                "--slots",
+                "1",
+                "--",
+                *sleeper,
+            ],
         )
         wait_for(lambda: len(cluster.leftover_workers()) == 2, 30, "both workers of the job to run")
         assert len(processes_with_env(marker)) == 1 + len(SERVICES) + 2 + 2 + 2, (

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from replication.election import Leadership, LostRole
-from replication.etcd import EtcdClient, put_op
+from elastic_control_plane.replication.election import Leadership, LostRole
+from elastic_control_plane.replication.etcd import EtcdClient, put_op
 from testing.control_hosts import PREFIX, ReplicatedCluster, replica_name
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, wait_for
@@ -225,7 +225,7 @@ def test_quorum_lost_stops_decisions_training_goes_on_and_everything_resumes_whe
 
 def run_service(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.rendezvous", *args],
+        [sys.executable, "-m", "elastic_control_plane.services.rendezvous", *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

@@ -37,7 +37,7 @@ def start_agent_with_fd_limit(cluster: Cluster, host: str, slots: int) -> None:
             f'ulimit -n {FD_LIMIT} && exec "$0" "$@"',
             sys.executable,
             "-m",
-            "agent.main",
+            "elastic_control_plane.agent.main",
             "--host",
             host,
             "--slots",

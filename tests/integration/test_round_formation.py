@@ -24,7 +24,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from bus.config import Timing
+from elastic_control_plane.bus.config import Timing
 from libworker.errors import WorkerInternalError
 from libworker.world import ARRIVED_KEY, _await_every_rank, world
 from testing.harness import REPO, free_ports

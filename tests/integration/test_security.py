@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bus.client import Client, Unreachable
-from bus.sockets import Security, generate_keys
+from elastic_control_plane.bus.client import Client, Unreachable
+from elastic_control_plane.bus.sockets import Security, generate_keys
 from testing.harness import REPO, SERVICES, Cluster, wait_for, worker_pid
 from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
@@ -22,7 +22,7 @@ from tests.integration.training import JOB, assert_training_invariants, steps, w
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", "keys", "generate", str(tmp_path / "keys")],
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "keys", "generate", str(tmp_path / "keys")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -68,7 +68,12 @@ def test_services_refuse_a_public_bind_without_keys(tmp_path: Path) -> None:
     env.pop("ELASTIC_KEYS", None)
     env.pop("ELASTIC_STATE_DIR", None)
     result = subprocess.run(
-        [sys.executable, "-m", "services.registry"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "elastic_control_plane.services.registry"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "refusing to bind tcp://0.0.0.0" in result.stderr and "Traceback" not in result.stderr

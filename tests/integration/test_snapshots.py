@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from snapshot.durable import checkpoint_files
+from elastic_control_plane.snapshot.durable import checkpoint_files
 from testing.harness import Cluster, read_events, wait_for, worker_pid
 
 SHM = Path("/dev/shm")

@@ -263,7 +263,7 @@ def test_elasticctl_torchrun_runs_torchruns_launch_line(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "elasticctl.main",
+                "elastic_control_plane.elasticctl.main",
                 "torchrun",
                 "--nnodes=2",
                 "--nproc_per_node",
@@ -305,7 +305,7 @@ def test_elasticctl_torchrun_refuses_what_it_does_not_run_in_one_line(
     tmp_path: Path, flag: list[str], message: str
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "elasticctl.main", "torchrun", *flag, "train.py"],
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "torchrun", *flag, "train.py"],
         cwd=REPO,
         capture_output=True,
         text=True,

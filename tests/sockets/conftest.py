@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from bus.config import Timing
-from services.discovery.service import DiscoveryService
-from services.notifier.service import NotifierService
-from services.rendezvous.service import RendezvousService
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.services.discovery.service import DiscoveryService
+from elastic_control_plane.services.notifier.service import NotifierService
+from elastic_control_plane.services.rendezvous.service import RendezvousService
 from testing.harness import free_ports, serve_in_thread
 
 

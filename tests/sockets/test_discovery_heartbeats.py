@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bus.client import Client, ServiceError
-from services.discovery.service import DiscoveryService
+from elastic_control_plane.bus.client import Client, ServiceError
+from elastic_control_plane.services.discovery.service import DiscoveryService
 
 SNAPSHOT = {"commit": 4, "bytes": 1024, "written_at": 2.0}
 FORK_SERVER = {"state": "ready", "reason": ""}

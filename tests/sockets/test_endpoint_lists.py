@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import zmq
 
-from bus.client import AsyncClient, Client
-from bus.config import tcp_endpoint
-from bus.pubsub import Subscription
-from bus.service import DEFERRED, Request, Service, handles
-from services.notifier.service import NotifierService
+from elastic_control_plane.bus.client import AsyncClient, Client
+from elastic_control_plane.bus.config import tcp_endpoint
+from elastic_control_plane.bus.pubsub import Subscription
+from elastic_control_plane.bus.service import DEFERRED, Request, Service, handles
+from elastic_control_plane.services.notifier.service import NotifierService
 from testing.harness import free_ports, serve_in_thread, wait_for
 
 CONTROL_HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from bus.client import Client, ServiceError
-from bus.config import Timing
-from services.discovery.kubernetes import ApiServer, PodSource
-from services.discovery.service import DiscoveryService
-from services.notifier.service import NotifierService
+from elastic_control_plane.bus.client import Client, ServiceError
+from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource
+from elastic_control_plane.services.discovery.service import DiscoveryService
+from elastic_control_plane.services.notifier.service import NotifierService
 from testing.harness import free_ports, serve_in_thread, wait_for
 from testing.kube_apiserver import KubeApiServer
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import zmq
 
-from bus.client import Client, ServiceError
-from bus.config import Endpoints, Timing
-from bus.jobspec import JobSpec
-from services.notifier.service import NotifierService
-from services.registry.job import Job, Now
-from services.registry.service import RegistryService
-from services.registry.store import SqliteJobStore
+from elastic_control_plane.bus.client import Client, ServiceError
+from elastic_control_plane.bus.config import Endpoints, Timing
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.services.notifier.service import NotifierService
+from elastic_control_plane.services.registry.job import Job, Now
+from elastic_control_plane.services.registry.service import RegistryService
+from elastic_control_plane.services.registry.store import SqliteJobStore
 from testing.harness import free_ports, wait_for
 
 

@@ -10,11 +10,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from agent.round_entry import HostEntry, RoundKeyLookups
-from bus.client import AsyncClient, Client, ServiceError, Unreachable
-from bus.metrics import MESSAGES
-from bus.service import DEFERRED, Request, Service, handles
-from services.rendezvous.service import RendezvousService
+from elastic_control_plane.agent.round_entry import HostEntry, RoundKeyLookups
+from elastic_control_plane.bus.client import AsyncClient, Client, ServiceError, Unreachable
+from elastic_control_plane.bus.metrics import MESSAGES
+from elastic_control_plane.bus.service import DEFERRED, Request, Service, handles
+from elastic_control_plane.services.rendezvous.service import RendezvousService
 from testing.harness import free_ports, serve_in_thread, wait_for
 
 

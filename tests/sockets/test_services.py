@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import zmq
 
-from bus.client import Client, ServiceError
-from bus.envelope import Message, decode, encode
-from bus.pubsub import Subscription
-from bus.sockets import client_socket
-from services.discovery.hostset import HostsDiff, apply_diff
-from services.discovery.service import DiscoveryService
-from services.notifier.service import NotifierService
-from services.rendezvous.service import RendezvousService
+from elastic_control_plane.bus.client import Client, ServiceError
+from elastic_control_plane.bus.envelope import Message, decode, encode
+from elastic_control_plane.bus.pubsub import Subscription
+from elastic_control_plane.bus.sockets import client_socket
+from elastic_control_plane.services.discovery.hostset import HostsDiff, apply_diff
+from elastic_control_plane.services.discovery.service import DiscoveryService
+from elastic_control_plane.services.notifier.service import NotifierService
+from elastic_control_plane.services.rendezvous.service import RendezvousService
 from testing.harness import wait_for
 
 

@@ -21,7 +21,7 @@ from unittest import mock
 import pytest
 import torch
 
-from snapshot.tree import split
+from elastic_control_plane.snapshot.tree import split
 from testing.ranks import run_ranks
 
 ROOT, SMALL_CAP = 1, 777

@@ -3,9 +3,9 @@ drain."""
 
 from __future__ import annotations
 
-from agent.restarts import RestartPolicy
-from agent.slots import Remedy, SlotBook
-from agent.workers import STANDBY
+from elastic_control_plane.agent.restarts import RestartPolicy
+from elastic_control_plane.agent.slots import Remedy, SlotBook
+from elastic_control_plane.agent.workers import STANDBY
 
 
 class Clock:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
-from slot_processes.rounds import round_environment
+from elastic_control_plane.bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
+from elastic_control_plane.slot_processes.rounds import round_environment
 
 UNEVEN = [("a", 2), ("b", 1), ("c", 3)]
 # a: ranks 0,1   b: rank 2   c: ranks 3,4,5

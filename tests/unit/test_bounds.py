@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from bus.envelope import Message, decode, encode
-from bus.service import DEFERRED, ParkingLot, ReplyCache, Request, Service, handles
-from services.notifier import service as notifier_module
-from services.notifier.service import History, NotifierService
-from services.rendezvous import service as rendezvous_module
-from services.rendezvous.service import RendezvousService
+from elastic_control_plane.bus.envelope import Message, decode, encode
+from elastic_control_plane.bus.service import DEFERRED, ParkingLot, ReplyCache, Request, Service, handles
+from elastic_control_plane.services.notifier import service as notifier_module
+from elastic_control_plane.services.notifier.service import History, NotifierService
+from elastic_control_plane.services.rendezvous import service as rendezvous_module
+from elastic_control_plane.services.rendezvous.service import RendezvousService
 
 
 def frames_of(size: int) -> list[bytes]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from elasticctl.control import ControlPlaneUnreachable
-from elasticctl.events import NO_TIME, event_line, format_value
-from elasticctl.outage import UNREACHABLE, Outage
-from elasticctl.watch import redraw_in_place
+from elastic_control_plane.elasticctl.control import ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.events import NO_TIME, event_line, format_value
+from elastic_control_plane.elasticctl.outage import UNREACHABLE, Outage
+from elastic_control_plane.elasticctl.watch import redraw_in_place
 
 AT = datetime(2026, 11, 23, 15, 4, 5, 123000).timestamp()
 

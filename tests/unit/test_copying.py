@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from snapshot import copying
-from snapshot.copying import CHUNK
+from elastic_control_plane.snapshot import copying
+from elastic_control_plane.snapshot.copying import CHUNK
 
 Copy = Callable[[Any, Sequence[tuple[int, Any]], int], int]
 Checksum = Callable[[Any, int], int]
@@ -35,7 +35,7 @@ def path(request: pytest.FixtureRequest) -> tuple[Copy, Checksum]:
     if request.param == "python":
         return copying.python_copy_checksum, copying.python_checksum
     if not copying.native_available():
-        pytest.skip("snapshot._snapcopy is not built (run scripts/install.sh with a C compiler)")
+        pytest.skip("elastic_control_plane.snapshot._snapcopy is not built (run scripts/install.sh with a C compiler)")
     return _native_copy, _native_checksum
 
 
@@ -100,7 +100,7 @@ def test_many_tiny_sources_and_a_longer_destination(path: tuple[Copy, Checksum])
 
 def test_paths_agree_for_any_thread_count() -> None:
     if not copying.native_available():
-        pytest.skip("snapshot._snapcopy is not built")
+        pytest.skip("elastic_control_plane.snapshot._snapcopy is not built")
     data = _random(4 * CHUNK + 3, seed=7)
     sources = [(0, memoryview(data[:1000])), (CHUNK + 1, memoryview(data[CHUNK + 1 :]))]
     expected = _random(data.size, 8)

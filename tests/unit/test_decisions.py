@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.registry.decisions import decide
-from services.registry.reports import FAILURE, READY, SUCCESS, SlotReport
+from elastic_control_plane.services.registry.decisions import decide
+from elastic_control_plane.services.registry.reports import FAILURE, READY, SUCCESS, SlotReport
 
 
 def report(rank: int, state: str, exit_code: int | None = None, reason: str = "", failed_order: int = 0) -> SlotReport:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import libworker as hvd
+from elastic_control_plane.slot_processes import wait_record
+from elastic_control_plane.slot_processes.wait_record import NoRecord, RecordReader, WaitRecord
 from libworker.world import world
-from slot_processes import wait_record
-from slot_processes.wait_record import NoRecord, RecordReader, WaitRecord
 
 
 @pytest.fixture

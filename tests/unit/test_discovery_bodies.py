@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bus.service import RequestError
-from services.discovery import bodies
-from services.discovery.hostset import Mark
+from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.services.discovery import bodies
+from elastic_control_plane.services.discovery.hostset import Mark
 
 
 def test_a_blacklist_end_in_wall_clock_time_becomes_one_on_discoverys_clock() -> None:

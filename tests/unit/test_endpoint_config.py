@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.config import (
+from elastic_control_plane.bus.config import (
     ConfigError,
     Endpoints,
     Timing,
@@ -16,8 +16,8 @@ from bus.config import (
     tcp_endpoint,
     unresolved_hosts,
 )
-from bus.sockets import Security, SecurityError
-from services.cli import BIND_NEEDED, bind_endpoints
+from elastic_control_plane.bus.sockets import Security, SecurityError
+from elastic_control_plane.services.cli import BIND_NEEDED, bind_endpoints
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
 

@@ -7,8 +7,8 @@ import threading
 import msgpack
 import pytest
 
-from bus import envelope
-from bus.envelope import VERSION, Message, WireError, decode, encode, error_body, reply_to
+from elastic_control_plane.bus import envelope
+from elastic_control_plane.bus.envelope import VERSION, Message, WireError, decode, encode, error_body, reply_to
 
 
 def pack(value) -> bytes:

@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from replication.etcd_wire import (
+from elastic_control_plane.replication.etcd_wire import (
     GatewayFailure,
     KeyValue,
     create_revision_is,

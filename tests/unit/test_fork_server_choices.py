@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.fork_choice import Key, forked_argv, interpreter_identity, key_of, own_key
-from agent.fork_server import enabled
-from bus.contract import JobPlan
-from bus.jobspec import JobSpec, SpecError
-from slot_processes.forking import fork_hazards, native_threads
+from elastic_control_plane.agent.fork_choice import Key, forked_argv, interpreter_identity, key_of, own_key
+from elastic_control_plane.agent.fork_server import enabled
+from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.bus.jobspec import JobSpec, SpecError
+from elastic_control_plane.slot_processes.forking import fork_hazards, native_threads
 
 
 def plan(command: list[str], **fields: object) -> JobPlan:
@@ -82,7 +82,7 @@ def test_a_job_that_turned_it_off_is_spawned_and_torchrun_mode_forks_its_supervi
     assert key_of(torchrun, os.environ)[0] == own_key()
     assert forked_argv(torchrun) == [
         "-m",
-        "slot_processes.torchrun_slot",
+        "elastic_control_plane.slot_processes.torchrun_slot",
         "--",
         sys.executable,
         "train.py",
@@ -144,7 +144,7 @@ def test_a_python_thread_is_a_hazard_named_by_its_thread() -> None:
 # In a fresh interpreter: this one has threads of other tests.
 FRESH_PROCESS_HAZARDS = """
 import json, sys, types
-from slot_processes.forking import fork_hazards, native_threads
+from elastic_control_plane.slot_processes.forking import fork_hazards, native_threads
 found = {"none": fork_hazards(native_threads()), "native": fork_hazards(native_threads() - 1)}
 sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
 found["cuda"] = fork_hazards(native_threads())

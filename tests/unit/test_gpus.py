@@ -12,9 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agent.gpus import check_slots, default_slots, gpu_devices, nvidia_smi_gpu_count, visible_devices
-from elasticctl.control import CommandError
-from elasticctl.local import agent_devices, default_local_slots
+from elastic_control_plane.agent.gpus import (
+    check_slots,
+    default_slots,
+    gpu_devices,
+    nvidia_smi_gpu_count,
+    visible_devices,
+)
+from elastic_control_plane.elasticctl.control import CommandError
+from elastic_control_plane.elasticctl.local import agent_devices, default_local_slots
 from libworker import devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,7 +99,12 @@ def test_slots_default_to_one_per_gpu_and_more_need_sharing() -> None:
 def run_agent(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
     return subprocess.run(
-        [sys.executable, "-m", "agent.main", *args], env=environ, cwd=REPO, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "elastic_control_plane.agent.main", *args],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.discovery.hostset import (
+from elastic_control_plane.services.discovery.hostset import (
     ACTIVE,
     BLACKLISTED,
     DRAINING,
@@ -567,7 +567,7 @@ def test_compare_sees_a_slot_swap_with_the_same_count():
 
 # -- a restarted discovery, given back what it held ----------------------------------------------
 def test_restored_marks_wait_for_their_host_and_keep_newer_decisions() -> None:
-    from services.discovery.hostset import Mark
+    from elastic_control_plane.services.discovery.hostset import Mark
 
     hs = make(("a", 2), now=0.0)
     hs.blacklist("a", 0.0, "newer decision")

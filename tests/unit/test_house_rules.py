@@ -3,6 +3,7 @@
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,20 @@ def test_no_module_outside_bench_and_tests_is_longer_than_the_limit():
     assert modules, "git ls-files listed no module"
     longer = {path: n for path in modules if (n := len((ROOT / path).read_text().splitlines())) > MODULE_LINE_LIMIT}
     assert not longer, f"modules over {MODULE_LINE_LIMIT} lines (as formatted): {longer}"
+
+
+def test_every_package_folder_is_installed_under_one_of_our_two_import_names() -> None:
+    """pyproject.toml lists its packages (libworker, and the rest under `elastic_control_plane`, from the folders the
+    design names): a folder with an __init__.py that the list leaves out would be missing from every install."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {folder: name for name, folder in setuptools["package-dir"].items()}
+    installed = set(setuptools["packages"])
+    roots = [*folders, "libworker"]
+    expected = set()
+    for root in roots:
+        for init in sorted((ROOT / root).rglob("__init__.py")):
+            relative = init.parent.relative_to(ROOT).as_posix().split("/")
+            prefix = folders.get(relative[0], relative[0])
+            expected.add(".".join([prefix, *relative[1:]]))
+    assert expected == installed, (sorted(expected - installed), sorted(installed - expected))
+    assert {name.split(".")[0] for name in installed} == {"libworker", "elastic_control_plane"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bus.jobspec import JobSpec, SpecError, usable
+from elastic_control_plane.bus.jobspec import JobSpec, SpecError, usable
 
 GOOD = {
     "command": ["python", "train.py", "--epochs", "3"],

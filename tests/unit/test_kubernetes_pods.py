@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.discovery.kubernetes import ApiServer, default_namespace
-from services.discovery.pods import (
+from elastic_control_plane.services.discovery.kubernetes import ApiServer, default_namespace
+from elastic_control_plane.services.discovery.pods import (
     Forbidden,
     Gone,
     KubernetesError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 
-from agent.output import PrefixedPipe
+from elastic_control_plane.agent.output import PrefixedPipe
 
 
 def test_lines_are_prefixed_and_partial_lines_wait_for_their_end() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bus.reachability import Reachability
+from elastic_control_plane.bus.reachability import Reachability
 
 
 def test_first_warning_after_warn_after_counted_from_the_start() -> None:

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import structlog
 
-from bus.jobspec import JobSpec
-from bus.service import RequestError
-from services.registry.decisions import Decision, reset_cause
-from services.registry.driver import Driver
-from services.registry.exits import MAX_STACK_BYTES, WorkerExit
-from services.registry.job import Job
-from services.registry.reports import FAILURE
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.services.registry.decisions import Decision, reset_cause
+from elastic_control_plane.services.registry.driver import Driver
+from elastic_control_plane.services.registry.exits import MAX_STACK_BYTES, WorkerExit
+from elastic_control_plane.services.registry.job import Job
+from elastic_control_plane.services.registry.reports import FAILURE
 
 
 def exit_report(**body: object) -> WorkerExit:

@@ -7,12 +7,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from bus.jobspec import JobSpec
-from services.registry.decisions import Decision
-from services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
-from services.registry.plan import round_plan
-from services.registry.reports import FAILURE, READY, RUNNING, SlotReport
-from services.registry.store import SqliteJobStore
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.services.registry.decisions import Decision
+from elastic_control_plane.services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
+from elastic_control_plane.services.registry.plan import round_plan
+from elastic_control_plane.services.registry.reports import FAILURE, READY, RUNNING, SlotReport
+from elastic_control_plane.services.registry.store import SqliteJobStore
 
 SAVED_AT = Now(local=500.0, wall=1_700_000_000.0)
 # The next registry, 60 s later on the wall clock, in a process whose monotonic clock reads otherwise.

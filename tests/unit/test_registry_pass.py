@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bus.client import Unreachable
-from services.registry.peers import Pass, Read, Steps
+from elastic_control_plane.bus.client import Unreachable
+from elastic_control_plane.services.registry.peers import Pass, Read, Steps
 
 
 class FakePeer:

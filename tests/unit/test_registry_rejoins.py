@@ -10,12 +10,12 @@ from typing import Any
 
 import structlog
 
-from bus.jobspec import JobSpec
-from services.registry.driver import Driver
-from services.registry.hosts import restarted_agents
-from services.registry.job import Job, Now
-from services.registry.reports import FAILURE, READY, RUNNING
-from services.registry.store import SqliteJobStore
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.services.registry.driver import Driver
+from elastic_control_plane.services.registry.hosts import restarted_agents
+from elastic_control_plane.services.registry.job import Job, Now
+from elastic_control_plane.services.registry.reports import FAILURE, READY, RUNNING
+from elastic_control_plane.services.registry.store import SqliteJobStore
 
 HOSTS = [["a", [0, 1]], ["b", [0]]]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.registry.reports import (
+from elastic_control_plane.services.registry.reports import (
     FAILURE,
     PENDING,
     RETIRED_PIDS_KEPT,

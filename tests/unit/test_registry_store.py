@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.registry.store import DATABASE, SqliteJobStore, StoreError
+from elastic_control_plane.services.registry.store import DATABASE, SqliteJobStore, StoreError
 
 
 def test_saved_state_is_what_a_new_store_loads(tmp_path: Path) -> None:

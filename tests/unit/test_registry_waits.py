@@ -12,13 +12,13 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from bus.jobspec import JobSpec
-from bus.service import RequestError
-from services.registry import metrics
-from services.registry.hang_limits import FLOOR_S, Limits, limits_of
-from services.registry.job import Job
-from services.registry.wait_rows import parse_waits
-from services.registry.waits import Kill, Seen, WaitBoard
+from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.services.registry import metrics
+from elastic_control_plane.services.registry.hang_limits import FLOOR_S, Limits, limits_of
+from elastic_control_plane.services.registry.job import Job
+from elastic_control_plane.services.registry.wait_rows import parse_waits
+from elastic_control_plane.services.registry.waits import Kill, Seen, WaitBoard
 
 SPEC = JobSpec.parse({"command": ["python", "train.py"], "min_np": 1, "hung_timeout": 120})
 HOSTS = [["a", [0, 1]], ["b", [0, 1]]]  # ranks: a/0 is 0, a/1 is 1, b/0 is 2, b/1 is 3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
-from bus.contract import JobPlan
+from elastic_control_plane.agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
+from elastic_control_plane.bus.contract import JobPlan
 
 
 def test_first_crash_restarts_at_once_then_the_delay_doubles_up_to_the_cap():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from bus.assignments import get_host_assignments
-from services.rendezvous.rounds import Join, Rounds
+from elastic_control_plane.bus.assignments import get_host_assignments
+from elastic_control_plane.services.rendezvous.rounds import Join, Rounds
 
 
 def new_round(rounds: Rounds, hosts: list[tuple[str, int]], timestamp: float = 1.0):

@@ -13,10 +13,18 @@ import cloudpickle
 import pytest
 import torch
 
-from snapshot import durable, layout
-from snapshot.layout import PAYLOAD_START, read_header, slot_paths
-from snapshot.store import SnapshotError, SnapshotWriter, StoredTensor, _tensor, copy_into, lay_out, read_newest
-from snapshot.tree import split
+from elastic_control_plane.snapshot import durable, layout
+from elastic_control_plane.snapshot.layout import PAYLOAD_START, read_header, slot_paths
+from elastic_control_plane.snapshot.store import (
+    SnapshotError,
+    SnapshotWriter,
+    StoredTensor,
+    _tensor,
+    copy_into,
+    lay_out,
+    read_newest,
+)
+from elastic_control_plane.snapshot.tree import split
 
 
 def model_state(seed: int) -> dict:
@@ -216,7 +224,7 @@ def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slo
 def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(
     prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import snapshot.store as store_module
+    import elastic_control_plane.snapshot.store as store_module
 
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, {"w": torch.ones(2)})

@@ -65,8 +65,8 @@ def test_on_reset_keeps_updates_that_arrived_while_rejoining(one_rank_world: Non
 @pytest.fixture
 def host_snapshot(one_rank_world: None, tmp_path, monkeypatch: pytest.MonkeyPatch):
     """This process as its host's snapshot writer, with the agent's slots in tmp_path."""
+    from elastic_control_plane.snapshot import layout
     from libworker.world import world
-    from snapshot import layout
 
     prefix = str(tmp_path / "elastic-snapshot-1-h")
     layout.create(prefix)
@@ -90,8 +90,8 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_from_it(host_snapshot: str) -> None:
-    from snapshot.layout import slot_paths
-    from snapshot.store import read_newest
+    from elastic_control_plane.snapshot.layout import slot_paths
+    from elastic_control_plane.snapshot.store import read_newest
 
     model, optimizer, state = trained_state()
     step(model, optimizer)
@@ -110,8 +110,8 @@ def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_
 
 
 def test_a_writer_that_stops_writing_takes_a_private_copy_before_the_slots_are_reused(host_snapshot: str) -> None:
+    from elastic_control_plane.snapshot import layout
     from libworker.world import world
-    from snapshot import layout
 
     model, optimizer, state = trained_state()
     step(model, optimizer)

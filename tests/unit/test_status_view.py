@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from elasticctl.status import render
+from elastic_control_plane.elasticctl.status import render
 
 
 def host(name: str, snapshot: dict | None, checkpoint: dict | None, fork_server: dict | None = None) -> dict:

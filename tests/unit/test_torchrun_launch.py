@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from elasticctl.torchrun import LaunchError, parse_launch
-from slot_processes.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
-from slot_processes.warm_start import script_argv
+from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
+from elastic_control_plane.slot_processes.torchrun_slot import UNLIMITED_RESTARTS, torchrun_environment
+from elastic_control_plane.slot_processes.warm_start import script_argv
 
 PY = "/usr/bin/python3"
 

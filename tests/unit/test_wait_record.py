@@ -17,13 +17,19 @@ from typing import Any
 import pytest
 import structlog
 
-from agent import process_tree
-from agent.gpu_activity import GpuActivity
-from agent.wait_watch import WaitWatch, progressed
-from agent.workers import Worker
-from bus.envelope import Message
-from slot_processes import wait_record
-from slot_processes.wait_record import IGNORED_WAITS, NoRecord, RecordReader, WaitRecord, record_from_env
+from elastic_control_plane.agent import process_tree
+from elastic_control_plane.agent.gpu_activity import GpuActivity
+from elastic_control_plane.agent.wait_watch import WaitWatch, progressed
+from elastic_control_plane.agent.workers import Worker
+from elastic_control_plane.bus.envelope import Message
+from elastic_control_plane.slot_processes import wait_record
+from elastic_control_plane.slot_processes.wait_record import (
+    IGNORED_WAITS,
+    NoRecord,
+    RecordReader,
+    WaitRecord,
+    record_from_env,
+)
 from testing.harness import wait_for
 
 
@@ -105,7 +111,7 @@ def test_a_worker_no_agent_started_records_nothing(monkeypatch: pytest.MonkeyPat
 
 HANGS = """
 import ctypes, os, sys
-from slot_processes import wait_record
+from elastic_control_plane.slot_processes import wait_record
 
 def stuck_in_native_code():
     while True:

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from bus.contract import WorkerEnv
-from slot_processes.agent_link import _parent_of, worker_pid
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.slot_processes.agent_link import _parent_of, worker_pid
 
 
 def test_the_parent_of_this_process_is_read_from_proc():

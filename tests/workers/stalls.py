@@ -38,7 +38,7 @@ from train import make_data, make_model  # noqa: E402
 from train_elastic import EventLog  # noqa: E402
 
 import libworker as elastic  # noqa: E402
-from slot_processes.wait_record import STACK_DUMP_SIGNAL  # noqa: E402
+from elastic_control_plane.slot_processes.wait_record import STACK_DUMP_SIGNAL  # noqa: E402
 
 _loader_lock = threading.Lock()
 

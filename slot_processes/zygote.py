@@ -1,6 +1,6 @@
 """The host's fork server (a zygote): torch imported once, every worker a `fork()` of it that runs the script.
 
-`python -m agent.zygote --socket-fd N [--preload MODULE,...]` is started by
+`python -m elastic_control_plane.slot_processes.zygote --socket-fd N [--preload MODULE,...]` is started by
 its agent (agent/fork_server.py) on one end of a SOCK_SEQPACKET socket pair.
 It imports what a worker would (torch, DDP, numpy, libworker: `PRELOADED`,
 plus the job's `--preload` modules), then says `{"ready": ...}`, or
@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 
-from slot_processes import forking, warm_start
+from elastic_control_plane.slot_processes import forking, warm_start
 
 PRELOADED = (*warm_start.PRELOADED, "numpy")
 
@@ -42,7 +42,7 @@ def _preload(extra: list[str]) -> tuple[int, str | None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m agent.zygote")
+    parser = argparse.ArgumentParser(prog="python -m elastic_control_plane.slot_processes.zygote")
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--preload", default="")
     args = parser.parse_args()
