@@ -11,7 +11,7 @@ Both paths give the same ints and the same destination bytes. Sources must
 lie inside `[0, length)`, must not overlap one another (ValueError) nor the
 destination's memory; bytes of `dst` no source covers are kept.
 
-`snapshot._snapcopy` (native/snapcopy.c, built by scripts/install.sh when a C
+`elastic_control_plane.snapshot._snapcopy` (native/snapcopy.c, built by scripts/install.sh when a C
 compiler is there) is used unless `ELASTIC_SNAPSHOT_NATIVE=0`; without it the
 first copy or checksum writes one warning line on stderr. Both paths are
 exposed (`python_*`, `native_*`) for the tests and the benchmark.

@@ -54,3 +54,10 @@ def test_every_package_folder_is_installed_under_one_of_our_two_import_names() -
             expected.add(".".join([prefix, *relative[1:]]))
     assert expected == installed, (sorted(expected - installed), sorted(installed - expected))
     assert {name.split(".")[0] for name in installed} == {"libworker", "elastic_control_plane"}
+
+
+def test_the_docs_stand_alone_and_cite_no_design_document_outside_the_repository() -> None:
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    cited = "DESIGN" + ".md"  # spelled apart, so this file does not cite it
+    citing = [path for path in listed if path.endswith((".md", ".py")) and cited in (ROOT / path).read_text()]
+    assert citing == [], f"these cite a {cited} the repository does not hold: {citing}"
