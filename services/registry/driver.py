@@ -166,7 +166,7 @@ class Driver:
             return
         for slot in reports.silent():
             self._fail_slot(slot, f"hung: no report {hung_timeout:g}s after the round's first", now)
-            self.outbox.put("kill_worker", {"host": slot[0], "local_rank": slot[1], "pid": reports[slot].pid})
+            self.outbox.put(Event.KILL_WORKER, {"host": slot[0], "local_rank": slot[1], "pid": reports[slot].pid})
 
     def _fail_slot(
         self,
@@ -191,7 +191,7 @@ class Driver:
         )
         if first:
             self.job.note_failure(now)
-            self.outbox.put("abort", {"round": self.job.round})
+            self.outbox.put(Event.ABORT, {"round": self.job.round})
 
     # -- every slot reported -------------------------------------------------------------------
     def judge(self, snapshots: dict[str, Any], now: float) -> Decision:
@@ -311,12 +311,12 @@ class Driver:
             resets=self.job.resets,
             replaced=self.job.round - 1 if replacing else None,
         )
-        self.outbox.put("round", round_plan(self.job, reply["size"]))
+        self.outbox.put(Event.ROUND, round_plan(self.job, reply["size"]))
 
     def finish(self, state: str, reason: str, exit_code: int) -> None:
         self.job.finish(state, reason, exit_code)
         metrics.job_state(state)
         self.log.info("job_finished", job=self.job.job_id, state=state, exit_code=exit_code, reason=reason)
         self.outbox.put(
-            "job_finished", {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason}
+            Event.JOB_FINISHED, {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason}
         )
