@@ -11,6 +11,8 @@ each must answer a ping and serve its metrics, and each compose healthcheck
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -362,3 +364,38 @@ def test_the_image_holds_every_package_the_project_installs() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     missing = [folder for folder in sorted(folders) if f"COPY {folder}/ {folder}/" not in dockerfile]
     assert not missing, f"the Dockerfile does not copy {missing}"
+
+
+def test_the_images_build_stage_makes_a_wheel_whose_snapshot_copy_is_native(tmp_path: Path) -> None:
+    """The Dockerfile's build stage, done here: what it copies, `pip wheel`; installed apart from the repository, the
+    agent's snapshot copy is the compiled one, not the pure-Python fallback."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build_stage = dockerfile.split("FROM python:3.11-slim AS build", 1)[1].split("\nFROM ", 1)[0]
+    context = tmp_path / "context"
+    for copied in re.findall(r"^COPY (.+) \S+$", build_stage, re.M):
+        for source in copied.split():
+            target = context / source.rstrip("/")
+            if (REPO / source).is_dir():
+                shutil.copytree(REPO / source, target, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(REPO / source, target)
+    wheels, installed = tmp_path / "wheels", tmp_path / "installed"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels), str(context)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(installed), str(wheel)], check=True, timeout=300)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import elastic_control_plane.snapshot.copying as c; "
+        "print(c.native_available(), c.__file__.startswith(sys.argv[1]))"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    shown = subprocess.run(
+        [sys.executable, "-c", probe, str(installed)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert shown.stdout.split() == ["True", "True"], shown.stderr
