@@ -135,7 +135,7 @@ class AgentService(Service):
             log=self.log,
         )
         self.hung_workers = HungWorkers(host, self.keeper.workers, self.wait_watch, reports, self.log)
-        self.host_entry = HostEntry(host, slots, self.rendezvous, self.keeper.workers.keys, self.keeper.slot_joined)
+        self.host_entry = HostEntry(host, slots, self.rendezvous, self.keeper.workers.keys, self.keeper.slot_entered)
         self.round_keys = RoundKeyLookups(host, self.rendezvous)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
         self.events.start()
@@ -309,7 +309,7 @@ class AgentService(Service):
     @handles("child_failed")
     def on_child_failed(self, request: Request) -> dict[str, Any]:
         """A torchrun-mode slot's command failed in its round (slot_processes/torchrun_slot.py): reported as a worker
-        restarted in place, so the registry aborts the round for every slot; the slot's supervisor lives on and joins
+        restarted in place, so the registry aborts the round for every slot; the slot's supervisor lives on and enters
         the next."""
         local_rank, pid, code = (
             field(request.body, "local_rank", int),
@@ -361,7 +361,7 @@ class AgentService(Service):
 
     @handles("rank_and_size")
     def on_rank_and_size(self, request: Request) -> Any:
-        """A worker asks for its place in the round: its slot is warm and up, and joined once it has a rank (the
+        """A worker asks for its place in the round: its slot is warm and up, and entered once it has a rank (the
         host's one entry carries it: agent/round_entry.py)."""
         self.host_entry.ask(request)
         self.keeper.slot_asks_rank(request.body["local_rank"])

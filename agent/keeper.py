@@ -137,8 +137,8 @@ class WorkerKeeper:
         self._warmed(local_rank)
         self.slot_ready(local_rank)
 
-    def slot_joined(self, local_rank: int) -> None:
-        self.book.slot_joined(local_rank)
+    def slot_entered(self, local_rank: int) -> None:
+        self.book.slot_entered(local_rank)
 
     def script_ended(self, pid: int, uncaught_exception: bool) -> None:
         for worker in self.workers.values():
@@ -298,7 +298,7 @@ class WorkerKeeper:
             then()
 
     def slot_ready(self, local_rank: int) -> None:
-        """The slot's process waits in `init()`: the slot is up again, and joins through the host-update path."""
+        """The slot's process waits in `init()`: the slot is up again; it enters a round by the host-update path."""
         if local_rank in self.book.down:
             self.log.info("slot_ready", local_rank=local_rank)
             self.set_down(self.book.down - {local_rank})
@@ -358,13 +358,13 @@ class WorkerKeeper:
 
     # -- draining and exit ---------------------------------------------------------------------------
     def begin_drain(self) -> bool:
-        """The host drains: standbys stop now, and the workers that have not joined a round (those in a round leave at
+        """The host drains: standbys stop now, and the workers that have not entered a round (those in a round leave at
         their next commit). False when it already drains (a second SIGTERM: stop now)."""
         if not self.book.begin_drain():
             return False
         self.standbys.signal_all(signal.SIGTERM)
         for local_rank, worker in self.workers.items():
-            if local_rank not in self.book.joined:
+            if local_rank not in self.book.entered:
                 worker.stop_requested = True
                 worker.signal(signal.SIGTERM)
         return True

@@ -16,8 +16,8 @@ INTERVAL = 1.0
 WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
 WORKERS_BY_STATE = Gauge(
     "elastic_agent_workers",
-    "Worker processes of this host by state (set every second): running (joined a round), starting (started, not "
-    "joined yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its "
+    "Worker processes of this host by state (set every second): running (entered a round), starting (started, not "
+    "entered yet), stopping (signalled by the agent), standby (spare), restarting (crashed slot waiting out its "
     "back-off).",
     ["host", "state"],
 )
@@ -32,7 +32,7 @@ COMMIT_SECONDS = Histogram(
 def worker_states(keeper: WorkerKeeper) -> list[str]:
     """The state of each of the keeper's processes (one of WORKER_STATES)."""
     states = [
-        "stopping" if w.stop_requested else "running" if rank in keeper.book.joined else "starting"
+        "stopping" if w.stop_requested else "running" if rank in keeper.book.entered else "starting"
         for rank, w in keeper.workers.items()
     ]
     return states + ["standby"] * len(keeper.standbys) + ["restarting"] * len(keeper.book.restarting())

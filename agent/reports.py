@@ -3,8 +3,8 @@
 The registry hears of every exit at once (with the host's newest snapshot
 commit, and the verdict: restarting in place, given up, died after its script
 ended; for a worker killed as hung, why and its stack: `note_hang`); the
-rendezvous forgets the worker's join, except where the slot's process lives
-on (a torchrun-mode slot whose command failed: its supervisor joins the next
+rendezvous forgets the worker's round entry, except where the slot's process lives
+on (a torchrun-mode slot whose command failed: its supervisor enters the next
 round).
 """
 
@@ -40,8 +40,8 @@ class ExitReports:
         **verdict: Any,
     ) -> None:
         """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached).
-        `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, joins the next
-        round (the rendezvous keeps its join)."""
+        `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, enters the next
+        round (the rendezvous keeps its entry)."""
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0

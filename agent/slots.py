@@ -4,7 +4,7 @@ Per job: the restart policy and each slot's crash history (agent/restarts.py),
 the slots reported down to discovery (with the version that orders those
 reports), when each crashed slot (or the standby pool, key STANDBY) is due a
 new process, whether standbys were given up, which slots are warming up
-(a host joining a running job) and which have joined a round, and whether the
+(a host joining a running job) and which have entered a round, and whether the
 host drains. The keeper (agent/keeper.py), the only one that changes it, asks
 it what to do and carries it out: starting and signalling processes, sending
 reports. Pure logic on an injected clock, driven by
@@ -52,7 +52,7 @@ class SlotBook:
     standbys_given_up: bool = False
     warming: set[int] = field(default_factory=set)
     warm_deadline: float = 0.0
-    joined: set[int] = field(default_factory=set)
+    entered: set[int] = field(default_factory=set)
     draining_since: float | None = None
 
     # -- the job ---------------------------------------------------------------------------------
@@ -151,13 +151,13 @@ class SlotBook:
         late, self.warming = self.warming, set()
         return late
 
-    # -- rounds: which slots' processes have joined one --------------------------------------------
-    def slot_joined(self, local_rank: int) -> None:
-        self.joined.add(local_rank)
+    # -- rounds: which slots' processes have entered one --------------------------------------------
+    def slot_entered(self, local_rank: int) -> None:
+        self.entered.add(local_rank)
 
     def slot_left(self, local_rank: int) -> None:
         """The slot's process exited."""
-        self.joined.discard(local_rank)
+        self.entered.discard(local_rank)
 
     # -- draining ----------------------------------------------------------------------------------
     def begin_drain(self) -> bool:
