@@ -128,8 +128,9 @@ class World:
 world = World()
 
 
-def shutdown() -> None:
-    """Leave torch.distributed cleanly; registered to run at exit."""
+def leave_process_group_at_exit() -> None:
+    """Leave torch.distributed cleanly; registered to run at exit (Horovod's `shutdown()`, which keeps the worker in
+    its round, is libworker.basics.shutdown)."""
     release_process_group()
 
 
@@ -160,7 +161,7 @@ def _connect() -> AgentLink:
     wait_record.answer_stack_dumps()
     link = link_to_agent(world.timing)
     link.listeners.append(world.on_event)
-    atexit.register(shutdown)
+    atexit.register(leave_process_group_at_exit)
     atexit.register(tell_agent_the_script_ended)
     link.wait_subscribed(5.0)
     return link
