@@ -61,3 +61,8 @@ def test_the_docs_stand_alone_and_cite_no_design_document_outside_the_repository
     cited = "DESIGN" + ".md"  # spelled apart, so this file does not cite it
     citing = [path for path in listed if path.endswith((".md", ".py")) and cited in (ROOT / path).read_text()]
     assert citing == [], f"these cite a {cited} the repository does not hold: {citing}"
+
+
+def test_the_readme_is_a_five_minute_read() -> None:
+    words = len((ROOT / "README.md").read_text().split())
+    assert words <= 1200, f"README.md has {words} words: move detail into docs/"
