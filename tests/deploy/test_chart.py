@@ -127,7 +127,9 @@ def exported_metric_series() -> set[str]:
     for package in ("bus", "services", "agent", "libworker", "snapshot", "replication", "elasticctl"):
         for path in sorted((REPO / package).rglob("*.py")):
             if "prometheus_client import" in path.read_text():
-                importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
+                parts = path.relative_to(REPO).with_suffix("").parts
+                installed = parts if package == "libworker" else ("elastic_control_plane", *parts)
+                importlib.import_module(".".join(installed))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     return {
         metric.name + suffix

@@ -99,7 +99,7 @@ def test_service_ports_are_the_cli_defaults(ci_values: str) -> None:
 
 
 def click_command(argv: list[str]) -> tuple[click.Command, str, list[str]]:
-    if argv[:2] == ["python", "-m"] and argv[2].removeprefix("services.") in SERVICES:
+    if argv[:2] == ["python", "-m"] and argv[2].removeprefix("elastic_control_plane.services.") in SERVICES:
         return importlib.import_module(f"{argv[2]}.__main__").main, argv[2], argv[3:]
     if argv[0] == "elastic-agent":
         return importlib.import_module("elastic_control_plane.agent.main").main, argv[0], argv[1:]
