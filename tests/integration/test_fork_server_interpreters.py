@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from testing.harness import REPO
@@ -51,7 +52,15 @@ def prepare(python: str) -> dict:
 
 
 def bare_virtualenv(directory: Path) -> str:
+    """A virtualenv with this project (its editable install's finder, as `pip install -e` made it) and nothing else:
+    no torch."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=120)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    finder = sorted(ours.glob("__editable__*elastic_control_plane*"))
+    assert finder, f"no editable install of the project in {ours} (scripts/install.sh makes one)"
+    (theirs,) = directory.glob("lib/python*/site-packages")
+    for path in finder:
+        shutil.copy(path, theirs / path.name)
     return str(directory / "bin" / "python")
 
 
