@@ -125,7 +125,9 @@ def test_a_frozen_host_that_serves_rank_0_never_holds_up_the_survivors(tmp_path:
             "--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir)
         )
         wait_for_size(log_dir, 4)
-        host_of_rank_0 = next(e["host"] for e in steps(log_dir) if e["rank"] == 0)
+        host_of_rank_0 = wait_for(
+            lambda: next((e["host"] for e in steps(log_dir) if e["rank"] == 0), None), 30, "a step of rank 0 logged"
+        )
         frozen = [cluster.processes[f"agent-{host_of_rank_0}"].pid] + [
             worker_pid(cluster, host_of_rank_0, local_rank) for local_rank in (0, 1)
         ]
