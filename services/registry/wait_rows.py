@@ -4,7 +4,7 @@ into `WaitRow`s or refused with a `bad_request` error naming the first field tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from elastic_control_plane.bus.service import RequestError
@@ -32,6 +32,21 @@ class WaitRow:
     def waited_s(self) -> float:
         """Seconds waited over the worker's life, the wait under way included."""
         return self.waited_total_s + (self.waiting_s or 0.0)
+
+    def aged(self, seconds: float) -> WaitRow:
+        """The row as it stands `seconds` after it was sent, when nothing changed since: a wait, a busy stretch and a
+        stall under way go on (a row still counts only while fresh, so the guess is never long); a declared wait
+        only runs down (its end begins a busy stretch the agent reports)."""
+        if seconds <= 0:
+            return self
+        if self.declared_s is not None:
+            return replace(self, declared_s=max(0.0, self.declared_s - seconds))
+        return replace(
+            self,
+            waiting_s=None if self.waiting_s is None else self.waiting_s + seconds,
+            busy_s=None if self.busy_s is None else self.busy_s + seconds,
+            stalled_s=None if self.stalled_s is None else self.stalled_s + seconds,
+        )
 
 
 def parse_waits(body: dict[str, Any]) -> tuple[str, list[WaitRow]]:

@@ -7,7 +7,10 @@ reports of the current round's workers count (`_counts`): the round and pid
 the job's `ReportTable` has for the slot, a slot not yet failed or exited, a
 running job that detects hangs. A report older than `fresh_s` (three
 heartbeats) is never judged: a silent agent is a lost host, which discovery
-handles.
+handles. A fresh row is judged as it stands when the board judges (`WaitRow.aged`:
+a wait or a stall under way goes on since its report), so the report that
+crosses a limit first is judged together with the others' rows, not against
+what they said up to three heartbeats before.
 
 The limits and what a row is judged (services/registry/hang_limits.py). When another slot of the round waits for a
 suspect as long as its stage asks, a SUSPECT is told once per stall (`worker_suspected`: its agent prints its stack
@@ -321,7 +324,8 @@ class WaitBoard:
             pid, killed = state.row.pid, state.killed
             doublings = doublings_for(job, slot, pid)
             own = limits.doubled(doublings)
-            judgement = stage(state.row, own)
+            row = state.row.aged(now - state.received_at)
+            judgement = stage(row, own)
             if judgement is None:
                 continue
             verdict, threshold = judgement
@@ -329,11 +333,11 @@ class WaitBoard:
                 continue
             if verdict == HUNG and killed is not None and killed[0] == pid and now - killed[1] < REKILL_AFTER_S:
                 continue
-            waits = [self._slots[other].row.waiting_s or 0.0 for other in self._waiting_for(job, slot, threshold, now)]
+            waits = self._waiting_for(job, slot, threshold, now)
             if not waits:
                 continue
             rank = job.reports[slot].rank
-            reason_why = why(state.row, threshold, own) + (
+            reason_why = why(row, threshold, own) + (
                 f"; limits doubled {doublings}x after its earlier hangs" if doublings else ""
             )
             body = {"host": slot[0], "local_rank": slot[1], "pid": pid, "rank": rank}
@@ -348,7 +352,7 @@ class WaitBoard:
             first = killed is None or killed[0] != pid
             state.killed = (pid, now)
             reason = f"hung: the others waited {max(waits):.1f}s for rank {rank} ({reason_why})"
-            stalled = (state.row.stalled_s or 0.0) >= own.kill_s  # not a busy rank past the upper bound
+            stalled = (row.stalled_s or 0.0) >= own.kill_s  # not a busy rank past the upper bound
             if first and stalled and doublings < MAX_DOUBLINGS and own.kill_s < limits.upper_s:
                 job.hang_doublings[slot_key(slot)] = [doublings + 1, pid]
                 seen.job_changed = True
@@ -356,14 +360,18 @@ class WaitBoard:
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
             seen.kills.append(Kill(event, rank, first=first))
 
-    def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[Slot]:
-        """The other slots that wait at least `threshold` (the long waiters no longer live leave the index)."""
+    def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
+        """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its
+        last report; the long waiters no longer live leave the index)."""
         waiting = []
         for other in list(self._long_waiters):
             if not self._live(job, other, now):
                 del self._long_waiters[other]
-            elif other != suspect and (self._slots[other].row.waiting_s or 0.0) >= threshold:
-                waiting.append(other)
+                continue
+            state = self._slots[other]
+            waited = state.row.aged(now - state.received_at).waiting_s or 0.0
+            if other != suspect and waited >= threshold:
+                waiting.append(waited)
         return waiting
 
 

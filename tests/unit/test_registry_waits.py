@@ -130,6 +130,17 @@ def test_a_deadlocked_rank_that_others_wait_for_is_killed_with_a_stack_dump(susp
     ]
 
 
+def test_rows_are_judged_as_they_stand_now_not_as_they_were_sent() -> None:
+    """The suspect's report crossed 40 s a moment before the waiter's: when the waiter's report comes, 0.4 s later,
+    the suspect's stall has gone on since its report, and it is killed then, not three heartbeats later."""
+    board, job = WaitBoard(FRESH_S), running_job()
+    stall(board, job, 100.0, 35.0)
+    assert report(board, job, "a", 104.7, row("a", 1, busy_s=39.7, stalled_s=39.7)).kills == []
+    seen = report(board, job, "b", 105.1, row("b", 0, waiting_s=40.2))
+    assert [kill.rank for kill in seen.kills] == [1]
+    assert "no progress in its process tree for 40.1s" in seen.kills[0].event["reason"]
+
+
 def restart_in_place(job: Job, number: int, new_pid: int) -> None:
     """The job's next round, `number`, in which a/1 runs the worker `new_pid`."""
     job.begin_round(number, HOSTS, float(number), {}, replacing=False)
@@ -163,11 +174,10 @@ def test_a_rank_that_makes_progress_is_hung_only_past_the_upper_bound() -> None:
     board, job = WaitBoard(FRESH_S), running_job()
     assert deadlock(board, job, 100.0, stalled_s=0.5) == [], "its process tree computes or writes"
     assert stall(board, job, 101.0, 119.0, stalled_s=None).suspects == []
-    report(board, job, "a", 102.0, row("a", 1, busy_s=121.0, stalled_s=1.0))
-    seen = report(board, job, "b", 102.0, row("b", 0, waiting_s=120.5))
+    seen = report(board, job, "a", 102.0, row("a", 1, busy_s=121.0, stalled_s=1.0))
     assert [kill.event["reason"] for kill in seen.kills] == [
-        "hung: the others waited 120.5s for rank 1 (upper bound 120s, busy for 121.0s)"
-    ]
+        "hung: the others waited 120.1s for rank 1 (upper bound 120s, busy for 121.0s)"
+    ], "the waiter's wait went on for the second since its report"
 
 
 def test_a_declared_wait_is_never_judged_and_excuses_the_others() -> None:
