@@ -279,7 +279,7 @@ class AgentService(Service):
             self._become_warm()
             return
         try:
-            plan = JobPlan.from_wire({**job["spec"], "job": job["job"], "job_key": job.get("job_key")})
+            plan = JobPlan.from_wire(job)
         except ValueError:
             self._become_warm()
             return

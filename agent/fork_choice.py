@@ -61,10 +61,10 @@ def own_key() -> Key:
 def forked_argv(plan: JobPlan) -> list[str] | None:
     """What a forked worker of the job runs (the script's arguments, or the torchrun supervisor's around the
     command); None when the command is not a Python script."""
-    argv = script_argv(plan.command)
-    if argv is None or plan.mode != "torchrun":
+    argv = script_argv(plan.spec.command)
+    if argv is None or plan.spec.mode != "torchrun":
         return argv
-    return [*TORCHRUN_SUPERVISOR, *plan.command]
+    return [*TORCHRUN_SUPERVISOR, *plan.spec.command]
 
 
 def find_python(command: str, env: Mapping[str, str], cwd: str | None) -> str | None:
@@ -80,16 +80,22 @@ def find_python(command: str, env: Mapping[str, str], cwd: str | None) -> str | 
 def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]:
     """The zygote a job's workers can be forked from, or None and why they cannot (not a Python script, the job
     turned fork servers off, its python is not found)."""
-    if not plan.fork_server:
+    if not plan.spec.fork_server:
         return None, "the job turned fork servers off (--no-fork-server)"
     if forked_argv(plan) is None:
-        return None, f"the command is not `python SCRIPT` or `python -m MODULE`: {shlex.join(plan.command)[:200]}"
-    python = find_python(plan.command[0], {**base_env, **plan.env}, plan.cwd)
+        return None, f"the command is not `python SCRIPT` or `python -m MODULE`: {shlex.join(plan.spec.command)[:200]}"
+    python = find_python(plan.spec.command[0], {**base_env, **plan.spec.env}, (plan.spec.cwd or None))
     if python is None:
-        return None, f"{plan.command[0]} is not found"
-    if plan.preload:  # the job's own modules are imported in the zygote: from its directory, reading any variable
+        return None, f"{plan.spec.command[0]} is not found"
+    if plan.spec.preload:  # the job's own modules are imported in the zygote: from its directory, reading any variable
         return Key(
-            interpreter_identity(python), tuple(plan.preload), tuple(sorted(plan.env.items())), plan.cwd or "", python
+            interpreter_identity(python),
+            tuple(plan.spec.preload),
+            tuple(sorted(plan.spec.env.items())),
+            plan.spec.cwd,
+            python,
         ), ""
-    read_at_start = tuple(sorted((name, value) for name, value in plan.env.items() if name.startswith(READ_AT_START)))
+    read_at_start = tuple(
+        sorted((name, value) for name, value in plan.spec.env.items() if name.startswith(READ_AT_START))
+    )
     return Key(interpreter_identity(python), (), read_at_start, "", python), ""

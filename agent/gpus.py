@@ -62,9 +62,10 @@ def gpu_devices(environ: Mapping[str, str] = os.environ, proc_dir: Path = PROC_G
     return [str(index) for index in range(count)]
 
 
-def default_slots(gpus: int) -> int:
-    """One worker per GPU; one worker on a host without GPUs."""
-    return gpus or 1
+def default_slots(gpus: int, agents: int = 1) -> int:
+    """One worker per GPU, the machine's GPUs split among the `agents` that run on it (at least one each); one worker
+    per agent without GPUs."""
+    return max(1, gpus // agents) if gpus else 1
 
 
 def check_slots(slots: int, gpus: int, share_gpus: bool) -> None:

@@ -78,11 +78,10 @@ class Launcher:
         """The process of `local_rank` (STANDBY: a spare that waits in `init()` for a slot), forked or spawned, its
         output followed; None when it could only be spawned and `may_spawn` is False. OSError: it could not start."""
         env = worker_env(os.environ, plan, self.settings, local_rank, slot, self.snapshots.worker_env())
-        files = self.watch.new_files() if plan.hang_detection and plan.mode == "horovod" else None
+        files = self.watch.new_files() if plan.spec.hang_detection and plan.spec.mode == "horovod" else None
         if files is not None:
             env.update(files.env())
-            if plan.hung_timeout is not None:
-                env[WorkerEnv.HUNG_TIMEOUT] = f"{plan.hung_timeout:g}"
+            env[WorkerEnv.HUNG_TIMEOUT] = f"{plan.spec.hung_timeout:g}"
         worker = None
         try:
             worker = self._process(local_rank, plan, env, may_spawn)
@@ -116,12 +115,18 @@ class Launcher:
         """Fork the process from the fork server, else spawn it (None when it could only be spawned and `may_spawn`
         is False)."""
         argv = forked_argv(plan)
-        forked = None if argv is None else self.fork_server.fork(self.fork_key, [plan.command[0], *argv], env, plan.cwd)
+        forked = (
+            None
+            if argv is None
+            else self.fork_server.fork(self.fork_key, [plan.spec.command[0], *argv], env, (plan.spec.cwd or None))
+        )
         if forked is None:
             self.say_if_spawning()
             if not may_spawn:
                 return None
-        return Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
+        return Worker(
+            local_rank, forked or spawn(worker_command(plan), env, (plan.spec.cwd or None)), forked=forked is not None
+        )
 
     def relabel(self, worker: Worker) -> None:
         """A standby admitted to a slot: its output is prefixed with the slot from now on."""

@@ -13,6 +13,7 @@ from click.core import ParameterSource
 from elastic_control_plane.agent.agent import AgentService
 from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
+from elastic_control_plane.agent.host_options import host_options
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
 from elastic_control_plane.bus.logs import setup_logging
@@ -21,19 +22,7 @@ from elastic_control_plane.bus.sockets import Security, SecurityError
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", envvar="ELASTIC_HOST", required=True, help="This host's name, as the job knows it.")
-@click.option(
-    "--slots",
-    envvar="ELASTIC_SLOTS",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Worker processes this host can run (default: one per GPU, 1 without GPUs).",
-)
-@click.option(
-    "--share-gpus",
-    envvar="ELASTIC_GPU_SHARED",
-    is_flag=True,
-    help="Allow more slots than GPUs: workers share GPUs (gloo, not NCCL, for CUDA tensors).",
-)
+@host_options
 @click.option(
     "--control",
     envvar="ELASTIC_CONTROL",
@@ -61,14 +50,6 @@ from elastic_control_plane.bus.sockets import Security, SecurityError
     default=60.0,
     show_default=True,
     help="On SIGTERM, seconds to wait for workers to leave at a commit.",
-)
-@click.option(
-    "--standby",
-    envvar="ELASTIC_STANDBY_WORKERS",
-    type=int,
-    default=None,
-    help="Spare worker processes kept waiting in init(); one takes a crashed worker's slot at once (default: 1 where "
-    "the fork server runs, else 0).",
 )
 @click.option(
     "--no-fork-server",

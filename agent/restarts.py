@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elastic_control_plane.bus.contract import JobPlan
-from elastic_control_plane.bus.jobspec import JobSpec, usable
+from elastic_control_plane.bus.jobspec import JobSpec
 
 BACKOFF_FIRST = 1.0
 BACKOFF_CAP = 30.0
@@ -31,12 +31,8 @@ class RestartPolicy:
 
     @classmethod
     def of_plan(cls, plan: JobPlan) -> RestartPolicy:
-        """The policy a job's plan carries; the job spec's defaults where it says nothing usable."""
-        max_restarts, window = plan.max_restarts, plan.restart_window
-        return cls(
-            max_restarts if usable("max_restarts", max_restarts) else cls.max_restarts,
-            window if usable("restart_window", window) else cls.window,
-        )
+        """The policy a job's plan carries (its spec kept the rules when the plan was read)."""
+        return cls(plan.spec.max_restarts, plan.spec.restart_window)
 
 
 def backoff(crashes_in_window: int) -> float:

@@ -68,8 +68,8 @@ class SnapshotKeeper:
     def start_job(self, plan: JobPlan) -> None:
         """Fresh, empty slots for a new job (a worker of the previous one can no longer be restored from them)."""
         self.job_key = plan.job_key
-        self.checkpoint_dir = Path(plan.checkpoint_dir) if plan.checkpoint_dir else None
-        self.checkpoint_interval = plan.checkpoint_interval or 30.0
+        self.checkpoint_dir = Path(plan.spec.checkpoint_dir) if plan.spec.checkpoint_dir else None
+        self.checkpoint_interval = plan.spec.checkpoint_interval
         self.last_checkpoint = None
         self._flushing = None
         try:

@@ -23,7 +23,7 @@ def standbys_wanted(standby: int | None, plan: JobPlan) -> int:
     """How many standbys a host keeps for the job: `--standby`, else the default."""
     if standby is not None:
         return standby
-    return 0 if plan.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
+    return 0 if plan.spec.mode == "torchrun" else DEFAULT_FORKED_STANDBYS
 
 
 @dataclass

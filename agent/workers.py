@@ -78,7 +78,7 @@ def worker_env(
     the round (in torchrun mode the slot's supervisor sets that for each round, and learns the reset limit)."""
     env = {
         **base,
-        **plan.env,
+        **plan.spec.env,
         **host.timing_env,
         WorkerEnv.AGENT: host.agent_endpoint,
         WorkerEnv.AGENT_PID: str(os.getpid()),
@@ -95,9 +95,9 @@ def worker_env(
             env.pop(name, None)
     else:
         env.update({WorkerEnv.LOCAL_RANK: str(local_rank), "LOCAL_RANK": str(local_rank)})
-    if plan.mode == "torchrun":
-        if plan.reset_limit is not None:
-            env[WorkerEnv.RESET_LIMIT] = str(plan.reset_limit)
+    if plan.spec.mode == "torchrun":
+        if plan.spec.reset_limit is not None:
+            env[WorkerEnv.RESET_LIMIT] = str(plan.spec.reset_limit)
     elif slot is not None:
         env.update(round_environment(slot))
     return env
@@ -106,9 +106,9 @@ def worker_env(
 def worker_command(plan: JobPlan) -> list[str]:
     """What a worker process runs: the job's command, or in torchrun mode the slot's supervisor around it."""
     return (
-        [sys.executable, "-m", "elastic_control_plane.slot_processes.torchrun_slot", "--", *plan.command]
-        if plan.mode == "torchrun"
-        else list(plan.command)
+        [sys.executable, "-m", "elastic_control_plane.slot_processes.torchrun_slot", "--", *plan.spec.command]
+        if plan.spec.mode == "torchrun"
+        else list(plan.spec.command)
     )
 
 

@@ -1,10 +1,11 @@
 """The contract between processes that is not a service's request/reply: the job plan, the worker environment, the
 events.
 
-- `JobPlan`: what a host needs to run a job's workers (command, environment,
-  restart policy, snapshot settings). The registry builds it once from the
-  job's spec and sends it in every `round` event and in its `job` reply; the
-  agent, its restart policy and its snapshot keeper read it from there.
+- `JobPlan`: what a host needs to run a job's workers: the job's number and
+  key and its spec, whole (command, environment, restart policy, snapshot
+  settings). The registry builds it in one place (services/registry/plan.py)
+  and sends it in every `round` event and in its `job` reply; the agent, its
+  restart policy and its snapshot keeper read it from there.
 - `WorkerEnv`: the names of the variables an agent sets for its workers and
   libworker reads (beside torch's and Horovod's own, see
   slot_processes.rounds.round_environment).
@@ -15,8 +16,10 @@ A name spelled here and imported everywhere turns a typo into an import error.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from elastic_control_plane.bus.jobspec import JobSpec
 
 
 class WorkerEnv:
@@ -58,54 +61,22 @@ class Event:
 
 @dataclass(frozen=True)
 class JobPlan:
-    """What every host needs to run a job's workers; it travels inside `round` events (with the round's fields)."""
+    """What every host needs to run a job's workers: the job's number, its key and its spec, whole. It travels
+    inside `round` events (with the round's own fields) and the registry's `job` reply; a host parses the spec with
+    the rules the registry applied (bus.jobspec)."""
 
     job: int
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    job_key: str = ""
-    max_restarts: int | None = None
-    restart_window: float | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_interval: float | None = None
-    mode: str = "horovod"
-    reset_limit: int | None = None
-    preload: tuple[str, ...] = ()
-    fork_server: bool = True
-    hang_detection: bool = True
-    hung_timeout: float | None = None
+    job_key: str
+    spec: JobSpec
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"job": self.job, "job_key": self.job_key, "spec": self.spec.to_dict()}
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> JobPlan:
-        """The plan in a `round` event or a job state (which may carry other fields); ValueError when it has none."""
-        job, command = body.get("job"), body.get("command")
-        if not isinstance(job, int) or not isinstance(command, list) or not command:
-            raise ValueError("a job plan needs a job number and a command")
-        env = body.get("env")
-        return cls(
-            job=job,
-            command=[str(part) for part in command],
-            env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
-            cwd=body.get("cwd") if isinstance(body.get("cwd"), str) else None,
-            job_key=str(body.get("job_key") or ""),
-            max_restarts=body.get("max_restarts") if isinstance(body.get("max_restarts"), int) else None,
-            restart_window=_number(body.get("restart_window")),
-            checkpoint_dir=body.get("checkpoint_dir") if isinstance(body.get("checkpoint_dir"), str) else None,
-            checkpoint_interval=_number(body.get("checkpoint_interval")),
-            mode="torchrun" if body.get("mode") == "torchrun" else "horovod",
-            reset_limit=body.get("reset_limit") if isinstance(body.get("reset_limit"), int) else None,
-            preload=tuple(str(name) for name in body.get("preload") or () if isinstance(name, str))
-            if isinstance(body.get("preload"), list)
-            else (),
-            fork_server=body.get("fork_server") is not False,
-            hang_detection=body.get("hang_detection") is not False,
-            hung_timeout=_number(body.get("hung_timeout")),
-        )
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        """The plan in a `round` event or a `job` reply (which carry other fields too); ValueError (a SpecError
+        for the spec) when it has none or breaks a rule."""
+        job, job_key = body.get("job"), body.get("job_key")
+        if not isinstance(job, int) or isinstance(job, bool) or not isinstance(job_key, str):
+            raise ValueError("a job plan needs a job number and a job key")
+        return cls(job, job_key, JobSpec.parse(body.get("spec")))

@@ -1,19 +1,20 @@
-"""JobSpec: a job as submitted: its fields, their defaults and the rules each keeps, in this one place.
+"""JobSpec: a job as submitted: its fields, their defaults and the rule each keeps, in this one place (each field is
+declared once, with its default and its rule).
 
-Three readers, one set of rules:
+Every reader takes the job from here:
 
 - elasticctl's `run` and `local` options take their defaults from `JobSpec`,
   and the command checks what the operator typed with `JobSpec.parse` before
-  it submits (a one-line error naming the options);
+  it submits (a one-line error naming the options); a test checks that every
+  field has its option (elasticctl/options.py);
 - the registry parses every `submit` with `JobSpec.parse` (a refusal is
   `bad_spec`, or `bad_request` for a spec that is not a map);
-- an agent's restart policy takes `JobSpec`'s defaults where a job plan says
-  nothing `usable`.
+- the hosts receive the spec whole in the job's plan (bus.contract.JobPlan),
+  parsed again by the same rules when it arrives.
 
-A field's rule is one check (`_CHECKS`); the one rule across fields is
-`min_np` <= `max_np`. A `SpecError` names the fields it is about as `{field}`:
-the registry's reply writes them as they are on the wire, the CLI as its
-options (`SpecError.named`).
+The one rule across fields is `min_np` <= `max_np`. A `SpecError` names the
+fields it is about as `{field}`: the registry's reply writes them as they are
+on the wire, the CLI as its options (`SpecError.named`).
 """
 
 from __future__ import annotations
@@ -134,26 +135,34 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _rule(check: Check, default: Any = MISSING, default_factory: Any = MISSING) -> Any:
+    """A field of the spec with its default and the rule it keeps."""
+    return field(default=default, default_factory=default_factory, metadata={"check": check})
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    command: list[str]
-    min_np: int = 1
-    max_np: int | None = None
-    reset_limit: int | None = None
-    elastic_timeout: float = 600.0
-    discovery_script: str | None = None
-    cooldown: tuple[float, float] | None = (60.0, 600.0)
-    hung_timeout: float = 120.0
-    max_restarts: int = 3
-    restart_window: float = 60.0
-    checkpoint_dir: str | None = None
-    checkpoint_interval: float = 30.0
-    cwd: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    mode: str = "horovod"
-    preload: list[str] = field(default_factory=list)
-    fork_server: bool = True
-    hang_detection: bool = True
+    command: list[str] = _rule(_command)
+    min_np: int = _rule(_count(1), 1)
+    max_np: int | None = _rule(_optional(_count(1)), None)
+    reset_limit: int | None = _rule(_optional(_count(0)), None)
+    elastic_timeout: float = _rule(_seconds, 600.0)
+    discovery_script: str | None = _rule(_optional(_text("must be a path")), None)
+    cooldown: tuple[float, float] | None = _rule(_optional(_cooldown), (60.0, 600.0))
+    hung_timeout: float = _rule(_seconds, 120.0)
+    max_restarts: int = _rule(_count(0), 3)
+    restart_window: float = _rule(_seconds, 60.0)
+    checkpoint_dir: str | None = _rule(
+        _optional(_text("must be an absolute path", lambda path: path.startswith("/") and len(path) <= PATH_MAX)),
+        None,
+    )
+    checkpoint_interval: float = _rule(_seconds, 30.0)
+    cwd: str = _rule(_text("must be a string"), "")
+    env: dict[str, str] = _rule(_env, default_factory=dict)
+    mode: str = _rule(_mode, "horovod")
+    preload: list[str] = _rule(_preload, default_factory=list)
+    fork_server: bool = _rule(_flag, True)
+    hang_detection: bool = _rule(_flag, True)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -162,8 +171,8 @@ class JobSpec:
 
     @classmethod
     def parse(cls, raw: Any) -> JobSpec:
-        """The spec in `raw` (a map of fields; a field it lacks takes its default); SpecError at the first broken
-        rule."""
+        """The spec in `raw` (a map of fields; a field it lacks takes its default, other keys are not read);
+        SpecError at the first broken rule."""
         if not isinstance(raw, dict):
             raise SpecError("spec must be a map", code="bad_request")
         values = {}
@@ -175,41 +184,11 @@ class JobSpec:
                 default = spec_field.default_factory()
             else:
                 default = None
-            values[name] = _CHECKS[name](name, raw.get(name, default))
+            values[name] = spec_field.metadata["check"](name, raw.get(name, default))
         if values["max_np"] is not None and values["max_np"] < values["min_np"]:
             raise SpecError(f"{{min_np}} ({values['min_np']}) must not exceed {{max_np}} ({values['max_np']})", *_NP)
         return cls(**values)
 
 
+FIELDS = tuple(spec_field.name for spec_field in fields(JobSpec))  # the spec's fields, in order
 _NP = ("min_np", "max_np")
-_CHECKS: dict[str, Check] = {
-    "command": _command,
-    "min_np": _count(1),
-    "max_np": _optional(_count(1)),
-    "reset_limit": _optional(_count(0)),
-    "elastic_timeout": _seconds,
-    "discovery_script": _optional(_text("must be a path")),
-    "cooldown": _optional(_cooldown),
-    "hung_timeout": _seconds,
-    "max_restarts": _count(0),
-    "restart_window": _seconds,
-    "checkpoint_dir": _optional(
-        _text("must be an absolute path", lambda path: path.startswith("/") and len(path) <= PATH_MAX)
-    ),
-    "checkpoint_interval": _seconds,
-    "cwd": _text("must be a string"),
-    "env": _env,
-    "mode": _mode,
-    "preload": _preload,
-    "fork_server": _flag,
-    "hang_detection": _flag,
-}
-
-
-def usable(name: str, value: Any) -> bool:
-    """Does `value` keep the rule of the spec's field `name` (taken alone)?"""
-    try:
-        _CHECKS[name](name, value)
-    except SpecError:
-        return False
-    return True

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import click
 
-from elastic_control_plane.agent.gpus import check_standby, gpu_devices
+from elastic_control_plane.agent.gpus import check_standby, default_slots, gpu_devices
 from elastic_control_plane.bus.config import Endpoints, endpoint_list
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
@@ -47,7 +47,6 @@ from elastic_control_plane.replication.etcd_member import MemberSpec, member_com
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 START_TIMEOUT = 30.0
-CPU_SLOTS = 2
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 
@@ -62,11 +61,6 @@ def etcd_members(addresses: list[str], run_dir: Path) -> list[MemberSpec]:
         MemberSpec(f"control-{i}", host, ETCD_CLIENT_PORT, ETCD_PEER_PORT, run_dir / f"etcd-{i}")
         for i, host in enumerate(addresses, start=1)
     ]
-
-
-def default_local_slots(gpus: int, hosts: int) -> int:
-    """The machine's GPUs split among the agents (at least one slot each); CPU_SLOTS without GPUs."""
-    return max(1, gpus // hosts) if gpus else CPU_SLOTS
 
 
 def agent_devices(devices: list[str], hosts: int, slots: int, share_gpus: bool) -> list[str | None]:
@@ -265,7 +259,7 @@ def run_local(
     control_hosts: int = 1,
 ) -> int:
     gpus = gpu_devices()
-    slots = default_local_slots(len(gpus), hosts) if slots is None else slots
+    slots = default_slots(len(gpus), hosts) if slots is None else slots
     try:
         if standby is not None:
             check_standby(standby, slots)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from elastic_control_plane.agent.host_options import host_options
 from elastic_control_plane.bus.config import ConfigError, Endpoints, unresolved_hosts
 from elastic_control_plane.bus.sockets import SecurityError, generate_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
@@ -181,25 +182,7 @@ _host_command("undrain", "Put HOST back into the job from the next round.", "und
 @click.option(
     "--hosts", type=click.IntRange(min=1), default=2, show_default=True, help="Agents to start, named host-1..N."
 )
-@click.option(
-    "--slots",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Slots per agent (default: the GPUs split among the agents, 2 without GPUs).",
-)
-@click.option(
-    "--share-gpus",
-    envvar="ELASTIC_GPU_SHARED",
-    is_flag=True,
-    help="Let workers share GPUs (more slots than GPUs; gloo, not NCCL, for CUDA tensors).",
-)
-@click.option(
-    "--standby",
-    type=int,
-    default=None,
-    help="Spare workers per agent, waiting in init() to take a crashed worker's slot at once (default: 1 where the "
-    "fork server runs, else 0).",
-)
+@host_options
 @click.option(
     "--control-hosts",
     type=click.IntRange(min=1, max=9),

@@ -1,8 +1,10 @@
 """The options of a job (`elasticctl run` and `local`) and the spec they make: defaults and rules from bus.jobspec.
 
 Each option's default is the job spec's; `build_spec` turns the options into
-the spec the registry is sent and checks it with `JobSpec.parse` first, so a
-broken rule is one line naming the option (the same rule the registry applies).
+the spec the registry is sent, one entry of FROM_OPTIONS per field of the spec
+(tests/unit/test_cli_options.py checks that every field has its entry and its
+option), and checks it with `JobSpec.parse` first, so a broken rule is one
+line naming the option (the same rule the registry applies).
 What only this machine can tell (a --checkpoint-dir that is not writable) and
 the options' own syntax (--env KEY=VALUE, --preload A,B) are checked here.
 """
@@ -10,16 +12,23 @@ the options' own syntax (--env KEY=VALUE, --preload A,B) are checked here.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from elastic_control_plane.bus.jobspec import MODES, JobSpec, SpecError
+from elastic_control_plane.bus.jobspec import FIELDS, MODES, JobSpec, SpecError
 from elastic_control_plane.elasticctl.control import CommandError
 
 # How the CLI spells a spec's field in an error; any other field is its option, `--` and the name with dashes.
-SPELLED = {"command": "CMD", "cooldown": "--blacklist-cooldown MIN MAX", "fork_server": "--no-fork-server"}
+SPELLED = {
+    "command": "CMD",
+    "cooldown": "--blacklist-cooldown MIN MAX",
+    "env": "--env",
+    "fork_server": "--no-fork-server",
+    "hang_detection": "--no-hang-detection",
+}
 
 
 def _option_name(field: str) -> str:
@@ -112,36 +121,56 @@ def job_options(fn: Any) -> Any:
     return fn
 
 
-def build_spec(options: dict[str, Any]) -> dict[str, Any]:
-    """The spec the registry is sent, checked by the job spec's rules; CommandError (exit 2) names the option."""
-    checkpoint_dir = options["checkpoint_dir"]
-    if checkpoint_dir is not None and checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
-        raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
+def _env(options: dict[str, Any]) -> dict[str, str]:
     env = {}
     for pair in options["env_pairs"]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise CommandError(f"--env wants KEY=VALUE, got {pair!r}", 2)
         env[key] = value
-    spec = {
-        "command": list(options["command"]),
-        "min_np": options["min_np"],
-        "max_np": options["max_np"],
-        "reset_limit": options["reset_limit"],
-        "elastic_timeout": options["elastic_timeout"],
-        "discovery_script": options["discovery_script"],
-        "cooldown": list(options["blacklist_cooldown"]),
-        "hung_timeout": options["hung_timeout"],
-        "max_restarts": options["max_restarts"],
-        "restart_window": options["restart_window"],
-        "checkpoint_dir": str(checkpoint_dir.resolve()) if checkpoint_dir is not None else None,
-        "checkpoint_interval": options["checkpoint_interval"],
-        "env": env,
-        "mode": options["mode"],
-        "preload": [name.strip() for name in options.get("preload", "").split(",") if name.strip()],
-        "fork_server": not options.get("no_fork_server", False),
-        "hang_detection": not options.get("no_hang_detection", False),
-    }
+    return env
+
+
+def _checkpoint_dir(options: dict[str, Any]) -> str | None:
+    checkpoint_dir = options["checkpoint_dir"]
+    if checkpoint_dir is None:
+        return None
+    if checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
+        raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
+    return str(checkpoint_dir.resolve())
+
+
+# Each field of the job spec, as the options give it; `cwd` is where the command is typed (elasticctl/follow.py).
+FROM_OPTIONS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "command": lambda options: list(options["command"]),
+    "cooldown": lambda options: list(options["blacklist_cooldown"]),
+    "checkpoint_dir": _checkpoint_dir,
+    "env": _env,
+    "preload": lambda options: [name.strip() for name in options.get("preload", "").split(",") if name.strip()],
+    "fork_server": lambda options: not options.get("no_fork_server", False),
+    "hang_detection": lambda options: not options.get("no_hang_detection", False),
+    **{
+        name: (lambda options, name=name: options[name])
+        for name in (
+            "min_np",
+            "max_np",
+            "reset_limit",
+            "elastic_timeout",
+            "discovery_script",
+            "hung_timeout",
+            "max_restarts",
+            "restart_window",
+            "checkpoint_interval",
+            "mode",
+        )
+    },
+}
+NOT_OPTIONS = ("cwd",)
+
+
+def build_spec(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec the registry is sent, checked by the job spec's rules; CommandError (exit 2) names the option."""
+    spec = {name: FROM_OPTIONS[name](options) for name in FIELDS if name not in NOT_OPTIONS}
     try:
         JobSpec.parse(spec)
     except SpecError as exc:

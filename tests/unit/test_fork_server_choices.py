@@ -20,7 +20,7 @@ from elastic_control_plane.slot_processes.forking import fork_hazards, native_th
 
 
 def plan(command: list[str], **fields: object) -> JobPlan:
-    return JobPlan(job=1, command=command, **fields)  # type: ignore[arg-type]
+    return JobPlan(1, "key", JobSpec.parse({"command": command, **fields}))
 
 
 def key(command: list[str], **fields: object) -> Key | None:
@@ -94,14 +94,14 @@ def test_a_job_that_turned_it_off_is_spawned_and_torchrun_mode_forks_its_supervi
 
 def test_preloads_and_variables_read_at_start_make_a_zygote_of_their_own_and_the_directory_only_with_preloads() -> None:
     base = key([sys.executable, "train.py"])
-    preloading = key([sys.executable, "train.py"], preload=("transformers",))
+    preloading = key([sys.executable, "train.py"], preload=["transformers"])
     with_env = key([sys.executable, "train.py"], env={"OMP_NUM_THREADS": "1"})
     assert len({base, preloading, with_env}) == 3
     assert key([sys.executable, "other.py"], env={"OMP_NUM_THREADS": "1"}) == with_env
-    in_project = key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project")
+    in_project = key([sys.executable, "train.py"], preload=["my_models"], cwd="/srv/project")
     assert in_project is not None and in_project.cwd == "/srv/project", "preloads import from the job's directory"
     assert (
-        key([sys.executable, "train.py"], preload=("my_models",), cwd="/srv/project", env={"MY_MODELS_BACKEND": "fast"})
+        key([sys.executable, "train.py"], preload=["my_models"], cwd="/srv/project", env={"MY_MODELS_BACKEND": "fast"})
         != in_project
     ), "a preload may read any variable as it imports"
     assert key([sys.executable, "train.py"], cwd="/srv/project") == base, (
@@ -121,10 +121,10 @@ def test_the_environment_switch_turns_it_off() -> None:
 
 
 def test_the_plan_carries_preloads_and_the_switch_over_the_wire() -> None:
-    sent = plan([sys.executable, "train.py"], preload=("numpy", "transformers"), fork_server=False)
-    received = JobPlan.from_wire(sent.to_wire() | {"preload": ["numpy", "transformers"]})
-    assert received.preload == ("numpy", "transformers") and received.fork_server is False
-    assert JobPlan.from_wire({"job": 1, "command": ["x"]}).fork_server is True, "an older plan forks"
+    sent = plan([sys.executable, "train.py"], preload=["numpy", "transformers"], fork_server=False)
+    received = JobPlan.from_wire(sent.to_wire())
+    assert received.spec.preload == ["numpy", "transformers"] and received.spec.fork_server is False
+    assert JobPlan.from_wire({"job": 1, "job_key": "k", "spec": {"command": ["x"]}}).spec.fork_server is True
 
 
 def test_a_python_thread_is_a_hazard_named_by_its_thread() -> None:

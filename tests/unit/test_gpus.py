@@ -20,7 +20,7 @@ from elastic_control_plane.agent.gpus import (
     visible_devices,
 )
 from elastic_control_plane.elasticctl.control import CommandError
-from elastic_control_plane.elasticctl.local import agent_devices, default_local_slots
+from elastic_control_plane.elasticctl.local import agent_devices
 from libworker import devices
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,9 +131,9 @@ def test_the_agent_imports_no_torch() -> None:
 
 
 def test_local_splits_the_gpus_among_its_agents() -> None:
-    assert default_local_slots(0, 2) == 2
-    assert default_local_slots(8, 2) == 4
-    assert default_local_slots(1, 2) == 1
+    assert default_slots(0, 2) == 1, "one worker per agent without GPUs, as an agent alone"
+    assert default_slots(8, 2) == 4
+    assert default_slots(1, 2) == 1
     assert agent_devices(["0", "1", "2", "3"], 2, 2, share_gpus=False) == ["0,1", "2,3"]
     assert agent_devices(["4", "6", "7"], 2, 1, share_gpus=False) == ["4", "6"]
     assert agent_devices([], 2, 2, share_gpus=False) == [None, None]

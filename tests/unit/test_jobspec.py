@@ -1,11 +1,13 @@
 """bus.jobspec: a good spec, defaults, every bad field refused with SpecError (code bad_spec), messages naming the
-fields as each reader spells them, and a single field's rule alone (`usable`)."""
+fields as each reader spells them, and every field declared once with its rule."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from elastic_control_plane.bus.jobspec import JobSpec, SpecError, usable
+from elastic_control_plane.bus.jobspec import FIELDS, JobSpec, SpecError
 
 GOOD = {
     "command": ["python", "train.py", "--epochs", "3"],
@@ -136,7 +138,14 @@ def test_a_message_names_the_field_and_the_value_it_got():
     )
 
 
-def test_usable_checks_one_fields_rule_alone():
-    assert usable("max_restarts", 0) and usable("restart_window", 0.5)
-    assert not usable("max_restarts", -1) and not usable("max_restarts", None) and not usable("max_restarts", True)
-    assert not usable("restart_window", 0) and not usable("restart_window", None)
+def test_every_field_is_declared_once_with_its_rule_and_a_default_that_keeps_it():
+    assert FIELDS == tuple(spec_field.name for spec_field in fields(JobSpec))
+    default = JobSpec.parse({"command": ["x"]})
+    for spec_field in fields(JobSpec):
+        check = spec_field.metadata["check"]
+        assert check(spec_field.name, getattr(default, spec_field.name)) is not None or spec_field.name in (
+            "max_np",
+            "reset_limit",
+            "discovery_script",
+            "checkpoint_dir",
+        )

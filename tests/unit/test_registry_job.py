@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from elastic_control_plane.bus.contract import JobPlan
 from elastic_control_plane.bus.jobspec import JobSpec
 from elastic_control_plane.services.registry.decisions import Decision
 from elastic_control_plane.services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
@@ -255,17 +256,12 @@ def test_the_round_plan_carries_the_round_and_the_job_plan() -> None:
         "size": 3,
         "job": 3,
         "job_key": job.job_key,
-        "command": ["python", "train.py"],
-        "cwd": "",
-        "env": {"A": "1"},
-        "max_restarts": 3,
-        "restart_window": 60.0,
-        "checkpoint_dir": None,
-        "checkpoint_interval": 30.0,
-        "mode": "horovod",
-        "reset_limit": 3,
-        "preload": (),
-        "fork_server": True,
-        "hang_detection": True,
-        "hung_timeout": 120.0,
+        "spec": SPEC.to_dict(),
     }
+
+
+def test_a_host_reads_the_same_plan_from_a_round_event_and_from_the_job_reply() -> None:
+    job = running_job()
+    assert (
+        JobPlan.from_wire(round_plan(job, size=3)) == JobPlan.from_wire(job.summary()) == JobPlan(3, job.job_key, SPEC)
+    )

@@ -6,6 +6,7 @@ import pytest
 
 from elastic_control_plane.agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
 from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.bus.jobspec import SpecError
 
 
 def test_first_crash_restarts_at_once_then_the_delay_doubles_up_to_the_cap():
@@ -48,12 +49,15 @@ def test_history_stays_bounded_over_any_number_of_crashes():
 
 
 @pytest.mark.parametrize(
-    "plan, expected",
-    [
-        ({}, RestartPolicy()),
-        ({"max_restarts": 5, "restart_window": 30}, RestartPolicy(5, 30.0)),
-        ({"max_restarts": -1, "restart_window": "x"}, RestartPolicy()),
-    ],
+    "spec, expected",
+    [({}, RestartPolicy()), ({"max_restarts": 5, "restart_window": 30}, RestartPolicy(5, 30.0))],
 )
-def test_policy_of_a_job(plan, expected):
-    assert RestartPolicy.of_plan(JobPlan.from_wire({"job": 1, "command": ["python", "train.py"], **plan})) == expected
+def test_policy_of_a_job(spec, expected):
+    wire = {"job": 1, "job_key": "k", "spec": {"command": ["python", "train.py"], **spec}}
+    assert RestartPolicy.of_plan(JobPlan.from_wire(wire)) == expected
+
+
+def test_a_plan_that_breaks_the_specs_rules_is_refused_by_them():
+    wire = {"job": 1, "job_key": "k", "spec": {"command": ["python", "train.py"], "max_restarts": -1}}
+    with pytest.raises(SpecError, match="max_restarts must be at least 0"):
+        JobPlan.from_wire(wire)

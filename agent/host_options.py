@@ -1,0 +1,41 @@
+"""The options of a host, as `elastic-agent` and `elasticctl local` (which starts agents) both take them: one
+spelling, one environment variable, one help text and one default rule each (agent/gpus.py's `default_slots`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--slots`, `--share-gpus` and `--standby`, for a command that runs one agent or several on this machine."""
+    for option in reversed(
+        [
+            click.option(
+                "--slots",
+                envvar="ELASTIC_SLOTS",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Worker processes per agent (default: one per GPU, the machine's GPUs split among its agents; "
+                "1 without GPUs).",
+            ),
+            click.option(
+                "--share-gpus",
+                envvar="ELASTIC_GPU_SHARED",
+                is_flag=True,
+                help="Allow more slots than GPUs: workers share GPUs (gloo, not NCCL, for CUDA tensors).",
+            ),
+            click.option(
+                "--standby",
+                envvar="ELASTIC_STANDBY_WORKERS",
+                type=int,
+                default=None,
+                help="Spare worker processes per agent, kept waiting in init(); one takes a crashed worker's slot at "
+                "once (default: 1 where the fork server runs, else 0).",
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
