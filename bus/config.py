@@ -211,7 +211,9 @@ class Endpoints:
 
 @dataclass(frozen=True)
 class Timing:
-    """Intervals in seconds. Tests shorten them through the environment."""
+    """Intervals in seconds, each set by its variable (ELASTIC_ and the name in capitals; tests shorten them), checked
+    together when read: all positive, the driver's tick within a heartbeat, and the collective timeout longer than
+    the heartbeats that find a host lost."""
 
     heartbeat: float = 1.0
     missed_heartbeats: int = 3
@@ -225,6 +227,30 @@ class Timing:
     # takeover within 3 s (bench/control_plane_ha.py; 2 s: 3.5 s); an etcd whose election timeout is over 666 ms
     # grants more than asked (1.5 election timeouts at least).
     lease_ttl: int = 1
+
+    def __post_init__(self) -> None:
+        """The rules the intervals keep together, checked when they are read (every process reads them at start):
+        ConfigError names the first one broken."""
+        for name in ("heartbeat", "discovery_poll", "driver_tick", "request_timeout", "collective_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(_variable(name), f"{getattr(self, name)}", "must be a positive number of seconds")
+        for name in ("missed_heartbeats", "lease_ttl"):
+            if getattr(self, name) < 1:
+                raise ConfigError(_variable(name), f"{getattr(self, name)}", "must be a whole number, at least 1")
+        if self.driver_tick > self.heartbeat:
+            raise ConfigError(
+                _variable("driver_tick"),
+                f"{self.driver_tick}",
+                f"must not exceed ELASTIC_HEARTBEAT ({self.heartbeat:g} s): the registry acts on what a heartbeat "
+                "brings within one",
+            )
+        if self.collective_timeout <= self.lost_after:
+            raise ConfigError(
+                _variable("collective_timeout"),
+                f"{self.collective_timeout}",
+                f"must exceed ELASTIC_HEARTBEAT x ELASTIC_MISSED_HEARTBEATS ({self.lost_after:g} s): a host is found "
+                "lost before the others' collectives give up on it",
+            )
 
     @property
     def lost_after(self) -> float:
@@ -243,7 +269,12 @@ class Timing:
         return cls(**values)  # type: ignore[arg-type]
 
     def as_env(self) -> dict[str, str]:
-        return {f"ELASTIC_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+        return {_variable(f.name): str(getattr(self, f.name)) for f in fields(self)}
+
+
+def _variable(timing: str) -> str:
+    """The environment variable that sets one of Timing's intervals."""
+    return f"ELASTIC_{timing.upper()}"
 
 
 def default_run_dir() -> Path:

@@ -12,11 +12,19 @@ election key's create revision: every write it makes is a txn comparing it
 (`fence`), so a replica that lost the role can never write again, whatever
 its clock thinks.
 
-`held()` is the replica's own, conservative view: the lease counts from
-before the keepalive that renewed it was sent, so the replica gives up the
-role no later than etcd expires it. A replica that was paused (SIGSTOP, a
-long GC, a partition) past its lease finds `held()` false as soon as it runs
-again, before it handles anything.
+A replica's leadership is a state machine: NEW -> STANDBY (`register`: the
+lease is granted and kept alive) -> ACTIVE (`campaign` won) -> ENDED. ENDED has
+one way in, `end(reason, revoke)`, from any state: the lease was not renewed in
+time, a fenced write was refused (another replica holds the role), or the
+replica stops (`revoke`: the role and the registration go at once, a standby
+takes over). Nothing leaves ENDED: a replica that lost its role starts afresh
+as a new process (replication/replica.py).
+
+`held()` is the replica's own, conservative view, and only reads: the lease
+counts from before the keepalive that renewed it was sent, so the replica
+gives up the role no later than etcd expires it. A replica that was paused
+(SIGSTOP, a long GC, a partition) past its lease finds `held()` false as soon
+as it runs again, before it handles anything; `why_not_held()` says why.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create
 
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4
+
+NEW, STANDBY, ACTIVE, ENDED = "new", "standby", "active", "ended"
+_NEXT = {NEW: (STANDBY, ENDED), STANDBY: (ACTIVE, ENDED), ACTIVE: (ENDED,), ENDED: ()}
 
 
 def leader_key(prefix: str, service: str) -> bytes:
@@ -86,9 +97,10 @@ class Leadership:
         self.clock = clock
         self.log = log or structlog.get_logger().bind(process=service)
         self.record = {"replica": replica, "pid": os.getpid(), "address": address, "since": time.time()}
+        self.state = NEW
         self.lease = 0
-        self.revision = 0  # the election key's create revision while this replica holds the role; 0 otherwise
-        self.lost_reason = ""
+        self.revision = 0  # the election key's create revision once this replica won the role; 0 before
+        self.end_reason = ""
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -111,6 +123,7 @@ class Leadership:
         else:
             return False
         self.outage.ended()
+        self._enter(STANDBY)
         self._keeper = threading.Thread(target=self._keep_alive, name="lease-keepalive", daemon=True)
         self._keeper.start()
         return True
@@ -126,29 +139,46 @@ class Leadership:
                 left = self.client.lease_keepalive(self.lease, deadline=max(0.1, self._valid_until - sent))
             except EtcdError as exc:
                 if self.clock() >= self._valid_until:
-                    self.lose(f"the lease could not be renewed: {exc}")
+                    self.end(f"the lease could not be renewed: {exc}")
                     return
                 continue
             if left <= 0:
-                self.lose("the lease expired")
+                self.end("the lease expired")
                 return
             self._valid_until = sent + left
 
-    def lose(self, reason: str) -> None:
-        """Give up the lease and the role at once (the first reason is kept): it was not renewed in time, or a fenced
-        write was refused (another replica holds the role)."""
-        if not self.lost_reason:
-            self.lost_reason = reason
+    def _enter(self, state: str) -> None:
+        if state not in _NEXT[self.state]:
+            raise RuntimeError(f"{self.service}: leadership cannot go from {self.state} to {state}")
+        self.state = state
+
+    def end(self, reason: str, revoke: bool = False) -> None:
+        """The one way out, from any state (a second end keeps the first reason): stop renewing the lease, and with
+        `revoke` give the lease back so the role and the registration go at once and a standby takes over."""
+        if self.state == ENDED:
+            return
+        self.end_reason = reason
+        self._enter(ENDED)
         self._stop.set()
+        if revoke and self.lease:
+            try:
+                self.client.lease_revoke(self.lease, deadline=1.0)
+            except EtcdError as exc:
+                self.log.warning("lease_not_revoked", reason=str(exc))
 
     def held(self) -> bool:
-        """Whether this replica holds the lease by its own clock (and, once elected, the role)."""
-        if self.lost_reason:
-            return False
+        """Whether this replica holds the lease by its own clock (and, once elected, the role); it changes nothing."""
+        return self.state in (STANDBY, ACTIVE) and self.clock() < self._valid_until
+
+    def why_not_held(self) -> str:
+        """Why `held()` is false ("" while it is true)."""
+        if self.state == ENDED:
+            return self.end_reason
+        if self.state == NEW:
+            return "not registered"
         if self.clock() >= self._valid_until:
-            self.lose(f"the lease was not renewed for {self.ttl} s (paused or cut off from etcd)")
-            return False
-        return True
+            return f"the lease was not renewed for {self.ttl} s (paused or cut off from etcd)"
+        return ""
 
     # -- the role ------------------------------------------------------------------------------
     def campaign(self, stop: threading.Event) -> bool:
@@ -173,7 +203,10 @@ class Leadership:
                 self.client.put(
                     replica_key(self.prefix, self.service, self.replica), self._record(active=True), lease=self.lease
                 )
-                return self.held()
+                if not self.held():
+                    return False
+                self._enter(ACTIVE)
+                return True
             except EtcdError as exc:
                 self.outage.failed(exc)
                 stop.wait(0.2)
@@ -200,27 +233,15 @@ class Leadership:
         """The compare every write of the active replica carries: the election key is still the one it created."""
         return create_revision_is(self.key, self.revision)
 
-    def resign(self) -> None:
-        """Stop renewing and revoke the lease: the role and the registration go at once, a standby takes over."""
-        self._stop.set()
-        if self.lease:
-            try:
-                self.client.lease_revoke(self.lease, deadline=1.0)
-            except EtcdError as exc:
-                self.log.warning("lease_not_revoked", reason=str(exc))
-
-    def stop_renewing(self) -> None:
-        self._stop.set()
-
     def write(self, ops: list[dict[str, Any]]) -> int:
-        """Apply `ops` in one txn fenced by this replica's role; the revision it made. A refused fence gives the role
-        up (`lose`) and raises `LostRole`; etcd out of reach past the lease raises `EtcdError`."""
-        if not self.held():
-            raise LostRole(f"{self.service}: this replica no longer holds the role ({self.lost_reason})")
+        """Apply `ops` in one txn fenced by this replica's role; the revision it made. A refused fence ends the
+        leadership (`end`) and raises `LostRole`; etcd out of reach past the lease raises `EtcdError`."""
+        if self.state != ACTIVE or not self.held():
+            raise LostRole(f"{self.service}: this replica no longer holds the role ({self.why_not_held()})")
         deadline = max(0.3, self._valid_until - self.clock())
         result = self.client.txn([self.fence()], ops, [], deadline=deadline)
         if not result.succeeded:
-            self.lose("another replica holds the role: a write was refused")
+            self.end("another replica holds the role: a write was refused")
             raise LostRole(f"{self.service}: another replica holds the role; this one stepped down")
         return result.revision
 

@@ -110,15 +110,16 @@ def serve_replica(
     waited = time.monotonic()
     if not leadership.campaign(stopping):
         if stopping.is_set():
-            leadership.resign()
+            leadership.end("stopped", revoke=True)
             return
         step_down(leadership, module, log)
     log.info("active", replica=replica_name, fence=leadership.revision, waited_s=round(time.monotonic() - waited, 3))
     try:
         service = build(Replica(client, choice.prefix, leadership))
     except Exception as exc:  # its state unreadable for now, or its address taken: another replica may do better
-        leadership.resign()
-        log.warning("start_failed", reason=f"{type(exc).__name__}: {exc}")
+        reason = f"{type(exc).__name__}: {exc}"
+        leadership.end(f"its service could not start: {reason}", revoke=True)
+        log.warning("start_failed", reason=reason)
         if stopping.wait(START_RETRY_DELAY):
             return
         step_down(leadership, module, log)
@@ -129,16 +130,16 @@ def serve_replica(
     finally:
         service.close()
     if stopping.is_set():
-        leadership.resign()
+        leadership.end("stopped", revoke=True)
         log.info("stopped", replica=replica_name)
         return
     step_down(leadership, module, log)
 
 
 def step_down(leadership: Leadership, module: str, log: structlog.stdlib.BoundLogger) -> NoReturn:
-    """Stop renewing and start this command afresh as a standby: nothing of the lost role stays in memory."""
-    leadership.stop_renewing()
-    log.warning("stepped_down", reason=leadership.lost_reason or "the lease was lost")
+    """End the leadership and start this command afresh as a standby: nothing of the lost role stays in memory."""
+    leadership.end(leadership.why_not_held() or "the role was lost")
+    log.warning("stepped_down", reason=leadership.end_reason)
     sys.stdout.flush()
     sys.stderr.flush()
     os.environ[STEPPED_DOWN] = "1"

@@ -204,3 +204,20 @@ def test_a_malformed_restore_is_refused_and_changes_nothing(
         cluster.call(service, msg_type, body)
     assert refused.value.code == "bad_request"
     assert held() == before
+
+
+def test_an_agent_given_timing_that_breaks_a_rule_says_so_in_one_line_and_exits_2(tmp_path) -> None:
+    env = {**os.environ, "ELASTIC_HEARTBEAT": "5", "ELASTIC_COLLECTIVE_TIMEOUT": "10", "ELASTIC_RUN_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "h1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("elastic-agent: ELASTIC_COLLECTIVE_TIMEOUT='10.0': must exceed")
+    ), result.stderr

@@ -178,7 +178,7 @@ def test_a_write_fenced_by_a_lost_role_never_reaches_etcd(etcd: EtcdCluster) -> 
         first = Leadership(client, "fence-test", "registry", "a", "tcp://a:1", ttl=1)
         never = threading.Event()
         assert first.register(never) and first.campaign(never)
-        first.stop_renewing()
+        first._stop.set()  # its keepalives stop, as a paused replica's do, while it believes it is active
         second = Leadership(client, "fence-test", "registry", "b", "tcp://b:1", ttl=1)
         assert second.register(never) and second.campaign(never)
         first._valid_until = time.monotonic() + 60  # its clock, fooled: only the fence stands between it and etcd
@@ -188,7 +188,7 @@ def test_a_write_fenced_by_a_lost_role_never_reaches_etcd(etcd: EtcdCluster) -> 
         assert client.get(b"fence-test/registry/state") is None
         second.write([put_op(b"fence-test/registry/state", b"from the active")])
         assert client.get(b"fence-test/registry/state").value == b"from the active"  # type: ignore[union-attr]
-        second.resign()
+        second.end("the test ends", revoke=True)
     finally:
         client.close()
 

@@ -120,6 +120,28 @@ def test_timing_names_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
         Timing.from_env()
 
 
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"ELASTIC_HEARTBEAT": "0"}, "ELASTIC_HEARTBEAT='0.0': must be a positive number of seconds"),
+        ({"ELASTIC_LEASE_TTL": "0"}, "ELASTIC_LEASE_TTL='0': must be a whole number, at least 1"),
+        ({"ELASTIC_DRIVER_TICK": "2"}, "ELASTIC_DRIVER_TICK='2.0': must not exceed ELASTIC_HEARTBEAT (1 s)"),
+        (
+            {"ELASTIC_HEARTBEAT": "5", "ELASTIC_COLLECTIVE_TIMEOUT": "15"},
+            "ELASTIC_COLLECTIVE_TIMEOUT='15.0': must exceed ELASTIC_HEARTBEAT x ELASTIC_MISSED_HEARTBEATS (15 s)",
+        ),
+    ],
+)
+def test_timing_rules_are_checked_together_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        Timing.from_env()
+    assert str(info.value).startswith(message)
+
+
 def test_unresolved_hosts_are_named_once() -> None:
     endpoints = [
         "tcp://not-a-host.invalid:5550",
