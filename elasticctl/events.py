@@ -18,6 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, TextIO
 
+from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.pubsub import HEARTBEAT
 from elastic_control_plane.elasticctl.control import ControlPlane, ControlPlaneUnreachable
 from elastic_control_plane.elasticctl.outage import Outage
@@ -29,12 +30,12 @@ NO_TIME = "????-??-?? ??:??:??.???"  # same width and number of words as a time
 
 # The fields shown per event type, in order; an event type not listed shows every field but the hidden ones.
 FIELDS = {
-    "abort": ["round"],
-    "kill_worker": ["host", "local_rank", "pid"],
-    "worker_suspected": ["host", "local_rank", "rank", "reason"],
-    "worker_hung": ["host", "local_rank", "rank", "reason"],
-    "straggler": ["host", "local_rank", "rank", "lost_s_per_min"],
-    "job_finished": ["job", "state", "exit_code", "reason"],
+    Event.ABORT: ["round"],
+    Event.KILL_WORKER: ["host", "local_rank", "pid"],
+    Event.WORKER_SUSPECTED: ["host", "local_rank", "rank", "reason"],
+    Event.WORKER_HUNG: ["host", "local_rank", "rank", "reason"],
+    Event.STRAGGLER: ["host", "local_rank", "rank", "lost_s_per_min"],
+    Event.JOB_FINISHED: ["job", "state", "exit_code", "reason"],
 }
 HIDDEN = {"seq", "incarnation", "time", "timestamp"}
 
@@ -56,10 +57,10 @@ def _event_time(body: dict[str, Any], arrived_at: float | None) -> float | None:
 
 
 def _fields(event_type: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
-    if event_type == "round":
+    if event_type == Event.ROUND:
         hosts = [f"{name}:{len(ids)}" for name, ids in body.get("hosts") or []]
         return [("round", body.get("round")), ("size", body.get("size")), ("hosts", hosts), ("job", body.get("job"))]
-    if event_type == "hosts_updated":
+    if event_type == Event.HOSTS_UPDATED:
         if "hosts" in body:
             hosts = [
                 f"{name}:{len(slots) if isinstance(slots, list) else slots}" for name, slots in body.get("hosts") or []

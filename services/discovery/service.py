@@ -28,9 +28,8 @@ Messages:
 
 Each request's body is checked field by field before anything changes (services/discovery/bodies.py).
 
-A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery
-itself was stalled (stopped, starved) for half that long, nobody's silence
-counts: every live host gets a fresh start instead of being declared lost.
+A host is lost after `heartbeat x missed_heartbeats` of silence. If discovery itself was stalled (stopped, starved)
+for half that long, nobody's silence counts: every live host gets a fresh start instead of being declared lost.
 
 A discovery that starts is *settling* (`hosts` says so) until the agents have registered again: for `lost_after`
 (at least SETTLE_MIN seconds), or less once the registry restored it and every host of the job's round is back.
@@ -60,6 +59,7 @@ from typing import Any
 
 from elastic_control_plane.bus.client import incarnation_id
 from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
 from elastic_control_plane.services.discovery import bodies, metrics
@@ -386,7 +386,7 @@ class DiscoveryService(Service):
             set=[name for name, _ in diff.set[:LOGGED_HOSTS]] if diff else None,
             remove=diff.remove[:LOGGED_HOSTS] if diff else None,
         )
-        self.outbox.put("hosts_updated", event)
+        self.outbox.put(Event.HOSTS_UPDATED, event)
         self.outbox.flush()
 
     def _update_metrics(self) -> None:
