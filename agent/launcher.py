@@ -1,6 +1,6 @@
 """Launcher: how one worker process of this host starts: forked from the host's fork server, else spawned.
 
-A new job's processes start with fresh snapshot slots (agent/snapshots.py).
+A new job's processes start with fresh snapshot buffers (agent/snapshots.py).
 Every process is forked from the host's fork server where it serves the job
 (agent/fork_server.py), else spawned (agent/workers.py), and the job's output
 says so once with the reason (`[host] workers start as fresh interpreters
@@ -53,7 +53,7 @@ class Launcher:
         self.said_spawning = False
 
     def adopt_job(self, plan: JobPlan, new_job: bool) -> None:
-        """What the job's processes start with: a new job's fresh snapshot slots, and its zygote running or starting
+        """What the job's processes start with: a new job's fresh snapshot buffers, and its zygote running or starting
         (a new job may say again that it spawns)."""
         if new_job:
             self.snapshots.start_job(plan)

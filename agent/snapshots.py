@@ -1,9 +1,9 @@
-"""The agent's part in snapshots: it owns the host's snapshot slots, reports them, flushes them to disk, removes them.
+"""The agent's part in snapshots: it owns the host's snapshot buffers, reports them, flushes them to disk, removes them.
 
-For each job the agent creates two empty slot files in shared memory
+For each job the agent creates two empty buffer files in shared memory
 (`ELASTIC_SHM_DIR`, default /dev/shm), named after its own pid, and hands
 their prefix to every worker it starts; they outlive every worker and go when
-the job ends or the agent stops. Slots left by an agent that died without
+the job ends or the agent stops. Buffers left by an agent that died without
 cleaning up (SIGKILL) are removed by the next agent that starts on the host.
 
 With `--checkpoint-dir`, a background thread copies the newest snapshot there
@@ -23,7 +23,7 @@ from typing import Any
 from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
 from elastic_control_plane.snapshot import durable, layout
 
-_SLOT_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")
+_BUFFER_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")
 
 
 def shm_dir() -> Path:
@@ -63,10 +63,10 @@ class SnapshotKeeper:
         self._next_flush_at = 0.0
         self._flushing: Future[durable.Checkpoint | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        remove_orphans(self.directory, _SLOT_NAME, "snapshot_orphan_removed", log)
+        remove_orphans(self.directory, _BUFFER_NAME, "snapshot_orphan_removed", log)
 
     def start_job(self, plan: JobPlan) -> None:
-        """Fresh, empty slots for a new job (a worker of the previous one can no longer be restored from them)."""
+        """Fresh, empty buffers for a new job (a worker of the previous one can no longer be restored from them)."""
         self.job_key = plan.job_key
         self.checkpoint_dir = Path(plan.spec.checkpoint_dir) if plan.spec.checkpoint_dir else None
         self.checkpoint_interval = plan.spec.checkpoint_interval
@@ -96,8 +96,8 @@ class SnapshotKeeper:
         self.checkpoint_dir = None
         layout.remove(self.prefix)
 
-    def newest(self) -> layout.SlotHeader | None:
-        header = layout.newest_header(layout.slot_paths(self.prefix))
+    def newest(self) -> layout.BufferHeader | None:
+        header = layout.newest_header(layout.buffer_paths(self.prefix))
         return header if header is not None and header.job == self.job_key else None
 
     def report(self) -> dict[str, Any]:
@@ -137,7 +137,7 @@ class SnapshotKeeper:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._next_flush_at = time.monotonic() + self.checkpoint_interval
         self._flushing = self._executor.submit(
-            durable.flush, layout.slot_paths(self.prefix), self.checkpoint_dir, self.host, done
+            durable.flush, layout.buffer_paths(self.prefix), self.checkpoint_dir, self.host, done
         )
 
     def _collect(self, flushing: Future[durable.Checkpoint | None]) -> None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from bench.common import JOB, cluster, steps
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import Cluster, wait_for
 
 TRAIN = ["--epochs", "100000", "--step-delay", "0.02"]
@@ -65,7 +65,7 @@ def cold_job() -> float:
         for host in ("host-1", "host-2"):
             c.spawn(
                 f"agent-{host}",
-                [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", host, "--slots", "1"],
+                agent_argv(host, 1),
             )
         c.submit("--min-np", "2", "--", *JOB, *TRAIN, "--log-dir", str(log_dir))
         return first_step_at_size(log_dir, 2, started) - started

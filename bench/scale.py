@@ -58,6 +58,7 @@ import msgpack
 import zmq
 
 from bench.scale_agents import host_name, raise_fd_limit
+from elastic_control_plane.elasticctl.local_processes import service_argv
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for
 
@@ -343,7 +344,7 @@ class ScaleRun:
         self.simulators.wait_hello(self.deadline)
         started = time.monotonic()
         for service in SERVICES:
-            self.cluster.spawn(service, [sys.executable, "-m", f"elastic_control_plane.services.{service}"])
+            self.cluster.spawn(service, service_argv(service))
         for service in SERVICES:
             wait_for(lambda s=service: self.cluster.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
         connected = time.monotonic()

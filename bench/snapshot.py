@@ -4,14 +4,14 @@
 
 1. commit cost, in this process: a stack of Linear layers plus Adam's state,
    `--mib` MiB in all (parameters, exp_avg, exp_avg_sq), after one optimizer
-   step, in a one-rank gloo world whose slot files lie in /dev/shm. Best and
+   step, in a one-rank gloo world whose buffer files lie in /dev/shm. Best and
    median of `--repeats` after one warm-up, of
        clone           `t.clone()` of every tensor of the model's and optimizer's state_dicts
        copy_ into kept `kept.copy_(t)` into tensors allocated once (memory bandwidth: no page faults)
        commit, writer  `TorchState.commit()` writing the host's snapshot
        commit, copy    `TorchState.commit()` of a rank that does not write it (deepcopy, as Horovod)
        host update check  `check_host_updates()` alone, the part of a commit that is no copy
-       read back       `host_snapshot()`: verify the newest slot's checksum and copy its tensors out (a restore)
+       read back       `host_snapshot()`: verify the newest buffer's checksum and copy its tensors out (a restore)
 2. worker kill: host-1 with 2 slots and host-2 with 1 run tests/workers/counter.py
    with a `--job-mib` MiB buffer in its state; `--kills` times, host-1's
    local rank 1 (not the host's snapshot writer) is SIGKILLed. From the kill:
@@ -28,7 +28,7 @@ in `init()`); each kill then waits for fresh standbys before the next. Jobs run
 with `--restart-window 1`, so every kill is a slot's first crash
 (restarted at once, without the crash-loop backoff of 1, 2, 4 ... s). The
 clusters keep their snapshots in /dev/shm, as real agents do; every process
-started here is killed and every slot file removed on the way out, on errors
+started here is killed and every buffer file removed on the way out, on errors
 and Ctrl-C too. The last line is `SNAPSHOT mib=... commit_s=... clone_s=...
 commit_vs_clone=...` (best of the repeats) `worker_recovery_s=...
 replacement_s=... job_resume_s=...` (medians of the kills).
@@ -182,7 +182,7 @@ def _steady(c: Cluster, log_dir: Path, size: int, after: float) -> dict[tuple[st
 
 @contextlib.contextmanager
 def _shm_cluster() -> Iterator[Cluster]:
-    """A bench cluster whose agents keep their snapshots in /dev/shm; their slot files go with it."""
+    """A bench cluster whose agents keep their snapshots in /dev/shm; their buffer files go with it."""
     agents: list[int] = []
     try:
         with cluster({"ELASTIC_SHM_DIR": str(SHM)}) as c:
@@ -234,7 +234,7 @@ def _standbys_waiting(c: Cluster, hosts: list[str], after: float) -> None:
 
 def _snapshot_bytes(c: Cluster, host: str) -> int:
     header = layout.newest_header(
-        layout.slot_paths(str(SHM / f"elastic-snapshot-{c.processes[f'agent-{host}'].pid}-{host}"))
+        layout.buffer_paths(str(SHM / f"elastic-snapshot-{c.processes[f'agent-{host}'].pid}-{host}"))
     )
     return header.payload_length if header is not None else 0
 

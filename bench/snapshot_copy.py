@@ -6,7 +6,7 @@ extension.
 The state is a model plus Adam (parameters, exp_avg, exp_avg_sq: a third of
 `--mib` each, 99 float32 tensors of mixed sizes). The destination is an
 mmap of a file in /dev/shm, pre-allocated with posix_fallocate and removed on
-the way out; tensors lie at 64-byte aligned offsets as in a snapshot slot.
+the way out; tensors lie at 64-byte aligned offsets as in a snapshot buffer.
 Each way is timed best of 5 after one warm-up:
 
     clone            tensor.clone() of every tensor (what a plain in-memory commit costs)

@@ -33,7 +33,7 @@ class WorkerEnv:
     JOB = "ELASTIC_JOB"  # the job's number
     LOCAL_RANK = "ELASTIC_LOCAL_RANK"  # the slot's id on the host (absent for a standby until admitted)
     STANDBY = "ELASTIC_STANDBY"  # "1": a spare that waits in init() for a slot
-    SNAPSHOT = "ELASTIC_SNAPSHOT"  # the path prefix of the host's snapshot slots
+    SNAPSHOT = "ELASTIC_SNAPSHOT"  # the path prefix of the host's snapshot buffers (two files)
     JOB_KEY = "ELASTIC_JOB_KEY"  # the key the host's snapshot belongs to (a snapshot of another job is refused)
     CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"  # where durable copies of the snapshot go (the job's --checkpoint-dir)
     RESET_LIMIT = (

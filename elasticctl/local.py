@@ -26,26 +26,29 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
 
 from elastic_control_plane.agent.gpus import check_standby, default_slots, gpu_devices
 from elastic_control_plane.bus.config import Endpoints, endpoint_list
-from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
 from elastic_control_plane.elasticctl.follow import submit_and_follow
+from elastic_control_plane.elasticctl.local_processes import (
+    SERVICES,
+    Processes,
+    StartFailed,
+    agent_argv,
+    registered,
+    service_argv,
+)
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
 
-SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 START_TIMEOUT = 30.0
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
@@ -87,26 +90,11 @@ class LocalCluster:
     share_gpus: bool = False
     standby: int | None = None
     control_hosts: int = 1
-    processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-    _logs: list[IO[bytes]] = field(default_factory=list)
+    processes: Processes = field(default_factory=Processes)
     _stopping: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _start(self, name: str, args: list[str], env: dict[str, str], log_to_file: bool) -> None:
-        out: Any = None
-        if log_to_file:
-            handle = open(self.log_dir / f"{name}.log", "ab")
-            self._logs.append(handle)
-            out = handle
-        process = subprocess.Popen(
-            args if name.startswith("etcd@") else [sys.executable, *args],
-            env=env,
-            stderr=out,
-            stdout=out,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-        self.processes = [(n, p) for n, p in self.processes if n != name] + [(name, process)]
+    def _start(self, name: str, argv: list[str], env: dict[str, str], log_to_file: bool) -> None:
+        self.processes.start(name, argv, env, self.log_dir / f"{name}.log" if log_to_file else None)
 
     def _start_etcd(self, members: list[MemberSpec]) -> None:
         for member in members:
@@ -134,15 +122,10 @@ class LocalCluster:
             env["ELASTIC_STORE"] = "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in members)
             for host in addresses:
                 for service in SERVICES:
-                    self._start(
-                        f"{service}@{host}",
-                        ["-m", f"elastic_control_plane.services.{service}", "--bind", host],
-                        env,
-                        True,
-                    )
+                    self._start(f"{service}@{host}", service_argv(service, "--bind", host), env, True)
         else:
             for service in SERVICES:
-                self._start(service, ["-m", f"elastic_control_plane.services.{service}"], env, log_to_file=True)
+                self._start(service, service_argv(service), env, log_to_file=True)
         plane = ControlPlane(self.endpoints, timeout=0.5)
         try:
             for service in SERVICES:
@@ -152,24 +135,9 @@ class LocalCluster:
             share += ["--standby", str(self.standby)] if self.standby is not None else []
             for i, devices in enumerate(self.devices, start=1):
                 own_gpus = {} if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
-                self._start(
-                    f"agent host-{i}",
-                    [
-                        "-m",
-                        "elastic_control_plane.agent.main",
-                        "--host",
-                        f"host-{i}",
-                        "--slots",
-                        str(self.slots),
-                        *share,
-                    ],
-                    {**agent_env, **own_gpus},
-                    log_to_file=False,
-                )
-                self._wait(
-                    lambda i=i: len(plane.call("discovery", "hosts")["available"]) >= i or None,
-                    f"agent host-{i} to register",
-                )
+                host = f"host-{i}"
+                self._start(f"agent {host}", agent_argv(host, self.slots, *share), {**agent_env, **own_gpus}, False)
+                self._wait(lambda h=host: registered(plane.call("discovery", "hosts"), h), f"agent {host} to register")
         finally:
             plane.close()
         if self.control_hosts > 1:
@@ -180,57 +148,29 @@ class LocalCluster:
         """Start again, once a second at most each, the services that died (not the agents: a dead agent is a lost
         host)."""
         while not self._stopping.wait(1.0):
-            with self._lock:  # stop() takes it after setting _stopping: nothing starts once it has the list
+            with self.processes.lock:  # stop() takes it after setting _stopping: nothing starts once it has the list
                 if self._stopping.is_set():
                     return
-                for name, process in list(self.processes):
+                for name, process in list(self.processes.running.items()):
                     if name in SERVICES and process.poll() is not None:
                         click.echo(
                             f"[elasticctl] local: the {name} service exited with code {process.returncode}; "
                             "starting it again",
                             err=True,
                         )
-                        self._start(name, ["-m", f"elastic_control_plane.services.{name}"], env, log_to_file=True)
+                        self._start(name, service_argv(name), env, log_to_file=True)
 
     def _wait(self, probe: Any, what: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            for name, process in self.processes:
-                if process.poll() is not None:
-                    raise CommandError(
-                        f"{name} exited with code {process.returncode} while starting (logs: {self.log_dir})"
-                    )
-            try:
-                if probe():
-                    return
-            except CommandError:
-                pass
-            time.sleep(0.05)
-        raise CommandError(f"timed out after {START_TIMEOUT:g}s waiting for {what} (logs: {self.log_dir})")
+        """Wait for `probe` while every process started so far runs; a CommandError naming the logs when not."""
+        try:
+            self.processes.wait_until(probe, START_TIMEOUT, what, watched=list(self.processes.running))
+        except StartFailed as exc:
+            raise CommandError(f"{exc} (logs: {self.log_dir})") from None
 
     def stop(self) -> None:
         """Agents first (they stop their workers), then services, then etcd; SIGKILL whatever lingers."""
         self._stopping.set()
-        with self._lock:
-            processes = list(self.processes)
-        for group in (
-            lambda n: n.startswith("agent"),
-            lambda n: not n.startswith(("agent", "etcd@")),
-            lambda n: n.startswith("etcd@"),
-        ):
-            members = [p for n, p in processes if group(n)]
-            for process in members:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 10.0
-            for process in members:
-                try:
-                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-        for handle in self._logs:
-            handle.close()
+        self.processes.stop_all(agents_with=signal.SIGTERM, grace=10.0)
         for data_dir in self.log_dir.glob("etcd-*"):  # the job is over; etcd preallocates 64 MiB of log per member
             shutil.rmtree(data_dir, ignore_errors=True)
 

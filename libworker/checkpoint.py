@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_control_plane.bus.contract import WorkerEnv
-from elastic_control_plane.snapshot.layout import read_header, slot_paths
+from elastic_control_plane.snapshot.layout import buffer_paths, read_header
 from libworker.elastic import snapshots
 
 _last_saved = 0
@@ -85,5 +85,5 @@ def _agree(number: int, obj: Any) -> tuple[int, Any]:
 def _newest_on_host(prefix: str) -> int:
     """The number of the newest checkpoint of this job in the host's snapshot (0: none)."""
     job = os.environ.get(WorkerEnv.JOB_KEY, "")
-    headers = [h for h in map(read_header, slot_paths(prefix)) if h is not None and h.job == job]
+    headers = [h for h in map(read_header, buffer_paths(prefix)) if h is not None and h.job == job]
     return max((h.commit for h in headers), default=0)

@@ -18,7 +18,7 @@ exposed (`python_*`, `native_*`) for the tests and the benchmark.
 
 Also the two buffer helpers a snapshot writer needs: `tensor_bytes` (a
 tensor's raw bytes without a copy) and `register_pinned` /
-`unregister_pinned` (page-locking a slot for CUDA, best effort). They import
+`unregister_pinned` (page-locking a buffer for CUDA, best effort). They import
 torch when called: the agent checksums snapshots and must not import torch.
 """
 

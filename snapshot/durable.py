@@ -1,9 +1,9 @@
 """Durable copies of a host's snapshot (`--checkpoint-dir`): flushed atomically, verified, the last two kept.
 
-A checkpoint is a slot's bytes as they are (same header, payload and
+A checkpoint is a buffer's bytes as they are (same header, payload and
 checksum), at `DIR/<host>/commit-<N>.snap`. The agent flushes in a background
-thread: it copies the newest slot out of shared memory, verifies the copy
-(the slot may be overwritten while it is read; then the flush is skipped and
+thread: it copies the newest buffer out of shared memory, verifies the copy
+(the buffer may be overwritten while it is read; then the flush is skipped and
 retried at the next commit), writes it to a temporary file, fsyncs it, renames
 it into place and fsyncs the directory, then removes all but the newest two.
 A crash at any point leaves the earlier checkpoints complete.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_control_plane.snapshot import copying
-from elastic_control_plane.snapshot.layout import PAYLOAD_START, SlotHeader, newest_header, read_header
+from elastic_control_plane.snapshot.layout import PAYLOAD_START, BufferHeader, newest_header, read_header
 
 KEEP = 2
 _NAME = re.compile(r"^commit-(\d+)\.snap$")
@@ -41,14 +41,14 @@ def checkpoint_files(directory: Path, host: str = "*") -> list[Path]:
     return [path for _, path in sorted(found, key=lambda cp: -cp[0])]
 
 
-def flush(slots: tuple[str, str], directory: Path, host: str, after_commit: int) -> Checkpoint | None:
-    """Write the newest slot newer than `after_commit` to `directory/host/`; None when there is nothing newer or the
-    slot changed while it was read. OSError (disk full, permissions) reaches the caller."""
+def flush(buffers: tuple[str, str], directory: Path, host: str, after_commit: int) -> Checkpoint | None:
+    """Write the newest buffer newer than `after_commit` to `directory/host/`; None when there is nothing newer or the
+    buffer changed while it was read. OSError (disk full, permissions) reaches the caller."""
     started = time.monotonic()
-    header = newest_header(slots)
+    header = newest_header(buffers)
     if header is None or header.commit <= after_commit:
         return None
-    path = next(p for p in slots if read_header(p) == header)
+    path = next(p for p in buffers if read_header(p) == header)
     data = _read_verified(path, header)
     if data is None:
         return None
@@ -67,10 +67,10 @@ def flush(slots: tuple[str, str], directory: Path, host: str, after_commit: int)
     return Checkpoint(target, header.commit, len(data), time.monotonic() - started, time.time())
 
 
-def _read_verified(path: str, header: SlotHeader) -> bytes | None:
+def _read_verified(path: str, header: BufferHeader) -> bytes | None:
     with open(path, "rb") as file:
         data = file.read(header.file_bytes)
-    if len(data) < header.file_bytes or SlotHeader.parse(data) != header:
+    if len(data) < header.file_bytes or BufferHeader.parse(data) != header:
         return None
     if copying.checksum(memoryview(data)[PAYLOAD_START:], header.payload_length) != header.checksum:
         return None

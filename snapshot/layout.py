@@ -1,6 +1,6 @@
-"""The snapshot file layout, without torch: slot headers, slot files, and reading which commit a slot holds.
+"""The snapshot file layout, without torch: buffer headers, buffer files, and reading which commit a buffer holds.
 
-A host's snapshot is two slot files in shared memory (`<prefix>.0`,
+A host's snapshot is two buffer files in shared memory (`<prefix>.0`,
 `<prefix>.1`), created by the agent; a durable checkpoint is one file with
 the same layout. Each file is a header page, then the payload: the tensors'
 raw bytes (64-byte aligned, in the order of the tree's tensor list), then the
@@ -9,7 +9,7 @@ cloudpickled: no tensor data is pickled).
 
 The header names the job, the commit counter, the payload's length and a
 checksum over every payload byte (`snapshot.copying`), and carries a CRC of
-its own fields; a header that is zeroed (a slot being written) or whose CRC
+its own fields; a header that is zeroed (a buffer being written) or whose CRC
 does not match marks no complete snapshot. Commit 0 is the state the job
 started from (written at the first sync). The agent reads headers to report
 its host's commit; writing and restoring is `snapshot.store`.
@@ -33,7 +33,7 @@ HEADER_BYTES = HEADER.size
 
 
 @dataclass(frozen=True)
-class SlotHeader:
+class BufferHeader:
     job: str
     commit: int
     payload_length: int
@@ -56,8 +56,8 @@ class SlotHeader:
         return HEADER.pack(fields, zlib.crc32(fields))
 
     @classmethod
-    def parse(cls, raw: bytes) -> SlotHeader | None:
-        """The header of a complete slot, or None (never written, being written, or damaged)."""
+    def parse(cls, raw: bytes) -> BufferHeader | None:
+        """The header of a complete buffer, or None (never written, being written, or damaged)."""
         if len(raw) < HEADER.size:
             return None
         fields, crc = HEADER.unpack_from(raw)
@@ -78,13 +78,13 @@ class SlotHeader:
 INVALID = bytes(HEADER_BYTES)
 
 
-def slot_paths(prefix: str) -> tuple[str, str]:
+def buffer_paths(prefix: str) -> tuple[str, str]:
     return f"{prefix}.0", f"{prefix}.1"
 
 
 def create(prefix: str) -> None:
-    """The agent's part: two empty slot files, readable and writable by this user only."""
-    for path in slot_paths(prefix):
+    """The agent's part: two empty buffer files, readable and writable by this user only."""
+    for path in buffer_paths(prefix):
         fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, PAYLOAD_START)
@@ -93,22 +93,22 @@ def create(prefix: str) -> None:
 
 
 def remove(prefix: str) -> None:
-    for path in slot_paths(prefix):
+    for path in buffer_paths(prefix):
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
 
 
-def read_header(path: str | Path) -> SlotHeader | None:
+def read_header(path: str | Path) -> BufferHeader | None:
     try:
         with open(path, "rb") as file:
-            return SlotHeader.parse(file.read(HEADER.size))
+            return BufferHeader.parse(file.read(HEADER.size))
     except OSError:
         return None
 
 
-def newest_header(paths: Sequence[str | Path]) -> SlotHeader | None:
-    """The newest complete slot's header (its checksum is not verified: for reporting, not restoring)."""
+def newest_header(paths: Sequence[str | Path]) -> BufferHeader | None:
+    """The newest complete buffer's header (its checksum is not verified: for reporting, not restoring)."""
     headers = [h for h in map(read_header, paths) if h is not None]
     return max(headers, key=lambda h: (h.commit, h.written_at), default=None)

@@ -1,10 +1,10 @@
 """Writing a committed state tree into a host's snapshot so no crash can tear it, and reading the newest back.
 
-The layout is `snapshot.layout`. A writer first zeroes the header of the slot
+The layout is `snapshot.layout`. A writer first zeroes the header of the buffer
 it overwrites (the older one), then writes the payload and checksums it while
 copying, and writes the header last: a writer that dies at any point leaves
-that slot invalid and the other slot intact. A reader takes the valid slot
-with the highest commit whose checksum matches; a slot with a bad checksum or
+that buffer invalid and the other buffer intact. A reader takes the valid buffer
+with the highest commit whose checksum matches; a buffer with a bad checksum or
 of another job is rejected with a log line, never restored.
 """
 
@@ -29,9 +29,9 @@ from elastic_control_plane.snapshot.layout import (
     HEADER_BYTES,
     INVALID,
     PAYLOAD_START,
-    SlotHeader,
+    BufferHeader,
+    buffer_paths,
     read_header,
-    slot_paths,
 )
 from elastic_control_plane.snapshot.tree import rebuild, split
 
@@ -89,22 +89,22 @@ def copy_into(payload: memoryview, copies: list[tuple[torch.Tensor, StoredTensor
 
 
 class SnapshotWriter:
-    """The writing side of a host's snapshot, kept by the one worker that writes it: the slots stay mapped."""
+    """The writing side of a host's snapshot, kept by the one worker that writes it: the buffers stay mapped."""
 
     def __init__(self, prefix: str, job: str) -> None:
         self.prefix, self.job = prefix, job
-        self.paths = slot_paths(prefix)
+        self.paths = buffer_paths(prefix)
         self._maps: list[tuple[int, mmap.mmap] | None] = [None, None]
         self._pinned: set[int] = set()
 
     def write(self, commit: int, tree: Any) -> int:
-        """Write `tree` as commit `commit` into the older slot; returns the bytes written. Raises SnapshotError
-        (with both slots as they were) when the slot cannot be grown."""
+        """Write `tree` as commit `commit` into the older buffer; returns the bytes written. Raises SnapshotError
+        (with both buffers as they were) when the buffer cannot be grown."""
         skeleton, tensors = split(tree)
         specs, offset = lay_out(tensors)
         meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": [tuple(spec) for spec in specs]})
         length = offset + len(meta)
-        index = self._older_slot()
+        index = self._older_buffer()
         mapping = self._mapping(index, PAYLOAD_START + length)
         mapping[:HEADER_BYTES] = INVALID
         mapping[PAYLOAD_START + offset : PAYLOAD_START + length] = meta
@@ -117,7 +117,7 @@ class SnapshotWriter:
             ]
             checksum = copying.copy_checksum(payload, sources, length)
             del sources
-        mapping[:HEADER_BYTES] = SlotHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
+        mapping[:HEADER_BYTES] = BufferHeader(self.job, commit, length, offset, len(meta), checksum, time.time()).pack()
         return length
 
     def _copy_from_devices(
@@ -128,7 +128,7 @@ class SnapshotWriter:
         tensors: list[torch.Tensor],
         specs: list[StoredTensor],
     ) -> None:
-        """CUDA tensors go device-to-host into the slot, asynchronously (pinned when the slot is registered), then
+        """CUDA tensors go device-to-host into the buffer, asynchronously (pinned when the buffer is registered), then
         one synchronize; the checksum that follows covers their bytes too."""
         on_device = [(t, spec) for t, spec in zip(tensors, specs) if spec.cuda and spec.nbytes]
         if not on_device:
@@ -138,20 +138,20 @@ class SnapshotWriter:
         copy_into(payload, on_device)
         torch.cuda.synchronize()
 
-    def _older_slot(self) -> int:
+    def _older_buffer(self) -> int:
         ages = [
             (header.commit, header.written_at) if (header := self._header(i)) is not None else (0, 0.0) for i in (0, 1)
         ]
         return 0 if ages[0] <= ages[1] else 1
 
-    def _header(self, index: int) -> SlotHeader | None:
+    def _header(self, index: int) -> BufferHeader | None:
         held = self._maps[index]
         if held is not None:
-            return SlotHeader.parse(held[1][:HEADER_BYTES])
+            return BufferHeader.parse(held[1][:HEADER_BYTES])
         return read_header(self.paths[index])
 
     def _mapping(self, index: int, size: int) -> mmap.mmap:
-        """The slot's mapping, at least `size` bytes: the file grows with posix_fallocate, so a full tmpfs fails
+        """The buffer's mapping, at least `size` bytes: the file grows with posix_fallocate, so a full tmpfs fails
         here with ENOSPC instead of with SIGBUS while copying."""
         held = self._maps[index]
         if held is not None and len(held[1]) >= size:
@@ -197,7 +197,7 @@ class SnapshotWriter:
 
 
 def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) -> Snapshot | None:
-    """The newest complete, verified snapshot among `paths` (slots or checkpoint files), or None. `job` None accepts
+    """The newest complete, verified snapshot among `paths` (buffers or checkpoint files), or None. `job` None accepts
     any job (a checkpoint directory); `reject(path, reason)` hears of every complete file passed over."""
     headers = [(h, str(p)) for p in paths if (h := read_header(p)) is not None]
     for header, path in sorted(headers, key=lambda hp: (hp[0].commit, hp[0].written_at), reverse=True):
@@ -216,14 +216,14 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
     return None
 
 
-def _load(path: str, header: SlotHeader) -> Snapshot | str:
+def _load(path: str, header: BufferHeader) -> Snapshot | str:
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
         if len(mapping) < header.file_bytes:
             return f"truncated: {len(mapping)} bytes, the header says {header.file_bytes}"
         with memoryview(mapping) as view, view[PAYLOAD_START : header.file_bytes] as payload:
             checksum = copying.checksum(payload, header.payload_length)
-            if checksum != header.checksum or SlotHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
-                return f"bad checksum (commit {header.commit}): the slot is torn or damaged"
+            if checksum != header.checksum or BufferHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
+                return f"bad checksum (commit {header.commit}): the buffer is torn or damaged"
             try:
                 meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
                 tensors = [_tensor(payload, StoredTensor(*spec)) for spec in meta["tensors"]]

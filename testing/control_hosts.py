@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 from elastic_control_plane.bus.config import Endpoints
+from elastic_control_plane.elasticctl.local_processes import service_argv
 from elastic_control_plane.replication.election import leader_key
 from elastic_control_plane.replication.etcd import EtcdClient
 from testing.etcd_cluster import EtcdCluster
@@ -45,7 +45,7 @@ class ReplicatedCluster(Cluster):
         for service in services:
             self.spawn(
                 replica_name(service, host),
-                [sys.executable, "-m", f"elastic_control_plane.services.{service}", "--bind", host],
+                service_argv(service, "--bind", host),
             )
 
     def start_services(

@@ -3,7 +3,10 @@
 A `Cluster` starts the four services on free ports with shortened intervals;
 callers add agents and jobs; `close()` kills everything it started, and
 whatever it started dies with the process that started it (a killed test run
-or benchmark leaves nothing behind).
+or benchmark leaves nothing behind). Its processes are started, waited for and
+stopped as `elasticctl local` starts its own (elasticctl/local_processes.py):
+the same command lines, the same rule for a registered agent, the same order
+of stopping.
 """
 
 from __future__ import annotations
@@ -23,11 +26,16 @@ from typing import Any, TypeVar
 
 from elastic_control_plane.bus.client import Client, incarnation_id
 from elastic_control_plane.bus.config import Endpoints
-from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.bus.sockets import Security
+from elastic_control_plane.elasticctl.local_processes import (
+    SERVICES,
+    Processes,
+    agent_argv,
+    registered,
+    service_argv,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 # What a process logs for each bad message a peer sends; a failed test's log tail shows what else happened.
 PER_MESSAGE_NOISE = (
     '"event": "bad_message"',
@@ -151,7 +159,8 @@ class Cluster:
         workdir.mkdir(parents=True, exist_ok=True)
         for directory in ("ELASTIC_SHM_DIR", "TMPDIR"):
             Path(self.env[directory]).mkdir(parents=True, exist_ok=True)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.group = Processes(cwd=REPO)
+        self.processes = self.group.running
         self._client_id = incarnation_id("test")
         self._clients: dict[str, Client] = {}
 
@@ -159,55 +168,24 @@ class Cluster:
         return self.workdir / f"{name.replace(' ', '_')}.log"
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.log_path(name), "ab")
-        process = subprocess.Popen(
-            args,
-            env=env or self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-        log.close()
-        self.processes[name] = process
-        return process
+        return self.group.start(name, args, env or self.env, self.log_path(name))
 
     def start_services(
         self, extra_args: dict[str, list[str]] | None = None, services: tuple[str, ...] = SERVICES
     ) -> None:
         """Start services (all four by default, or restart some that were killed) and wait until each answers."""
         for service in services:
-            self.spawn(
-                service,
-                [
-                    sys.executable,
-                    "-m",
-                    f"elastic_control_plane.services.{service}",
-                    *(extra_args or {}).get(service, []),
-                ],
-            )
+            self.spawn(service, service_argv(service, *(extra_args or {}).get(service, [])))
         for service in services:
-            wait_for(lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer")
+            self.group.wait_until(
+                lambda s=service: self.call(s, "ping", timeout=0.5), 20, f"{service} to answer", [service]
+            )
 
     def start_agent(self, host: str, slots: int = 2, extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
-        process = self.spawn(
-            f"agent-{host}",
-            [
-                sys.executable,
-                "-m",
-                "elastic_control_plane.agent.main",
-                "--host",
-                host,
-                "--slots",
-                str(slots),
-                *(extra_args or []),
-            ],
-        )
-        wait_for(
-            lambda: any(h["host"] == host and h["state"] != "lost" for h in self.call("discovery", "hosts")["all"]),
-            20,
-            f"agent {host} to register",
+        name = f"agent-{host}"
+        process = self.spawn(name, agent_argv(host, slots, *(extra_args or [])))
+        self.group.wait_until(
+            lambda: registered(self.call("discovery", "hosts"), host), 20, f"agent {host} to register", [name]
         )
         return process
 
@@ -259,35 +237,13 @@ class Cluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        process = self.processes[name]
-        if process.poll() is None:
-            process.send_signal(sig)
-        try:
-            return process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            return process.wait()
+        return self.group.stop(name, sig, timeout)
 
     def close(self) -> None:
+        """Stop everything: the agents killed outright (a test's workers need no drain), then the rest."""
         for client in self._clients.values():
             client.close()
-        agents = [n for n in self.processes if n.startswith("agent")]
-        others = [n for n in self.processes if n not in agents]
-        for group, sig in ((agents, signal.SIGKILL), (others, signal.SIGTERM)):
-            for name in group:
-                process = self.processes[name]
-                if process.poll() is None:
-                    process.send_signal(sig)
-            for name in group:
-                process = self.processes[name]
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(process.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    process.wait()
+        self.group.stop_all(agents_with=signal.SIGKILL, grace=5.0)
 
     def leftover_workers(self) -> list[int]:
         """Pids of live worker processes of this cluster's agents (found by their agent endpoint)."""

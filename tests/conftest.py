@@ -1,5 +1,5 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
-fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), and a check that the run leaves no snapshot slot in
+fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), and a check that the run leaves no snapshot buffer in
 shared memory."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def no_snapshot_left_in_shared_memory() -> Iterator[None]:
     yield
     left = sorted(str(p) for p in directory.glob("elastic-snapshot-*"))
     shutil.rmtree(directory, ignore_errors=True)
-    assert not left, f"snapshot slots left in {directory} by this test run: {left}"
+    assert not left, f"snapshot buffers left in {directory} by this test run: {left}"
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -1,7 +1,7 @@
 """The worker's side of its host's snapshot: whether this process writes it, and what a fresh worker restores from.
 
-The agent creates the host's two snapshot slots for the job and names them in
-the worker's environment (`ELASTIC_SNAPSHOT`, the slots' path prefix;
+The agent creates the host's two snapshot buffers for the job and names them in
+the worker's environment (`ELASTIC_SNAPSHOT`, the buffers' path prefix;
 `ELASTIC_JOB_KEY`, the job they belong to). In each round the lowest rank on
 each host writes them at every commit (`snapshot_writer` in its slot info; in
 torchrun mode `ELASTIC_SNAPSHOT_WRITER`, set by the slot's supervisor):
@@ -21,7 +21,7 @@ from pathlib import Path
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.slot_processes.agent_link import say
 from elastic_control_plane.snapshot.durable import checkpoint_files
-from elastic_control_plane.snapshot.layout import newest_header, slot_paths
+from elastic_control_plane.snapshot.layout import buffer_paths, newest_header
 from elastic_control_plane.snapshot.store import Snapshot, SnapshotWriter, read_newest
 from libworker.world import world
 
@@ -59,14 +59,14 @@ def report_commit(seconds: float) -> None:
 def host_snapshot() -> Snapshot | None:
     """This job's newest verified snapshot on this host, or None."""
     prefix = os.environ.get(WorkerEnv.SNAPSHOT)
-    return read_newest(slot_paths(prefix), os.environ.get(WorkerEnv.JOB_KEY, ""), _rejected) if prefix else None
+    return read_newest(buffer_paths(prefix), os.environ.get(WorkerEnv.JOB_KEY, ""), _rejected) if prefix else None
 
 
 def restorable() -> Snapshot | None:
     """What a worker that holds no state restores from: the newer of the host's snapshot and the newest checkpoint
     (either falls back to the other when it fails verification), or None."""
     prefix, directory = os.environ.get(WorkerEnv.SNAPSHOT), os.environ.get(WorkerEnv.CHECKPOINT_DIR)
-    host_paths = list(slot_paths(prefix)) if prefix else []
+    host_paths = list(buffer_paths(prefix)) if prefix else []
     durable_paths = checkpoint_files(Path(directory)) if directory else []
     host_newest, durable_newest = newest_header(host_paths), newest_header(durable_paths)
     durable_first = durable_newest is not None and (host_newest is None or durable_newest.commit > host_newest.commit)

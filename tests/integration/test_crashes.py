@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import Cluster, processes_with_env, read_events, wait_for, worker_pid
 from tests.integration.training import (
     JOB,
@@ -182,17 +183,7 @@ def test_agent_shutdown_stops_its_standby(cluster: Cluster, tmp_path: Path) -> N
 def test_more_standbys_than_slots_is_refused_with_one_line(cluster: Cluster) -> None:
     agent = cluster.spawn(
         "agent-host-9",
-        [
-            sys.executable,
-            "-m",
-            "elastic_control_plane.agent.main",
-            "--host",
-            "host-9",
-            "--slots",
-            "1",
-            "--standby",
-            "2",
-        ],
+        agent_argv("host-9", 1, "--standby", "2"),
     )
     assert agent.wait(timeout=30) == 2
     lines = cluster.output("agent-host-9").strip().splitlines()

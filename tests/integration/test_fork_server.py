@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import Cluster, wait_for, worker_pid
 from tests.integration.test_crashes import HOSTS, assert_one_process_per_rank, processes_of, start_job
 from tests.integration.training import assert_training_invariants, steps
@@ -83,9 +84,7 @@ def test_a_forked_worker_is_the_process_a_spawned_one_would_be(cluster: Cluster,
     if launched == "from a terminal":
         agent = cluster.start_agent("host-1", 2, ["--standby", "0"])
     else:  # `elastic-agent ... &` in a script: the agent inherits SIGINT and SIGQUIT ignored
-        agent_command = shlex.join(
-            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "2"]
-        )
+        agent_command = shlex.join(agent_argv("host-1", 2))
         agent = cluster.spawn("agent-host-1", ["sh", "-c", f"trap '' INT QUIT; exec {agent_command} --standby 0"])
         wait_for(lambda: any(h["host"] == "host-1" for h in cluster.call("discovery", "hosts")["all"]), 20, "host-1")
     forked = run_report_job(cluster, tmp_path, "forked")

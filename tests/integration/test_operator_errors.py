@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from elastic_control_plane.agent.agent import agent_endpoint
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import REPO, SERVICES, Cluster, processes_with_env, wait_for
 
 BAD_PORT = "tcp://127.0.0.1:70000"
@@ -179,7 +180,7 @@ def test_agent_warns_once_then_says_when_a_late_control_plane_answers(tmp_path: 
     try:
         cluster.spawn(
             "agent-host-1",
-            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "1"],
+            agent_argv("host-1", 1),
         )
         (warning,) = wait_for(
             lambda: _log_events(cluster, "agent-host-1", "control_plane_unreachable"), 10, "the agent's warning"
@@ -207,17 +208,7 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
     try:
         cluster.spawn(
             "agent-host-1",
-            [
-                sys.executable,
-                "-m",
-                "elastic_control_plane.agent.main",
-                "--host",
-                "host-1",
-                "--slots",
-                "1",
-                "--control",
-                "not-a-host.invalid",
-            ],
+            agent_argv("host-1", 1, "--control", "not-a-host.invalid"),
             env=env,
         )
         (warning,) = wait_for(
@@ -245,7 +236,7 @@ def test_worker_warns_while_its_agent_is_silent_and_says_when_it_answers(tmp_pat
         wait_for(lambda: warning.search(cluster.output("worker")), 20, "the worker's warning")
         cluster.spawn(
             "agent-host-1",
-            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-1", "--slots", "1"],
+            agent_argv("host-1", 1),
         )
         wait_for(
             lambda: f"libworker: the agent at {endpoint} answers again after" in cluster.output("worker"),

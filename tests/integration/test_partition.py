@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import Cluster, wait_for
 from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
@@ -71,15 +71,7 @@ def test_a_partitioned_host_is_lost_then_rejoins_after_cooldown(tmp_path: Path, 
                 "netns",
                 "exec",
                 namespace["ns"],
-                sys.executable,
-                "-m",
-                "elastic_control_plane.agent.main",
-                "--host",
-                "host-2",
-                "--slots",
-                "2",
-                "--advertise-addr",
-                NS_IP,
+                *agent_argv("host-2", 2, "--advertise-addr", NS_IP),
             ],
             env=ns_env,
         )

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import Cluster, read_events, wait_for
 from tests.integration.training import JOB, steps, wait_for_size
 
@@ -35,13 +35,7 @@ def start_agent_with_fd_limit(cluster: Cluster, host: str, slots: int) -> None:
             "sh",
             "-c",
             f'ulimit -n {FD_LIMIT} && exec "$0" "$@"',
-            sys.executable,
-            "-m",
-            "elastic_control_plane.agent.main",
-            "--host",
-            host,
-            "--slots",
-            str(slots),
+            *agent_argv(host, slots),
         ],
     )
     wait_for(
@@ -159,7 +153,7 @@ def test_a_survivor_holds_no_more_fds_or_threads_after_many_resets(
 
     kill_until(4)
     # Kills can come faster than commits: the first sample waits until the survivor has written its host snapshot's
-    # two slots, which it keeps mapped from then on (a descriptor and the mapping's own, each).
+    # two buffers, which it keeps mapped from then on (a descriptor and the mapping's own, each).
     wait_for(
         lambda: sum(e["event"] == "commit" and e["pid"] == survivor for e in read_events(log_dir)) >= 2,
         60,

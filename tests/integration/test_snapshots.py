@@ -27,8 +27,8 @@ def committed(log_dir: Path) -> int:
     return max((e["batch"] for e in events(log_dir, "commit")), default=0)
 
 
-def agent_slots(cluster: Cluster) -> list[Path]:
-    """The snapshot slots of this cluster's agents in /dev/shm."""
+def agent_buffers(cluster: Cluster) -> list[Path]:
+    """The snapshot buffers of this cluster's agents in /dev/shm."""
     pids = [p.pid for name, p in cluster.processes.items() if name.startswith("agent")]
     return [path for pid in pids for path in SHM.glob(f"elastic-snapshot-{pid}-*")]
 
@@ -55,7 +55,7 @@ def test_every_worker_killed_at_once_resumes_from_the_snapshots_with_no_batch_lo
         log_dir = tmp_path / "train"
         job = start(cluster, log_dir)
         wait_for(lambda: committed(log_dir) >= 40, 60, "40 commits")
-        assert len(agent_slots(cluster)) == 4, "each agent keeps two snapshot slots in /dev/shm"
+        assert len(agent_buffers(cluster)) == 4, "each agent keeps two snapshot buffers in /dev/shm"
         victims = [worker_pid(cluster, host, 0) for host in ("host-1", "host-2")]
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
@@ -71,7 +71,7 @@ def test_every_worker_killed_at_once_resumes_from_the_snapshots_with_no_batch_lo
         status = cluster.status()
         assert status["job"]["resumed_from"] == resumed[0]["batch"]
         assert any("every worker failed; resuming from the snapshot" in h["reason"] for h in status["history"])
-        wait_for(lambda: not agent_slots(cluster), 10, "the agents to remove their snapshots at job end")
+        wait_for(lambda: not agent_buffers(cluster), 10, "the agents to remove their snapshots at job end")
     finally:
         cluster.close()
 
@@ -94,7 +94,7 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         for process in first.processes.values():
             process.send_signal(signal.SIGKILL)
         first.close()
-    orphans = agent_slots(first)
+    orphans = agent_buffers(first)
     killed_at = committed(log_dir)
     newest = int(checkpoint_files(checkpoints)[0].stem.split("-")[1])
     assert len(checkpoint_files(checkpoints, "host-1")) <= 2
@@ -105,7 +105,7 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         log_dir = tmp_path / "train-2"
         job = start(second, log_dir, "--checkpoint-dir", str(checkpoints), "--checkpoint-interval", "0.2")
         assert not [p for p in orphans if p.exists()], (
-            "the next agent on the host removes the slots a killed agent left"
+            "the next agent on the host removes the buffers a killed agent left"
         )
         assert second.wait_job_end(job, 120) == 0, second.output("elasticctl-run")
         first_entry = events(log_dir, "enter")[0]
@@ -113,7 +113,7 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         agents_output = second.output("agent-host-1") + second.output("agent-host-2")
         assert f"resuming from checkpoint {checkpoints}" in agents_output
         assert_finished_exactly(log_dir)
-        wait_for(lambda: not agent_slots(second), 10, "the agents to remove their snapshots at job end")
+        wait_for(lambda: not agent_buffers(second), 10, "the agents to remove their snapshots at job end")
     finally:
         second.close()
 

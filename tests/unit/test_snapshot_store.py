@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from elastic_control_plane.snapshot import durable, layout
-from elastic_control_plane.snapshot.layout import PAYLOAD_START, read_header, slot_paths
+from elastic_control_plane.snapshot.layout import PAYLOAD_START, buffer_paths, read_header
 from elastic_control_plane.snapshot.store import (
     SnapshotError,
     SnapshotWriter,
@@ -79,7 +79,7 @@ def test_a_written_commit_reads_back_bit_identical_with_its_structure(prefix: st
     state = model_state(1)
     writer.write(7, state)
     heard, reject = rejections()
-    found = read_newest(slot_paths(prefix), "job-a", reject)
+    found = read_newest(buffer_paths(prefix), "job-a", reject)
     assert found is not None and found.commit == 7 and heard == []
     assert_same(state, found.tree)
     assert found.tree["model"]._metadata == state["model"]._metadata
@@ -92,39 +92,39 @@ def test_commits_alternate_slots_and_the_newest_wins(prefix: str) -> None:
     writer = SnapshotWriter(prefix, "job-a")
     for commit in (1, 2, 3):
         writer.write(commit, model_state(commit))
-    commits = sorted(read_header(p).commit for p in slot_paths(prefix))
+    commits = sorted(read_header(p).commit for p in buffer_paths(prefix))
     assert commits == [2, 3]
-    assert read_newest(slot_paths(prefix), "job-a", print).tree["epoch"] == 3
+    assert read_newest(buffer_paths(prefix), "job-a", print).tree["epoch"] == 3
     writer.close()
 
 
-def test_a_slot_torn_mid_write_is_invalid_and_the_other_slot_is_restored(prefix: str) -> None:
+def test_a_buffer_torn_mid_write_is_invalid_and_the_other_buffer_is_restored(prefix: str) -> None:
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, model_state(1))
     writer.write(2, model_state(2))
-    newest = next(p for p in slot_paths(prefix) if read_header(p).commit == 2)
+    newest = next(p for p in buffer_paths(prefix) if read_header(p).commit == 2)
     with open(newest, "r+b") as file:
         file.write(bytes(64))  # what a writer that died after invalidating the header leaves
-    found = read_newest(slot_paths(prefix), "job-a", print)
+    found = read_newest(buffer_paths(prefix), "job-a", print)
     assert found.commit == 1
     assert_same(model_state(1), found.tree)
     writer.close()
 
 
-def test_a_bad_checksum_is_rejected_with_a_reason_and_the_other_slot_wins(prefix: str) -> None:
+def test_a_bad_checksum_is_rejected_with_a_reason_and_the_other_buffer_wins(prefix: str) -> None:
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, model_state(1))
     writer.write(2, model_state(2))
-    newest = next(p for p in slot_paths(prefix) if read_header(p).commit == 2)
+    newest = next(p for p in buffer_paths(prefix) if read_header(p).commit == 2)
     with open(newest, "r+b") as file:
         file.seek(PAYLOAD_START + 100)
         byte = file.read(1)
         file.seek(PAYLOAD_START + 100)
         file.write(bytes([byte[0] ^ 0xFF]))
     heard, reject = rejections()
-    found = read_newest(slot_paths(prefix), "job-a", reject)
+    found = read_newest(buffer_paths(prefix), "job-a", reject)
     assert found.commit == 1
-    assert heard == [(newest, "bad checksum (commit 2): the slot is torn or damaged")]
+    assert heard == [(newest, "bad checksum (commit 2): the buffer is torn or damaged")]
     writer.close()
 
 
@@ -132,7 +132,7 @@ def test_a_snapshot_of_another_job_is_never_restored(prefix: str) -> None:
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(5, model_state(5))
     heard, reject = rejections()
-    assert read_newest(slot_paths(prefix), "job-b", reject) is None
+    assert read_newest(buffer_paths(prefix), "job-b", reject) is None
     assert heard and "belongs to job 'job-a'" in heard[0][1]
     writer.close()
 
@@ -143,7 +143,7 @@ def test_the_slots_grow_when_the_state_grows(prefix: str) -> None:
     writer.write(2, {"w": torch.zeros(10)})
     big = {"w": torch.arange(3_000_000, dtype=torch.float32)}
     writer.write(3, big)
-    assert_same(big, read_newest(slot_paths(prefix), "job-a", print).tree)
+    assert_same(big, read_newest(buffer_paths(prefix), "job-a", print).tree)
     writer.close()
 
 
@@ -171,7 +171,7 @@ def test_a_full_tmpfs_fails_the_commit_clearly_and_keeps_the_previous_snapshot(s
         SnapshotError, match=r"cannot grow snapshot .* bytes free .*previous commit's snapshot is intact"
     ):
         writer.write(2, {"w": torch.ones(2_000_000)})
-    found = read_newest(slot_paths(prefix), "job-a", print)
+    found = read_newest(buffer_paths(prefix), "job-a", print)
     assert found.commit == 1 and torch.equal(found.tree["w"], torch.ones(1000))
     writer.close()
 
@@ -182,10 +182,10 @@ def test_durable_copies_are_verified_atomic_and_only_the_last_two_are_kept(prefi
     done = 0
     for commit in (1, 2, 3):
         writer.write(commit, model_state(commit))
-        checkpoint = durable.flush(slot_paths(prefix), directory, "host-1", done)
+        checkpoint = durable.flush(buffer_paths(prefix), directory, "host-1", done)
         assert checkpoint is not None and checkpoint.commit == commit
         done = commit
-    assert durable.flush(slot_paths(prefix), directory, "host-1", done) is None
+    assert durable.flush(buffer_paths(prefix), directory, "host-1", done) is None
     files = durable.checkpoint_files(directory)
     assert [f.name for f in files] == ["commit-000000000003.snap", "commit-000000000002.snap"]
     assert not list(directory.glob("host-1/.*partial"))
@@ -200,7 +200,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(prefix: str, tmp_pa
     directory = tmp_path / "checkpoints"
     for commit in (1, 2):
         writer.write(commit, model_state(commit))
-        durable.flush(slot_paths(prefix), directory, "host-1", commit - 1)
+        durable.flush(buffer_paths(prefix), directory, "host-1", commit - 1)
     newest = durable.checkpoint_files(directory)[0]
     newest.write_bytes(newest.read_bytes()[:-10])
     heard, reject = rejections()
@@ -215,9 +215,9 @@ def test_the_same_commit_written_twice_keeps_the_later_write_and_the_earlier_slo
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(4, {"w": torch.zeros(3)})
     writer.write(4, {"w": torch.ones(3)})
-    assert torch.equal(read_newest(slot_paths(prefix), "job-a", print).tree["w"], torch.ones(3))
+    assert torch.equal(read_newest(buffer_paths(prefix), "job-a", print).tree["w"], torch.ones(3))
     writer.write(5, {"w": torch.full((3,), 2.0)})
-    assert sorted(read_header(p).commit for p in slot_paths(prefix)) == [4, 5]
+    assert sorted(read_header(p).commit for p in buffer_paths(prefix)) == [4, 5]
     writer.close()
 
 
@@ -232,7 +232,7 @@ def test_a_slot_whose_metadata_this_version_cannot_read_is_rejected_not_fatal(
         store_module, "_tensor", lambda payload, *spec: (_ for _ in ()).throw(TypeError("unexpected spec"))
     )
     heard, reject = rejections()
-    assert read_newest(slot_paths(prefix), "job-a", reject) is None
+    assert read_newest(buffer_paths(prefix), "job-a", reject) is None
     assert "its metadata cannot be read by this version (TypeError: unexpected spec)" in heard[0][1]
     writer.close()
 
@@ -254,8 +254,8 @@ def test_the_metadata_names_no_class_and_metadata_that_named_the_old_one_is_stil
     writer = SnapshotWriter(prefix, "job-a")
     writer.write(1, {"w": torch.ones(2)})
     writer.close()
-    header = read_header(slot_paths(prefix)[0])
-    with open(slot_paths(prefix)[0], "rb") as file:
+    header = read_header(buffer_paths(prefix)[0])
+    with open(buffer_paths(prefix)[0], "rb") as file:
         written = file.read()[PAYLOAD_START + header.meta_offset : PAYLOAD_START + header.payload_length]
     assert b"StoredTensor" not in written and b"TensorSpec" not in written
     specs, _ = lay_out([torch.ones(2)])

@@ -90,7 +90,7 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
 
 
 def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_from_it(host_snapshot: str) -> None:
-    from elastic_control_plane.snapshot.layout import slot_paths
+    from elastic_control_plane.snapshot.layout import buffer_paths
     from elastic_control_plane.snapshot.store import read_newest
 
     model, optimizer, state = trained_state()
@@ -100,7 +100,7 @@ def test_the_snapshot_writer_keeps_its_commit_only_in_the_snapshot_and_restores_
     committed = {k: v.clone() for k, v in model.state_dict().items()}
     exp_avg = optimizer.state_dict()["state"][0]["exp_avg"].clone()
     assert state._commits == 1 and all(h.saved is None for h in state._handlers.values())
-    assert read_newest(slot_paths(host_snapshot), "job-test", print).commit == 1
+    assert read_newest(buffer_paths(host_snapshot), "job-test", print).commit == 1
     step(model, optimizer)
     state.epoch = 4
     state.restore()
