@@ -9,6 +9,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py ./
 COPY native/ native/
 COPY bus/ bus/
+COPY job/ job/
 COPY services/ services/
 COPY agent/ agent/
 COPY libworker/ libworker/

@@ -65,11 +65,12 @@ from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import HostSettings
 from elastic_control_plane.bus.client import AsyncClient, incarnation_id
 from elastic_control_plane.bus.config import Endpoints, Timing
-from elastic_control_plane.bus.contract import Event, JobPlan
+from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.pubsub import Subscription
 from elastic_control_plane.bus.service import DEFERRED, Request, RequestError, Service, field, handles
 from elastic_control_plane.bus.sockets import Security
+from elastic_control_plane.job.plan import JobPlan
 
 RELAYED_EVENTS = (Event.HOSTS_UPDATED, Event.ABORT)
 TICK = 0.05

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from elastic_control_plane.bus.contract import JobPlan
+from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.slot_processes.warm_start import script_argv
 
 TORCHRUN_SUPERVISOR = ["-m", "elastic_control_plane.slot_processes.torchrun_slot", "--"]

@@ -33,9 +33,9 @@ from elastic_control_plane.agent.restarts import RestartPolicy
 from elastic_control_plane.agent.slots import Remedy, SlotBook
 from elastic_control_plane.agent.standbys import StandbyPool, standbys_wanted
 from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, reap
-from elastic_control_plane.bus.assignments import SlotInfo, slots_of
-from elastic_control_plane.bus.contract import JobPlan
 from elastic_control_plane.bus.service import Request
+from elastic_control_plane.job.assignments import SlotInfo, slots_of
+from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.slot_processes.forking import reap_orphans
 
 STOP_GRACE = 5.0

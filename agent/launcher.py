@@ -24,9 +24,10 @@ from elastic_control_plane.agent.output import PrefixedPipe
 from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
-from elastic_control_plane.bus.assignments import SlotInfo
-from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.bus.service import Service
+from elastic_control_plane.job.assignments import SlotInfo
+from elastic_control_plane.job.plan import JobPlan
 
 
 class Launcher:

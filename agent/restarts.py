@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elastic_control_plane.bus.contract import JobPlan
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.job.spec import JobSpec
 
 BACKOFF_FIRST = 1.0
 BACKOFF_CAP = 30.0

@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.snapshot import durable, layout
 
 _BUFFER_NAME = re.compile(r"^elastic-snapshot-(\d+)-.+\.[01]$")

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elastic_control_plane.agent.workers import Worker, reap
-from elastic_control_plane.bus.contract import JobPlan
 from elastic_control_plane.bus.service import Request
+from elastic_control_plane.job.plan import JobPlan
 
 DEFAULT_FORKED_STANDBYS = 1  # without --standby: one per host where the fork server runs (none where it does not,
 # nor in torchrun mode, where a crashed command's supervisor lives on and forks the next round's)

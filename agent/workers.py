@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from elastic_control_plane.agent.output import PrefixedPipe
-from elastic_control_plane.bus.assignments import SlotInfo
-from elastic_control_plane.bus.contract import JobPlan, WorkerEnv
+from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.job.assignments import SlotInfo
+from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.slot_processes.forking import WorkerProcess
 from elastic_control_plane.slot_processes.rounds import round_environment
 

@@ -46,11 +46,11 @@ from typing import Any
 import msgpack
 import zmq
 
-from elastic_control_plane.bus.assignments import get_host_assignments
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.envelope import Message, WireError, decode, encode
 from elastic_control_plane.bus.pubsub import HEARTBEAT as NOTIFIER_HEARTBEAT
 from elastic_control_plane.bus.sockets import HARD_MAX_MESSAGE_BYTES, HIGH_WATER_MARK
+from elastic_control_plane.job.assignments import get_host_assignments
 
 JOIN_RESEND = 5.0  # the agent forwards a worker's parked join with this timeout (agent/agent.py `_forward`)
 HEARTBEAT_BUCKETS = 20  # batches of heartbeats an interval: each wake of the loop polls every socket

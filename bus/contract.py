@@ -1,11 +1,6 @@
-"""The contract between processes that is not a service's request/reply: the job plan, the worker environment, the
-events.
+"""The contract between processes that is not a service's request/reply: the worker environment and the events (the
+job's plan, which `round` events carry, is job/plan.py).
 
-- `JobPlan`: what a host needs to run a job's workers: the job's number and
-  key and its spec, whole (command, environment, restart policy, snapshot
-  settings). The registry builds it in one place (services/registry/plan.py)
-  and sends it in every `round` event and in its `job` reply; the agent, its
-  restart policy and its snapshot keeper read it from there.
 - `WorkerEnv`: the names of the variables an agent sets for its workers and
   libworker reads (beside torch's and Horovod's own, see
   slot_processes.rounds.round_environment).
@@ -15,11 +10,6 @@ A name spelled here and imported everywhere turns a typo into an import error.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
-
-from elastic_control_plane.bus.jobspec import JobSpec
 
 
 class WorkerEnv:
@@ -57,26 +47,3 @@ class Event:
     WORKER_HUNG = "worker_hung"  # a hung worker was killed: its host, rank, why, and its stack
     STRAGGLER = "straggler"  # one rank has cost the others more than a set share of their time, for a while
     JOB_FINISHED = "job_finished"  # the job ended: stop every worker
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """What every host needs to run a job's workers: the job's number, its key and its spec, whole. It travels
-    inside `round` events (with the round's own fields) and the registry's `job` reply; a host parses the spec with
-    the rules the registry applied (bus.jobspec)."""
-
-    job: int
-    job_key: str
-    spec: JobSpec
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"job": self.job, "job_key": self.job_key, "spec": self.spec.to_dict()}
-
-    @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> JobPlan:
-        """The plan in a `round` event or a `job` reply (which carry other fields too); ValueError (a SpecError
-        for the spec) when it has none or breaks a rule."""
-        job, job_key = body.get("job"), body.get("job_key")
-        if not isinstance(job, int) or isinstance(job, bool) or not isinstance(job_key, str):
-            raise ValueError("a job plan needs a job number and a job key")
-        return cls(job, job_key, JobSpec.parse(body.get("spec")))

@@ -1,4 +1,4 @@
-"""The options of a job (`elasticctl run` and `local`) and the spec they make: defaults and rules from bus.jobspec.
+"""The options of a job (`elasticctl run` and `local`) and the spec they make: defaults and rules from job.spec.
 
 Each option's default is the job spec's; `build_spec` turns the options into
 the spec the registry is sent, one entry of FROM_OPTIONS per field of the spec
@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from elastic_control_plane.bus.jobspec import FIELDS, MODES, JobSpec, SpecError
 from elastic_control_plane.elasticctl.control import CommandError
+from elastic_control_plane.job.spec import FIELDS, MODES, JobSpec, SpecError
 
 # How the CLI spells a spec's field in an error; any other field is its option, `--` and the name with dashes.
 SPELLED = {

@@ -42,12 +42,12 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
-from elastic_control_plane.bus.assignments import SlotInfo
 from elastic_control_plane.bus.client import ServiceError, Unreachable
 from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.bus.envelope import Message
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.assignments import SlotInfo
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.slot_processes import rounds, wait_record
 from elastic_control_plane.slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 from libworker import devices, torch_compat

@@ -21,8 +21,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from elastic_control_plane.bus.assignments import SlotInfo
 from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.job.assignments import SlotInfo
 from elastic_control_plane.slot_processes.agent_link import AgentLink, worker_pid
 
 ENTRY_DEADLINE = 7 * 24 * 3600.0  # a parked round entry waits as long as the job may wait for its round

@@ -26,8 +26,8 @@ from typing import Any
 
 from elastic_control_plane.bus.client import ServiceError, Unreachable
 from elastic_control_plane.bus.contract import Event
-from elastic_control_plane.bus.jobspec import JobSpec
 from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry import metrics
 from elastic_control_plane.services.registry.decisions import Decision, decide, reset_cause
 from elastic_control_plane.services.registry.exits import WorkerExit

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry.job import RUNNING_JOB, Job
 from elastic_control_plane.services.registry.reports import Slot
 from elastic_control_plane.services.registry.wait_rows import WaitRow

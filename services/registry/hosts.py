@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.spec import JobSpec
 
 
 def discovery_settings(spec: JobSpec) -> dict[str, Any]:

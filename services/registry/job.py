@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry.decisions import Decision
 from elastic_control_plane.services.registry.reports import FAILURE, PENDING, ReportTable
 
@@ -83,7 +83,7 @@ class Job:
     resets: int = 0
     failure_resets: int = 0  # the resets after a round with a failure (torchrun mode's reset limit counts these)
     round: int = 0
-    round_hosts: list[list[Any]] = field(default_factory=list)  # [[host, [slot ids]]] in rank order (bus.assignments)
+    round_hosts: list[list[Any]] = field(default_factory=list)  # [[host, [slot ids]]] in rank order (job.assignments)
     round_hosts_timestamp: float = 0.0
     reports: ReportTable = field(default_factory=ReportTable)
     agents: dict[str, str] = field(default_factory=dict)  # host: its agent's incarnation when the round began
@@ -146,7 +146,7 @@ class Job:
         self.round, self.round_hosts, self.round_hosts_timestamp = number, hosts, hosts_timestamp
         self.agents = agents
         self._round_unsaved = True
-        # The ranks of the round's slots, as bus.assignments gives them: one per slot, in the order of `hosts`.
+        # The ranks of the round's slots, as job.assignments gives them: one per slot, in the order of `hosts`.
         slots = ((host, local_rank) for host, local_ranks in hosts for local_rank in local_ranks)
         self.reports.begin_round((slot, rank) for rank, slot in enumerate(slots))
         self.first_report_at = None

@@ -52,9 +52,9 @@ from typing import Any
 from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnation_id
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.contract import Event
-from elastic_control_plane.bus.jobspec import JobSpec, SpecError
 from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.bus.service import Request, RequestError, Service, handles
+from elastic_control_plane.job.spec import JobSpec, SpecError
 from elastic_control_plane.services.registry import metrics
 from elastic_control_plane.services.registry.driver import Driver
 from elastic_control_plane.services.registry.exits import WorkerExit

@@ -18,7 +18,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_control_plane.bus.assignments import SlotInfo
+from elastic_control_plane.job.assignments import SlotInfo
 
 Slot = tuple[str, int]
 

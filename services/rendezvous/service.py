@@ -2,7 +2,7 @@
 
 Messages:
 - new_round {hosts: [[name, slots | [slot ids]]], min_np, max_np, hosts_timestamp, replaces, round} -> {round, size,
-  hosts, hosts_timestamp}. hosts: the round's, as bus.assignments.round_hosts writes them; round: the number the caller
+  hosts, hosts_timestamp}. hosts: the round's, as job.assignments.round_hosts writes them; round: the number the caller
   expects it to get: asked for a round that exists (the caller gave up waiting and asks again), that round is the
   answer, as it is; answered before the joins it releases; replaces: a round still forming that this one replaces
   (refused, `released`, once that round is released).
@@ -44,8 +44,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from elastic_control_plane.bus.assignments import NotEnoughSlots, get_host_assignments, round_hosts
 from elastic_control_plane.bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
+from elastic_control_plane.job.assignments import NotEnoughSlots, get_host_assignments, round_hosts
 from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
 from elastic_control_plane.services.rendezvous.rounds import Join, Round, Rounds
 

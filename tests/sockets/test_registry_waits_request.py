@@ -16,7 +16,7 @@ import zmq
 
 from elastic_control_plane.bus.client import Client, ServiceError
 from elastic_control_plane.bus.config import Endpoints, Timing
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.notifier.service import NotifierService
 from elastic_control_plane.services.registry.job import Job, Now
 from elastic_control_plane.services.registry.service import RegistryService

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_control_plane.bus.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
+from elastic_control_plane.job.assignments import NotEnoughSlots, SlotInfo, get_host_assignments
 from elastic_control_plane.slot_processes.rounds import round_environment
 
 UNEVEN = [("a", 2), ("b", 1), ("c", 3)]

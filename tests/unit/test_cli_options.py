@@ -1,5 +1,5 @@
 """The job's options are the job spec's fields: `elasticctl run`, `local` and `torchrun` give every field of
-bus.jobspec.JobSpec (one entry each in elasticctl/options.py), with the spec's defaults, so a new field that has no
+job.spec.JobSpec (one entry each in elasticctl/options.py), with the spec's defaults, so a new field that has no
 option, or an option that drifted from its field, fails here instead of silently falling back to a default."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import click
 import pytest
 
 from elastic_control_plane.agent.main import main as agent_main
-from elastic_control_plane.bus.jobspec import FIELDS, JobSpec
 from elastic_control_plane.elasticctl.main import cli
 from elastic_control_plane.elasticctl.options import FROM_OPTIONS, NOT_OPTIONS, _option_name, build_spec
+from elastic_control_plane.job.spec import FIELDS, JobSpec
 
 
 def test_every_field_of_the_spec_has_one_way_in_from_the_options() -> None:

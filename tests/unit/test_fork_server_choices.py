@@ -14,8 +14,8 @@ import pytest
 
 from elastic_control_plane.agent.fork_choice import Key, forked_argv, interpreter_identity, key_of, own_key
 from elastic_control_plane.agent.fork_server import enabled
-from elastic_control_plane.bus.contract import JobPlan
-from elastic_control_plane.bus.jobspec import JobSpec, SpecError
+from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.job.spec import JobSpec, SpecError
 from elastic_control_plane.slot_processes.forking import fork_hazards, native_threads
 
 

@@ -1,4 +1,4 @@
-"""bus.jobspec: a good spec, defaults, every bad field refused with SpecError (code bad_spec), messages naming the
+"""job.spec: a good spec, defaults, every bad field refused with SpecError (code bad_spec), messages naming the
 fields as each reader spells them, and every field declared once with its rule."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from elastic_control_plane.bus.jobspec import FIELDS, JobSpec, SpecError
+from elastic_control_plane.job.spec import FIELDS, JobSpec, SpecError
 
 GOOD = {
     "command": ["python", "train.py", "--epochs", "3"],

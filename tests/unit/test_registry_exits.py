@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import structlog
 
-from elastic_control_plane.bus.jobspec import JobSpec
 from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry.decisions import Decision, reset_cause
 from elastic_control_plane.services.registry.driver import Driver
 from elastic_control_plane.services.registry.exits import MAX_STACK_BYTES, WorkerExit

@@ -7,8 +7,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from elastic_control_plane.bus.contract import JobPlan
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry.decisions import Decision
 from elastic_control_plane.services.registry.job import FAILED, HISTORY_KEPT, RUNNING_JOB, WAITING, Job, Now
 from elastic_control_plane.services.registry.plan import round_plan

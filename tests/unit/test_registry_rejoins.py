@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from elastic_control_plane.bus.jobspec import JobSpec
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry.driver import Driver
 from elastic_control_plane.services.registry.hosts import restarted_agents
 from elastic_control_plane.services.registry.job import Job, Now

@@ -12,8 +12,8 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from elastic_control_plane.bus.jobspec import JobSpec
 from elastic_control_plane.bus.service import RequestError
+from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry import metrics
 from elastic_control_plane.services.registry.hang_limits import FLOOR_S, Limits, limits_of
 from elastic_control_plane.services.registry.job import Job

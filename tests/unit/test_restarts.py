@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_control_plane.agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
-from elastic_control_plane.bus.contract import JobPlan
-from elastic_control_plane.bus.jobspec import SpecError
+from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.job.spec import SpecError
 
 
 def test_first_crash_restarts_at_once_then_the_delay_doubles_up_to_the_cap():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from elastic_control_plane.bus.assignments import get_host_assignments
+from elastic_control_plane.job.assignments import get_host_assignments
 from elastic_control_plane.services.rendezvous.rounds import Join, Rounds
 
 

@@ -9,7 +9,7 @@ Every reader takes the job from here:
   field has its option (elasticctl/options.py);
 - the registry parses every `submit` with `JobSpec.parse` (a refusal is
   `bad_spec`, or `bad_request` for a spec that is not a map);
-- the hosts receive the spec whole in the job's plan (bus.contract.JobPlan),
+- the hosts receive the spec whole in the job's plan (job.plan.JobPlan),
   parsed again by the same rules when it arrives.
 
 The one rule across fields is `min_np` <= `max_np`. A `SpecError` names the
