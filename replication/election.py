@@ -1,6 +1,6 @@
 """Leadership: one active replica per service, chosen by a lease in etcd, and the fence on every write it makes.
 
-A replica grants itself a lease (`ttl` seconds) and keeps it alive from a
+A replica grants itself a lease (`ElectionTiming.lease_s` seconds) and keeps it alive from a
 thread. Under the lease it registers (`<prefix>/replicas/<service>/<replica>`:
 its pid, address and since when), so `elasticctl status` sees standbys and
 the active one alike, and a dead replica's record goes with its lease. It
@@ -34,6 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -42,6 +43,36 @@ from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create
 
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4
+
+
+@dataclass(frozen=True)
+class ElectionTiming:
+    """Every interval of a replica's election, in one place and checked together when it is made (as client-go's
+    leader election checks lease > renew deadline > retry period): the lease (etcd's TTL, whole seconds), a keepalive
+    every `keepalive_s` (two may be lost before the lease is in danger), an etcd call that failed or a campaign that
+    lost tried again every `retry_s`, at most `revoke_s` to give the lease back, and a fenced write given at least
+    `least_write_s` even when the lease has less left."""
+
+    lease_s: int
+    retry_s: float = 0.2
+    revoke_s: float = 1.0
+    least_write_s: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lease_s, int) or self.lease_s < 1:
+            raise ValueError(f"the lease must be a whole number of seconds, at least 1 (got {self.lease_s!r})")
+        if not self.lease_s > 2 * self.keepalive_s > self.retry_s > 0:
+            raise ValueError(
+                f"an election needs lease ({self.lease_s} s) > two keepalives ({2 * self.keepalive_s:g} s) > "
+                f"retry ({self.retry_s:g} s) > 0"
+            )
+        if not 0 < self.least_write_s < self.lease_s or not 0 < self.revoke_s <= self.lease_s:
+            raise ValueError("a fenced write's least deadline and the revoke's must lie within the lease")
+
+    @property
+    def keepalive_s(self) -> float:
+        return self.lease_s / KEEPALIVES_PER_TTL
+
 
 NEW, STANDBY, ACTIVE, ENDED = "new", "standby", "active", "ended"
 _NEXT = {NEW: (STANDBY, ENDED), STANDBY: (ACTIVE, ENDED), ACTIVE: (ENDED,), ENDED: ()}
@@ -84,7 +115,7 @@ class Leadership:
         replica: str,
         address: str,
         *,
-        ttl: int,
+        timing: ElectionTiming,
         clock: Callable[[], float] = time.monotonic,
         log: structlog.stdlib.BoundLogger | None = None,
     ) -> None:
@@ -93,7 +124,7 @@ class Leadership:
         self.service = service
         self.replica = replica
         self.key = leader_key(prefix, service)
-        self.ttl = ttl
+        self.timing = timing
         self.clock = clock
         self.log = log or structlog.get_logger().bind(process=service)
         self.record = {"replica": replica, "pid": os.getpid(), "address": address, "since": time.time()}
@@ -113,13 +144,13 @@ class Leadership:
         while not stop.is_set():
             sent = self.clock()
             try:
-                self.lease, granted = self.client.lease_grant(self.ttl)
+                self.lease, granted = self.client.lease_grant(self.timing.lease_s)
                 self._valid_until = sent + granted
                 self.client.put(replica_key(self.prefix, self.service, self.replica), self._record(), lease=self.lease)
                 break
             except EtcdError as exc:
                 self.outage.failed(exc)
-                stop.wait(0.2)
+                stop.wait(self.timing.retry_s)
         else:
             return False
         self.outage.ended()
@@ -132,8 +163,7 @@ class Leadership:
         return json.dumps({**self.record, **extra}, sort_keys=True).encode()
 
     def _keep_alive(self) -> None:
-        interval = self.ttl / KEEPALIVES_PER_TTL
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.timing.keepalive_s):
             sent = self.clock()
             try:
                 left = self.client.lease_keepalive(self.lease, deadline=max(0.1, self._valid_until - sent))
@@ -162,7 +192,7 @@ class Leadership:
         self._stop.set()
         if revoke and self.lease:
             try:
-                self.client.lease_revoke(self.lease, deadline=1.0)
+                self.client.lease_revoke(self.lease, deadline=self.timing.revoke_s)
             except EtcdError as exc:
                 self.log.warning("lease_not_revoked", reason=str(exc))
 
@@ -177,7 +207,7 @@ class Leadership:
         if self.state == NEW:
             return "not registered"
         if self.clock() >= self._valid_until:
-            return f"the lease was not renewed for {self.ttl} s (paused or cut off from etcd)"
+            return f"the lease was not renewed for {self.timing.lease_s} s (paused or cut off from etcd)"
         return ""
 
     # -- the role ------------------------------------------------------------------------------
@@ -209,7 +239,7 @@ class Leadership:
                 return True
             except EtcdError as exc:
                 self.outage.failed(exc)
-                stop.wait(0.2)
+                stop.wait(self.timing.retry_s)
         return False
 
     def _wait_for_deletion(self, start_revision: int, stop: threading.Event) -> None:
@@ -218,7 +248,7 @@ class Leadership:
 
         def until_stopped() -> None:
             while not stop.is_set() and not self._stop.is_set() and not watching.is_set():
-                stop.wait(0.2)
+                stop.wait(self.timing.retry_s)
             watching.set()
 
         threading.Thread(target=until_stopped, daemon=True).start()
@@ -238,7 +268,7 @@ class Leadership:
         leadership (`end`) and raises `LostRole`; etcd out of reach past the lease raises `EtcdError`."""
         if self.state != ACTIVE or not self.held():
             raise LostRole(f"{self.service}: this replica no longer holds the role ({self.why_not_held()})")
-        deadline = max(0.3, self._valid_until - self.clock())
+        deadline = max(self.timing.least_write_s, self._valid_until - self.clock())
         result = self.client.txn([self.fence()], ops, [], deadline=deadline)
         if not result.succeeded:
             self.end("another replica holds the role: a write was refused")

@@ -28,7 +28,7 @@ import structlog
 
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.service import Service
-from elastic_control_plane.replication.election import Leadership, Outage
+from elastic_control_plane.replication.election import ElectionTiming, Leadership, Outage
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 from elastic_control_plane.replication.store_choice import StoreChoice
 
@@ -90,7 +90,7 @@ def serve_replica(
     choice: StoreChoice,
     replica_name: str,
     address: str,
-    lease_ttl: int,
+    timing: ElectionTiming,
     build: Callable[[Replica], Service],
     log: structlog.stdlib.BoundLogger,
 ) -> None:
@@ -101,7 +101,7 @@ def serve_replica(
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     outage = Outage(log) if os.environ.get(STEPPED_DOWN) else None  # only the first start gives up on etcd
     client = open_etcd(choice, outage, stopping)
-    leadership = Leadership(client, choice.prefix, name, replica_name, address, ttl=lease_ttl, log=log)
+    leadership = Leadership(client, choice.prefix, name, replica_name, address, timing=timing, log=log)
     if outage is not None:
         leadership.outage = outage
     if not leadership.register(stopping):

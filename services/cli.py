@@ -32,6 +32,7 @@ from elastic_control_plane.bus.config import (
 from elastic_control_plane.bus.logs import setup_logging
 from elastic_control_plane.bus.service import Service
 from elastic_control_plane.bus.sockets import Security, SecurityError
+from elastic_control_plane.replication.election import ElectionTiming
 from elastic_control_plane.replication.replica import StoreUnusable, serve_replica
 from elastic_control_plane.replication.store_choice import StoreChoice
 from elastic_control_plane.services.registry.store import StoreError
@@ -89,6 +90,7 @@ def service_command(
         log = setup_logging(name)
         try:
             timing = Timing.from_env()
+            election = ElectionTiming(timing.lease_ttl)
             connect = Endpoints.from_env()
             source = click.get_current_context().get_parameter_source
             bind_to = bind_endpoints(
@@ -113,7 +115,7 @@ def service_command(
                     choice,
                     replica_name(address),
                     address,
-                    timing.lease_ttl,
+                    election,
                     lambda replica: factory(bind_to, connect, timing, security, log, replica=replica, **state, **own),
                     log,
                 )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_control_plane.replication.election import Leadership, LostRole
+from elastic_control_plane.replication.election import ElectionTiming, Leadership, LostRole
 from elastic_control_plane.replication.etcd import EtcdClient, put_op
 from testing.control_hosts import PREFIX, ReplicatedCluster, replica_name
 from testing.etcd_cluster import EtcdCluster
@@ -175,11 +175,11 @@ def test_a_write_fenced_by_a_lost_role_never_reaches_etcd(etcd: EtcdCluster) -> 
     even when its own clock has not noticed, and gives the role up."""
     client = EtcdClient(etcd.client_endpoints)
     try:
-        first = Leadership(client, "fence-test", "registry", "a", "tcp://a:1", ttl=1)
+        first = Leadership(client, "fence-test", "registry", "a", "tcp://a:1", timing=ElectionTiming(1))
         never = threading.Event()
         assert first.register(never) and first.campaign(never)
         first._stop.set()  # its keepalives stop, as a paused replica's do, while it believes it is active
-        second = Leadership(client, "fence-test", "registry", "b", "tcp://b:1", ttl=1)
+        second = Leadership(client, "fence-test", "registry", "b", "tcp://b:1", timing=ElectionTiming(1))
         assert second.register(never) and second.campaign(never)
         first._valid_until = time.monotonic() + 60  # its clock, fooled: only the fence stands between it and etcd
         with pytest.raises(LostRole):

@@ -5,12 +5,13 @@ tests/integration/test_replicated_control_plane.py; here a client that grants ev
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from elastic_control_plane.replication import election
-from elastic_control_plane.replication.election import ACTIVE, ENDED, NEW, STANDBY, Leadership, LostRole
+from elastic_control_plane.replication.election import ACTIVE, ENDED, NEW, STANDBY, ElectionTiming, Leadership, LostRole
 
 
 class GrantingClient:
@@ -44,12 +45,9 @@ class Clock:
 
 
 def leadership(clock: Clock, client: GrantingClient) -> Leadership:
-    return Leadership(client, "p", "registry", "a", "tcp://a:1", ttl=10, clock=clock)  # type: ignore[arg-type]
-
-
-@pytest.fixture(autouse=True)
-def no_keepalives(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(election, "KEEPALIVES_PER_TTL", 1)  # one keepalive per 10 s: none during a test
+    return Leadership(
+        client, "p", "registry", "a", "tcp://a:1", timing=ElectionTiming(100), clock=clock
+    )  # a keepalive every 25 s: none here  # type: ignore[arg-type]
 
 
 def test_a_replica_goes_new_standby_active_and_ends_once_with_its_first_reason() -> None:
@@ -71,9 +69,9 @@ def test_held_only_reads_a_lease_past_its_time_is_not_held_and_says_why() -> Non
     role = leadership(clock, client)
     never = election.threading.Event()
     assert role.register(never) and role.campaign(never)
-    clock.now += 10.0
+    clock.now += 100.0
     assert not role.held() and role.state == ACTIVE, "reading changes nothing"
-    assert role.why_not_held() == "the lease was not renewed for 10 s (paused or cut off from etcd)"
+    assert role.why_not_held() == "the lease was not renewed for 100 s (paused or cut off from etcd)"
     with pytest.raises(LostRole, match="not renewed"):
         role.write([])
     role.end(role.why_not_held())
@@ -86,3 +84,16 @@ def test_a_leadership_that_ended_never_comes_back() -> None:
     never = election.threading.Event()
     with pytest.raises(RuntimeError, match="cannot go from ended to standby"):
         role.register(never)
+
+
+@pytest.mark.parametrize(
+    "timing, problem",
+    [
+        ({"lease_s": 0}, "the lease must be a whole number of seconds, at least 1 (got 0)"),
+        ({"lease_s": 1, "retry_s": 0.5}, "an election needs lease (1 s) > two keepalives (0.5 s) > retry (0.5 s) > 0"),
+        ({"lease_s": 1, "least_write_s": 2.0}, "a fenced write's least deadline and the revoke's must lie within"),
+    ],
+)
+def test_an_elections_intervals_are_checked_together(timing: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        ElectionTiming(**timing)
