@@ -228,9 +228,9 @@ class Timing:
     # grants more than asked (1.5 election timeouts at least).
     lease_ttl: int = 1
 
-    def __post_init__(self) -> None:
-        """The rules the intervals keep together, checked when they are read (every process reads them at start):
-        ConfigError names the first one broken."""
+    def check(self) -> Timing:
+        """The rules the intervals keep together, checked when they are read from the environment (every process
+        does so at start); ConfigError names the first one broken."""
         for name in ("heartbeat", "discovery_poll", "driver_tick", "request_timeout", "collective_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(_variable(name), f"{getattr(self, name)}", "must be a positive number of seconds")
@@ -251,6 +251,7 @@ class Timing:
                 f"must exceed ELASTIC_HEARTBEAT x ELASTIC_MISSED_HEARTBEATS ({self.lost_after:g} s): a host is found "
                 "lost before the others' collectives give up on it",
             )
+        return self
 
     @property
     def lost_after(self) -> float:
@@ -266,7 +267,7 @@ class Timing:
                     values[f.name] = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
                     raise ConfigError(f"ELASTIC_{f.name.upper()}", raw, "not a number") from None
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values).check()  # type: ignore[arg-type]
 
     def as_env(self) -> dict[str, str]:
         return {_variable(f.name): str(getattr(self, f.name)) for f in fields(self)}
