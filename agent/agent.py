@@ -125,7 +125,7 @@ class AgentService(Service):
         server = ForkServer(fork_server, self.log)
         self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
         self.launcher = Launcher(settings, server, self.snapshots, self.wait_watch, self, self.log)
-        reports = ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots)
+        reports = ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots, self.log)
         self.keeper = WorkerKeeper(
             KeeperConfig(settings, slots, standby),
             launcher=self.launcher,

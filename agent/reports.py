@@ -2,10 +2,12 @@
 
 The registry hears of every exit at once (with the host's newest snapshot
 commit, and the verdict: restarting in place, given up, died after its script
-ended; for a worker killed as hung, why and its stack: `note_hang`); the
-rendezvous forgets the worker's round entry, except where the slot's process lives
-on (a torchrun-mode slot whose command failed: its supervisor enters the next
-round).
+ended; for a worker killed as hung, why and its stack: `note_hang`), and again,
+with a backoff, while it answers that it could not save it (`unavailable`: its
+store refused or is out of reach), until it has or the report's deadline
+passes; the rendezvous forgets the worker's round entry, except where the slot's
+process lives on (a torchrun-mode slot whose command failed: its supervisor
+enters the next round).
 """
 
 from __future__ import annotations
@@ -16,13 +18,22 @@ from typing import Any
 from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing
+from elastic_control_plane.bus.envelope import Message
+
+EXIT_REPORT_DEADLINE = 300.0  # past it the registry is an outage the operator sees; the round is judged without it
 
 
 class ExitReports:
     def __init__(
-        self, host: str, timing: Timing, registry: AsyncClient, rendezvous: AsyncClient, snapshots: SnapshotKeeper
+        self,
+        host: str,
+        timing: Timing,
+        registry: AsyncClient,
+        rendezvous: AsyncClient,
+        snapshots: SnapshotKeeper,
+        log: Any,
     ) -> None:
-        self.host, self.timing = host, timing
+        self.host, self.timing, self.log = host, timing, log
         self.registry, self.rendezvous, self.snapshots = registry, rendezvous, snapshots
         self.hangs: dict[int, dict[str, str]] = {}
 
@@ -39,20 +50,28 @@ class ExitReports:
         process_lives: bool = False,
         **verdict: Any,
     ) -> None:
-        """Tell the registry a worker exited; `then` runs once the registry has it (or could not be reached).
+        """Tell the registry a worker exited; `then` runs once the registry has saved it (or could not be reached).
         `process_lives`: a torchrun-mode slot's command failed and its supervisor, the slot's process, enters the next
         round (the rendezvous keeps its entry)."""
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
         verdict.update(self.hangs.pop(pid, {}))
+        said = {"refused": False}
+
+        def say_once(refusal: Message) -> None:
+            if not said["refused"]:
+                said["refused"] = True
+                self.log.warning("exit_report_delayed", pid=pid, reason=refusal.body.get("message", refusal.error))
+
         self.registry.send(
             "worker_exited",
             {**slot, "exit_code": code, **verdict},
             on_reply=lambda _: then and then(),
             on_timeout=then,
             timeout=self.timing.request_timeout,
-            deadline=300.0,
+            deadline=EXIT_REPORT_DEADLINE,
+            retry_refused=say_once,
         )
         if not process_lives:
             self.rendezvous.send("forget", slot, timeout=self.timing.request_timeout, deadline=60.0)

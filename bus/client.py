@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import zmq
@@ -147,14 +147,24 @@ class Client:
             self._reset()
 
 
+# Refusals that say "not now" (the service could not write what the request asked, its store refused or was out of
+# reach): a request sent with `retry_refused` is tried again after a backoff instead of being answered with them.
+TEMPORARY_REFUSALS = frozenset({"unavailable"})
+RETRY_BACKOFF_FIRST = 0.2
+RETRY_BACKOFF_MAX = 5.0
+
+
 @dataclass
 class _Pending:
+    msg: Message
     frames: list[bytes]
     on_reply: Callable[[Message], None] | None
     on_timeout: Callable[[], None] | None
     timeout: float
     resend_at: float
     give_up_at: float | None
+    retry_refused: Callable[[Message], None] | None = None  # told of each temporary refusal before the retry
+    refusals: int = 0
 
 
 class AsyncClient:
@@ -187,12 +197,24 @@ class AsyncClient:
         on_timeout: Callable[[], None] | None = None,
         timeout: float = 2.0,
         deadline: float | None = None,
+        retry_refused: Callable[[Message], None] | None = None,
     ) -> str:
+        """Send a request, again after each `timeout` without a reply, until `deadline` (then `on_timeout`). With
+        `retry_refused`, a temporary refusal (TEMPORARY_REFUSALS) is not a reply: `retry_refused` is told of it and
+        the request goes again, as a new one (the service keeps its refusal under the old id), after a backoff that
+        doubles from RETRY_BACKOFF_FIRST to RETRY_BACKOFF_MAX."""
         msg_id = str(next(_request_ids))
         msg = Message(type=msg_type, body=body or {}, id=msg_id, round=round, sender=self.sender, raw=raw)
         now = time.monotonic()
         pending = _Pending(
-            encode(msg), on_reply, on_timeout, timeout, now, None if deadline is None else now + deadline
+            msg,
+            encode(msg),
+            on_reply,
+            on_timeout,
+            timeout,
+            now,
+            None if deadline is None else now + deadline,
+            retry_refused,
         )
         self._pending[msg_id] = pending
         self._in_flight_gauge.set(len(self._pending))
@@ -228,9 +250,23 @@ class AsyncClient:
             except WireError:
                 continue
             pending = self._pending.pop(reply.id, None)
-            self._in_flight_gauge.set(len(self._pending))
-            if pending is not None and pending.on_reply is not None:
+            if pending is not None and pending.retry_refused is not None and reply.error in TEMPORARY_REFUSALS:
+                self._retry_later(pending, reply)
+            elif pending is not None and pending.on_reply is not None:
                 pending.on_reply(reply)
+            self._in_flight_gauge.set(len(self._pending))
+
+    def _retry_later(self, pending: _Pending, refusal: Message) -> None:
+        """A temporary refusal: the same request under a new id, sent after the backoff (its deadline unchanged)."""
+        assert pending.retry_refused is not None
+        pending.retry_refused(refusal)
+        pending.refusals += 1
+        retry_id = str(next(_request_ids))
+        pending.msg = replace(pending.msg, id=retry_id)
+        pending.frames = encode(pending.msg)
+        backoff = min(RETRY_BACKOFF_MAX, RETRY_BACKOFF_FIRST * 2 ** (pending.refusals - 1))
+        pending.resend_at = time.monotonic() + backoff
+        self._pending[retry_id] = pending
 
     def _resend_due(self) -> None:
         now = time.monotonic()

@@ -4,9 +4,12 @@ A service queues an event with `put` and sends what is queued with `flush`
 (the registry saves its state in between, so no event goes out about a
 change it could forget). The head is resent every second until the notifier
 answers: an event queued while the notifier is away goes out once it is back,
-after the ones before it. An event the notifier refuses (too large, say) is
-logged and dropped, so it cannot block the ones after it. The queue holds at
-most `MAX_QUEUED` events; beyond that the oldest is dropped with a warning.
+after the ones before it. A temporary refusal (`unavailable`: the notifier
+could not write it to etcd, or is failing over) keeps it at the head, tried
+again with a backoff (bus/client.py's TEMPORARY_REFUSALS), said once per
+event; only a permanent refusal (too large, a bad request) drops it, logged,
+so it cannot block the ones after it. The queue holds at most `MAX_QUEUED`
+events; beyond that the oldest is dropped with a warning.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Outbox:
         self._client = AsyncClient(service, endpoint, sender, security)
         self.queued: deque[Event] = deque(queued)
         self._sending: Event | None = None
+        self._refusal_said = False  # the head's temporary refusal was logged
 
     def put(self, event: str, data: dict[str, Any]) -> None:
         self.queued.append((event, data))
@@ -53,7 +57,19 @@ class Outbox:
             on_reply=lambda reply: self._on_reply(head, reply),
             timeout=RESEND_EVERY,
             deadline=None,
+            retry_refused=lambda refusal: self._on_refused(head, refusal),
         )
+        self._refusal_said = False
+
+    def _on_refused(self, sent: Event, refusal: Message) -> None:
+        if not self._refusal_said:
+            self._refusal_said = True
+            self._service.log.warning(
+                "event_delayed",
+                event_type=sent[0],
+                reason=refusal.body.get("message", refusal.error),
+                queued=len(self.queued),
+            )
 
     def _on_reply(self, sent: Event, reply: Message) -> None:
         self._sending = None

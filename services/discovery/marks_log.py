@@ -4,23 +4,25 @@ etcd://...`), so an operator's drain that discovery acknowledged survives a fail
 Under `<prefix>/discovery/marks`: one JSON map {host: {draining, blacklisted,
 until (wall-clock seconds, or null: for good), count, reason}}, the form the
 registry's `restore` gives (services/discovery/bodies.py `marks`). Written,
-fenced by the replica's role, after every drain, undrain, blacklist and
-configure and before discovery answers; a replica that takes over starts from
-it, and then keeps it over the (possibly older) marks of the registry's
-`restore`.
+fenced by the replica's role, with every drain, undrain, blacklist and
+configure and before discovery answers (`marks_saved`: a change that could not
+be written is undone); a replica that takes over starts from it, and then
+keeps it over the (possibly older) marks of the registry's `restore`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from elastic_control_plane.bus.service import RequestError
 from elastic_control_plane.replication.election import LostRole
 from elastic_control_plane.replication.etcd import EtcdError, put_op
 from elastic_control_plane.replication.replica import Replica
-from elastic_control_plane.services.discovery.hostset import HostRecord, Mark
+from elastic_control_plane.services.discovery.hostset import HostRecord, HostSet, Mark
 
 
 class MarksLogError(RuntimeError):
@@ -71,3 +73,19 @@ class MarksLog:
             self.replica.leadership.write([put_op(self._key, json.dumps(marks, sort_keys=True).encode())])
         except (LostRole, EtcdError) as exc:
             raise MarksLogError(f"the host marks did not reach etcd: {exc}") from None
+
+
+@contextmanager
+def marks_saved(hostset: HostSet, log: MarksLog | None, clock: Callable[[], float]) -> Iterator[None]:
+    """A change of the hosts' marks (drain, undrain, blacklist, configure) made inside the block counts only once
+    saved (with etcd): a refused save puts every mark back as it was and the request is answered `unavailable`, so a
+    retry applies it once."""
+    before = hostset.marks_now()
+    yield
+    if log is None:
+        return
+    try:
+        log.save(raw_marks(hostset.hosts.values(), hostset.pending_marks, clock()))
+    except MarksLogError as exc:
+        hostset.put_back(before)
+        raise RequestError("unavailable", str(exc)) from None

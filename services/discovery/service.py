@@ -73,7 +73,7 @@ from elastic_control_plane.services.discovery.hostset import (
     hosts_updated_body,
 )
 from elastic_control_plane.services.discovery.kubernetes import PodSource, pods_and_script
-from elastic_control_plane.services.discovery.marks_log import MarksLog, MarksLogError, raw_marks
+from elastic_control_plane.services.discovery.marks_log import MarksLog, marks_saved
 from elastic_control_plane.services.discovery.script import DiscoveryScript
 
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
@@ -273,8 +273,8 @@ class DiscoveryService(Service):
 
     def _set_draining(self, request: Request, draining: bool) -> dict[str, Any]:
         host = self._known(request)
-        self.hostset.set_draining(host, draining)
-        self._save_marks()
+        with marks_saved(self.hostset, self.marks_log, self.clock):
+            self.hostset.set_draining(host, draining)
         self.log.info("host_draining" if draining else "host_undrained", host=host)
         self._changed()
         return {"host": host, "state": self.hostset.state(self.hostset.hosts[host])}
@@ -282,8 +282,8 @@ class DiscoveryService(Service):
     @handles("blacklist")
     def on_blacklist(self, request: Request) -> dict[str, Any]:
         host = self._known(request)
-        until = self.hostset.blacklist(host, self.clock(), str(request.body.get("reason", "")))
-        self._save_marks()
+        with marks_saved(self.hostset, self.marks_log, self.clock):
+            until = self.hostset.blacklist(host, self.clock(), str(request.body.get("reason", "")))
         self.log.warning(
             "host_blacklisted", host=host, cooldown=None if until is None else round(until - self.clock(), 3)
         )
@@ -292,11 +292,12 @@ class DiscoveryService(Service):
 
     @handles("configure")
     def on_configure(self, request: Request) -> dict[str, Any]:
-        self._settings(request.body)
-        self.hostset.pending_marks.clear()
-        for record in self.hostset.hosts.values():
-            record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
-        self._save_marks()
+        settings = self._checked_settings(request.body)
+        with marks_saved(self.hostset, self.marks_log, self.clock):
+            self.hostset.pending_marks.clear()
+            for record in self.hostset.hosts.values():
+                record.blacklisted_until, record.blacklist_count, record.draining = None, 0, False
+        self._apply_settings(settings)
         self._read_script(wait=True)
         self.settle_until, self.expected = None, None
         self._set_published(effective(self.hostset.available(), self.max_np))
@@ -310,7 +311,7 @@ class DiscoveryService(Service):
         )
         if self.marks_log is not None:
             marks = {}  # the marks kept in etcd, taken at the start, are newer than the registry's
-        self._settings(request.body)
+        self._apply_settings(self._checked_settings(request.body))
         self.hostset.restore(marks, [name for name, _ in expected])
         self.expected = expected
         self._read_script(wait=True)
@@ -326,18 +327,13 @@ class DiscoveryService(Service):
             self._changed()
         return {"incarnation": self.incarnation}
 
-    def _save_marks(self) -> None:
-        """With etcd, keep the hosts' marks there before the change is acknowledged."""
-        try:
-            if self.marks_log is not None:
-                self.marks_log.save(raw_marks(self.hostset.hosts.values(), self.hostset.pending_marks, self.clock()))
-        except MarksLogError as exc:
-            raise RequestError("unavailable", str(exc)) from None
-
-    def _settings(self, body: dict[str, Any]) -> None:
+    def _checked_settings(self, body: dict[str, Any]) -> bodies.Settings:
         settings = bodies.settings(body)
         if self.pods is not None and settings.discovery_script:
             raise RequestError("bad_request", pods_and_script(settings.discovery_script))
+        return settings
+
+    def _apply_settings(self, settings: bodies.Settings) -> None:
         self.max_np, self.script.path = settings.max_np, settings.discovery_script
         self.hostset.cooldown_range = settings.cooldown
         self.hostset.script_hosts = None if self.pods is None else self.pods.hosts() or {}
