@@ -40,10 +40,6 @@ ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = (
 )
 
 
-# A host's marks as they stand: (draining, blacklist count, blacklisted until, reason) per host, and the pending ones.
-MarksNow = tuple[dict[str, tuple[bool, int, "float | None", str]], dict[str, "Mark"]]
-
-
 @dataclass
 class HostRecord:
     name: str
@@ -212,29 +208,6 @@ class HostSet:
     # -- operator and registry decisions -------------------------------------------------------
     def set_draining(self, name: str, draining: bool) -> None:
         self.hosts[name].draining = draining
-
-    def marks_now(self) -> MarksNow:
-        """Every host's marks as they stand (and the marks waiting for hosts not registered yet), to put back with
-        `put_back` when a change of them could not be saved."""
-        records = {
-            name: (r.draining, r.blacklist_count, r.blacklisted_until, r.blacklist_reason)
-            for name, r in self.hosts.items()
-        }
-        return records, dict(self.pending_marks)
-
-    def put_back(self, marks: MarksNow) -> None:
-        """Undo every change of the marks since `marks_now` (a stale cooldown left in the heap is skipped)."""
-        records, pending = marks
-        for name, (draining, count, until, reason) in records.items():
-            record = self.hosts.get(name)
-            if record is not None:
-                record.draining, record.blacklist_count, record.blacklisted_until, record.blacklist_reason = (
-                    draining,
-                    count,
-                    until,
-                    reason,
-                )
-        self.pending_marks = pending
 
     def blacklist(self, name: str, now: float, reason: str) -> float | None:
         """Blacklist a host; return when it may come back (None: never)."""

@@ -75,17 +75,45 @@ class MarksLog:
             raise MarksLogError(f"the host marks did not reach etcd: {exc}") from None
 
 
+# A host's marks as they stand: (draining, blacklist count, blacklisted until, reason) per host, and the pending ones.
+MarksNow = tuple[dict[str, tuple[bool, int, "float | None", str]], dict[str, Mark]]
+
+
+def marks_now(hostset: HostSet) -> MarksNow:
+    """Every host's marks as they stand (and the marks waiting for hosts not registered yet)."""
+    records = {
+        name: (r.draining, r.blacklist_count, r.blacklisted_until, r.blacklist_reason)
+        for name, r in hostset.hosts.items()
+    }
+    return records, dict(hostset.pending_marks)
+
+
+def put_back(hostset: HostSet, marks: MarksNow) -> None:
+    """Undo every change of the marks since `marks_now` (a stale cooldown left in the heap is skipped)."""
+    records, pending = marks
+    for name, (draining, count, until, reason) in records.items():
+        record = hostset.hosts.get(name)
+        if record is not None:
+            record.draining, record.blacklist_count, record.blacklisted_until, record.blacklist_reason = (
+                draining,
+                count,
+                until,
+                reason,
+            )
+    hostset.pending_marks = pending
+
+
 @contextmanager
 def marks_saved(hostset: HostSet, log: MarksLog | None, clock: Callable[[], float]) -> Iterator[None]:
     """A change of the hosts' marks (drain, undrain, blacklist, configure) made inside the block counts only once
     saved (with etcd): a refused save puts every mark back as it was and the request is answered `unavailable`, so a
     retry applies it once."""
-    before = hostset.marks_now()
+    before = marks_now(hostset)
     yield
     if log is None:
         return
     try:
         log.save(raw_marks(hostset.hosts.values(), hostset.pending_marks, clock()))
     except MarksLogError as exc:
-        hostset.put_back(before)
+        put_back(hostset, before)
         raise RequestError("unavailable", str(exc)) from None
