@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
+
 
 def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--slots`, `--share-gpus` and `--standby`, for a command that runs one agent or several on this machine."""
@@ -16,7 +18,7 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--slots",
                 envvar="ELASTIC_SLOTS",
-                type=click.IntRange(min=1),
+                type=click.IntRange(min=1, max=MAX_SLOTS_PER_HOST),
                 default=None,
                 help="Worker processes per agent (default: one per GPU, the machine's GPUs split among its agents; "
                 "1 without GPUs).",

@@ -20,7 +20,7 @@ from typing import Any
 
 from elastic_control_plane.agent.fork_choice import Key, forked_argv, key_of, own_key
 from elastic_control_plane.agent.fork_server import SPAWN_COST, ForkServer
-from elastic_control_plane.agent.output import PrefixedPipe
+from elastic_control_plane.agent.output import PARTIAL_WAIT, PrefixedPipe
 from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
@@ -48,6 +48,8 @@ class Launcher:
             service,
             log,
         )
+        self._pipes: set[PrefixedPipe] = set()  # the workers' output streams still open
+        service.every(PARTIAL_WAIT, self._flush_stale_output)
         self.in_job = False
         self.fork_key: Key | None = None
         self.fork_why_not = ""
@@ -169,5 +171,12 @@ class Launcher:
         def on_readable() -> None:
             if not pipe.pump():
                 self.service.unwatch(pipe.fd)
+                self._pipes.discard(pipe)
 
+        self._pipes.add(pipe)
         self.service.watch(pipe.fd, on_readable)
+
+    def _flush_stale_output(self) -> None:
+        """A partial line that waited a second for its end is written as it is (agent/output.py)."""
+        for pipe in self._pipes:
+            pipe.flush_stale()

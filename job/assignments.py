@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+MAX_SLOTS_PER_HOST = 1024  # the most slots one host may offer (an agent, discovery and the rendezvous refuse more)
+
 
 @dataclass(frozen=True)
 class SlotInfo:

@@ -62,6 +62,7 @@ from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
+from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
 from elastic_control_plane.services.discovery import bodies, metrics
 from elastic_control_plane.services.discovery.brief import BriefGenerations
 from elastic_control_plane.services.discovery.hostset import (
@@ -125,8 +126,8 @@ class DiscoveryService(Service):
     @handles("register")
     def on_register(self, request: Request) -> dict[str, Any]:
         host, slots = field(request.body, "host", str), field(request.body, "slots", int)
-        if slots < 1:
-            raise RequestError("bad_request", "slots must be at least 1")
+        if not 1 <= slots <= MAX_SLOTS_PER_HOST:
+            raise RequestError("bad_request", f"slots must be 1 to {MAX_SLOTS_PER_HOST} (got {slots})")
         down, version = bodies.down_slots(request.body) if "down" in request.body else ((), 0)
         self.hostset.register(
             host,

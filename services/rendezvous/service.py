@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elastic_control_plane.bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
-from elastic_control_plane.job.assignments import NotEnoughSlots, get_host_assignments, round_hosts
+from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST, NotEnoughSlots, get_host_assignments, round_hosts
 from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
 from elastic_control_plane.services.rendezvous.rounds import Join, Round, Rounds
 
@@ -58,15 +58,16 @@ MAX_KV_VALUE_BYTES = 4096
 # Every rank of a round waits for its round's store address at once: rounds of up to 65,536 ranks.
 MAX_KV_WAITERS = 65536
 LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
-MAX_SLOTS_PER_HOST = 1024  # a host's entry names at most this many slots
 
 
 def _slots(value: Any) -> int | list[int] | None:
-    """A host's slots: a count, or the ids of its usable slots (distinct, non-negative); None if neither."""
+    """A host's slots: a count, or the ids of its usable slots (distinct, non-negative), MAX_SLOTS_PER_HOST at most;
+    None if neither."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value if value >= 0 else None
+        return value if 0 <= value <= MAX_SLOTS_PER_HOST else None
     if (
         isinstance(value, list)
+        and len(value) <= MAX_SLOTS_PER_HOST
         and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
         and len(set(value)) == len(value)
     ):

@@ -97,3 +97,13 @@ def test_snapshots_names_each_live_hosts_commit_and_whether_a_host_is_usable(age
     assert agent.request("snapshots").body["usable"], "h2 is still usable"
     agent.request("blacklist", {"host": "h2", "reason": "a worker failed"})
     assert not agent.request("snapshots").body["usable"]
+
+
+@pytest.mark.parametrize("slots", [0, 1025, 2**40])
+def test_a_host_offering_no_slots_or_more_than_1024_is_refused_and_nothing_is_kept(
+    discovery: DiscoveryService, agent: Client, slots: int
+) -> None:
+    with pytest.raises(ServiceError) as refused:
+        agent.request("register", {"host": "greedy", "slots": slots, "incarnation": "i"})
+    assert refused.value.code == "bad_request" and "slots must be 1 to 1024" in str(refused.value)
+    assert "greedy" not in discovery.hostset.hosts

@@ -57,3 +57,8 @@ def test_the_agent_and_elasticctl_local_take_a_hosts_options_alike() -> None:
 
     assert host_params(agent_main) == host_params(cli.commands["local"])  # type: ignore[arg-type]
     assert len(host_params(agent_main)) == 3
+
+
+def test_an_agent_offering_more_than_1024_slots_is_refused_before_it_starts() -> None:
+    with pytest.raises(click.BadParameter, match="1<=x<=1024"):
+        agent_main.make_context("elastic-agent", ["--host", "h", "--slots", "1025"])
