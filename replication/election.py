@@ -1,14 +1,15 @@
 """Leadership: one active replica per service, chosen by a lease in etcd, and the fence on every write it makes.
 
 A replica grants itself a lease (`ElectionTiming.lease_s` seconds) and keeps it alive from a
-thread. Under the lease it registers (`<prefix>/replicas/<service>/<replica>`:
-its pid, address and since when), so `elasticctl status` sees standbys and
-the active one alike, and a dead replica's record goes with its lease. It
-campaigns by creating the election key `<prefix>/leader/<service>` under the
-same lease in a txn that succeeds only while the key is absent; a replica
-that lost waits on a watch of the key and tries again when it is deleted
-(the holder's lease expired or was revoked). The winner's fence is the
-election key's create revision: every write it makes is a txn comparing it
+thread, on a client of its own (`EtcdClient.sibling`: a renewal never waits behind a service's
+write). Under the lease it registers (`<prefix>/replicas/<service>/<replica>`: its pid,
+address and since when), so `elasticctl status` sees standbys and the active one alike, and a
+dead replica's record goes with its lease. It campaigns by creating the election key
+`<prefix>/leader/<service>` under the same lease in a txn that succeeds only while the key is
+absent; a replica that lost waits on a watch of the key and tries again when it is deleted (the
+holder's lease expired or was revoked). It watches from the revision it read the key at, never
+from the key's own revision, which etcd's compaction may have dropped from its history. The
+winner's fence is the election key's create revision: every write it makes is a txn comparing it
 (`fence`), so a replica that lost the role can never write again, whatever
 its clock thinks.
 
@@ -163,19 +164,25 @@ class Leadership:
         return json.dumps({**self.record, **extra}, sort_keys=True).encode()
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self.timing.keepalive_s):
-            sent = self.clock()
-            try:
-                left = self.client.lease_keepalive(self.lease, deadline=max(0.1, self._valid_until - sent))
-            except EtcdError as exc:
-                if self.clock() >= self._valid_until:
-                    self.end(f"the lease could not be renewed: {exc}")
+        """Renew the lease every keepalive interval, on a client of its own (a write that takes long never delays a
+        renewal), until the leadership ends."""
+        renewals = self.client.sibling()
+        try:
+            while not self._stop.wait(self.timing.keepalive_s):
+                sent = self.clock()
+                try:
+                    left = renewals.lease_keepalive(self.lease, deadline=max(0.1, self._valid_until - sent))
+                except EtcdError as exc:
+                    if self.clock() >= self._valid_until:
+                        self.end(f"the lease could not be renewed: {exc}")
+                        return
+                    continue
+                if left <= 0:
+                    self.end("the lease expired")
                     return
-                continue
-            if left <= 0:
-                self.end("the lease expired")
-                return
-            self._valid_until = sent + left
+                self._valid_until = sent + left
+        finally:
+            renewals.close()
 
     def _enter(self, state: str) -> None:
         if state not in _NEXT[self.state]:
@@ -222,11 +229,11 @@ class Leadership:
                 )
                 self.outage.ended()
                 if not won.succeeded:
-                    holder = self.client.get(self.key)
+                    holder, read_at = self.client.get_at(self.key)
                     if holder is None:
                         continue
                     if holder.lease != self.lease:
-                        self._wait_for_deletion(holder.mod_revision + 1, stop)
+                        self._wait_for_deletion(read_at + 1, stop)  # not the key's own revision: compacted long ago
                         continue
                     # A retried txn whose first attempt won: the key is this replica's.
                 self.revision = won.revision if won.succeeded else holder.create_revision

@@ -168,8 +168,13 @@ class EtcdClient:
         raise EtcdUnavailable(f"no etcd member answered {path} within {time.monotonic() - started:.1f}s ({tried})")
 
     def get(self, key: bytes, *, deadline: float | None = None) -> KeyValue | None:
-        kvs, _, _ = decode_range(self._call("/v3/kv/range", key_range(key, False), deadline))
-        return kvs[0] if kvs else None
+        return self.get_at(key, deadline=deadline)[0]
+
+    def get_at(self, key: bytes, *, deadline: float | None = None) -> tuple[KeyValue | None, int]:
+        """The key (None when absent) and the revision it was read at: a watch from the revision after misses
+        nothing, and starts within etcd's history however old the key (a key's own revisions may be compacted)."""
+        kvs, revision, _ = decode_range(self._call("/v3/kv/range", key_range(key, False), deadline))
+        return (kvs[0] if kvs else None), revision
 
     def get_prefix(self, prefix: bytes, *, deadline: float | None = None) -> tuple[list[KeyValue], int]:
         """Every key under `prefix` in key order, and the revision they were read at (one revision for all pages)."""
@@ -210,6 +215,14 @@ class EtcdClient:
     def lease_keepalive(self, lease: int, *, deadline: float | None = None) -> int:
         """Renews `lease`: the ttl it has now, 0 when it is gone (expired or revoked)."""
         return int(self._call("/v3/lease/keepalive", {"ID": str(lease)}, deadline).get("TTL", 0))
+
+    def compact(self, revision: int, *, deadline: float | None = None) -> None:
+        """Drop the history before `revision` (a revision already compacted is not an error)."""
+        try:
+            self._call("/v3/kv/compaction", {"revision": str(revision)}, deadline)
+        except EtcdRefused as exc:
+            if exc.code != GRPC_OUT_OF_RANGE:
+                raise
 
     def lease_revoke(self, lease: int, *, deadline: float | None = None) -> None:
         """Revokes `lease`, deleting its keys; a lease already gone is not an error."""
@@ -316,6 +329,11 @@ class EtcdClient:
             raise
         finally:
             connection.close()
+
+    def sibling(self) -> EtcdClient:
+        """Another client of the same members, with connections and a lock of its own: its requests never wait
+        behind this one's (a lease's keepalives behind a large write)."""
+        return EtcdClient(list(self.endpoints), request_timeout=self.request_timeout, deadline=self.deadline)
 
     def close(self) -> None:
         with self._lock:

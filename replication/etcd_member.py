@@ -12,6 +12,15 @@ The flags that matter, and why:
   compressed buckets (services/registry/etcd_store.py), within etcd's default
   of 128 operations per txn, but a reset of thousands of hosts rewrites every
   bucket: more than etcd's default 1.5 MiB per request leaves room for it.
+- `--auto-compaction-mode periodic --auto-compaction-retention 10m`: etcd
+  keeps every revision until it is compacted; the control plane rewrites its
+  state at every decision, so without compaction a job of weeks fills etcd's
+  backend until it refuses every write (`database space exceeded`). Ten
+  minutes of history is far more than any watch of ours resumes from (seconds).
+- `--quota-backend-bytes`: the backend's ceiling, stated rather than left at
+  etcd's 2 GiB default, and sized below the member's volume (the chart's
+  volume is at least twice its quota: compacted pages are reused, but the file
+  only shrinks when defragmented).
 - `--logger zap --log-level warn`: one JSON line per event worth reading.
 """
 
@@ -24,6 +33,8 @@ from pathlib import Path
 HEARTBEAT_MS = 50
 ELECTION_TIMEOUT_MS = 500
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+COMPACTION_RETENTION = "10m"
+QUOTA_BACKEND_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,9 @@ def member_command(
         f"--election-timeout={ELECTION_TIMEOUT_MS}",
         "--experimental-watch-progress-notify-interval=1s",
         f"--max-request-bytes={MAX_REQUEST_BYTES}",
+        "--auto-compaction-mode=periodic",
+        f"--auto-compaction-retention={COMPACTION_RETENTION}",
+        f"--quota-backend-bytes={QUOTA_BACKEND_BYTES}",
         "--logger=zap",
         "--log-level=warn",
     ]

@@ -248,6 +248,12 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
     assert flags["--initial-cluster"] == ",".join(
         f"elastic-etcd-{i}=http://elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2380" for i in range(3)
     )
+    assert flags["--auto-compaction-mode"] == "periodic" and flags["--auto-compaction-retention"] == "10m"
+    (claim,) = etcd["spec"]["volumeClaimTemplates"]
+    size = claim["spec"]["resources"]["requests"]["storage"]
+    assert size.endswith("Gi") and int(size[:-2]) * 2**30 >= 2 * int(flags["--quota-backend-bytes"]), (
+        "etcd's volume holds twice its quota: compacted pages are reused, the file shrinks only when defragmented"
+    )
     budgets = {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "PodDisruptionBudget"}
     assert {name: spec["maxUnavailable"] for name, spec in budgets.items()} == {
         f"elastic-{name}": 1 for name in ("etcd", *SERVICES)

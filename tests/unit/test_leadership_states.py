@@ -26,6 +26,12 @@ class GrantingClient:
     def lease_keepalive(self, lease: int, deadline: float) -> int:
         return 1
 
+    def sibling(self) -> GrantingClient:
+        return self
+
+    def close(self) -> None:
+        return None
+
     def lease_revoke(self, lease: int, deadline: float) -> None:
         self.revoked.append(lease)
 
