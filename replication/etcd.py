@@ -218,18 +218,18 @@ class EtcdClient:
 
     def compact(self, revision: int, *, deadline: float | None = None) -> None:
         """Drop the history before `revision` (a revision already compacted is not an error)."""
-        try:
-            self._call("/v3/kv/compaction", {"revision": str(revision)}, deadline)
-        except EtcdRefused as exc:
-            if exc.code != GRPC_OUT_OF_RANGE:
-                raise
+        self._call_done_before("/v3/kv/compaction", {"revision": str(revision)}, deadline, GRPC_OUT_OF_RANGE)
 
     def lease_revoke(self, lease: int, *, deadline: float | None = None) -> None:
         """Revokes `lease`, deleting its keys; a lease already gone is not an error."""
+        self._call_done_before("/v3/lease/revoke", {"ID": str(lease)}, deadline, GRPC_NOT_FOUND)
+
+    def _call_done_before(self, path: str, request: dict[str, Any], deadline: float | None, done_code: int) -> None:
+        """A call whose refusal with `done_code` means that what it asks was done already."""
         try:
-            self._call("/v3/lease/revoke", {"ID": str(lease)}, deadline)
+            self._call(path, request, deadline)
         except EtcdRefused as exc:
-            if exc.code != GRPC_NOT_FOUND:
+            if exc.code != done_code:
                 raise
 
     def members(self, *, deadline: float | None = None) -> list[Member]:
