@@ -83,6 +83,7 @@ __all__ = [
 GRPC_NOT_FOUND = 5
 GRPC_OUT_OF_RANGE = 11
 SECONDS_PER_MIB = 0.25  # added to an attempt's timeout per MiB of request: 2.5 times what an idle machine needs
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: operations per txn branch, compares alike
 RANGE_PAGE = 1000  # keys per range request of get_prefix: a big prefix is read in pages, all at one revision
 _HEADERS = {"Content-Type": "application/json"}
 
@@ -102,6 +103,10 @@ class EtcdRefused(EtcdError):
         super().__init__(f"etcd {endpoint} refused {path}: {message} (gRPC code {code})")
         self.code = code
         self.message = message
+
+
+class TxnTooLarge(ValueError):
+    """A txn over etcd's limit of operations: its caller must make it smaller (range deletes, fewer parts)."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -203,7 +208,11 @@ class EtcdClient:
         *,
         deadline: float | None = None,
     ) -> TxnResult:
-        """Runs `success` if every compare holds, else `failure`, in one revision."""
+        """Runs `success` if every compare holds, else `failure`, in one revision. A txn over etcd's limit of
+        operations is a bug of its caller, never sent: TxnTooLarge."""
+        for name, ops in (("compares", compare), ("success operations", success), ("failure operations", failure)):
+            if len(ops) > MAX_TXN_OPS:
+                raise TxnTooLarge(f"a txn of {len(ops)} {name}: etcd takes {MAX_TXN_OPS} at most (--max-txn-ops)")
         request = {"compare": compare, "success": success, "failure": list(failure)}
         return decode_txn(self._call("/v3/kv/txn", request, deadline))
 

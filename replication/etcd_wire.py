@@ -109,7 +109,10 @@ def put_op(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
     return {"request_put": request}
 
 
-def delete_op(key: bytes, *, prefix: bool = False) -> dict[str, Any]:
+def delete_op(key: bytes, *, prefix: bool = False, until: bytes | None = None) -> dict[str, Any]:
+    """Delete `key`, every key under it (`prefix`), or every key from it up to `until` (excluded): one operation."""
+    if until is not None:
+        return {"request_delete_range": {"key": b64(key), "range_end": b64(until)}}
     return {"request_delete_range": key_range(key, prefix)}
 
 

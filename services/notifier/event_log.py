@@ -57,9 +57,12 @@ class EventLog:
         self._write([put_op(self._head, msgpack.packb({"incarnation": incarnation, "seq": 0}))])
 
     def append(self, incarnation: str, event: str, body: dict[str, Any], dropped: list[int]) -> None:
-        """Keep event number body["seq"] and let go of the numbers `dropped`, in one txn."""
+        """Keep event number body["seq"] and let go of the numbers `dropped` (the oldest kept, consecutive: one range
+        delete however many), in one txn of three operations at most."""
         ops = [
             put_op(self._head, msgpack.packb({"incarnation": incarnation, "seq": body["seq"]})),
             put_op(self._event_key(body["seq"]), zlib.compress(msgpack.packb([event, body]), 1)),
         ]
-        self._write(ops + [delete_op(self._event_key(seq)) for seq in dropped])
+        if dropped:
+            ops.append(delete_op(self._event_key(min(dropped)), until=self._event_key(max(dropped) + 1)))
+        self._write(ops)

@@ -10,7 +10,7 @@ loads them all. Without etcd the rendezvous keeps its store in memory only.
 from __future__ import annotations
 
 from elastic_control_plane.replication.election import LostRole
-from elastic_control_plane.replication.etcd import EtcdError, delete_op, put_op
+from elastic_control_plane.replication.etcd import MAX_TXN_OPS, EtcdError, delete_op, put_op
 from elastic_control_plane.replication.replica import Replica
 
 
@@ -36,9 +36,12 @@ class KvLog:
     def set(self, key: str, value: bytes) -> None:
         self._write([put_op(self._prefix + key.encode(), value)])
 
-    def drop(self, keys: list[str]) -> None:
-        if keys:
-            self._write([delete_op(self._prefix + key.encode()) for key in keys])
+    def drop_prefixes(self, prefixes: list[str]) -> None:
+        """Delete every key under each of `prefixes` (the rounds that are over): one range delete each, in txns of
+        at most MAX_TXN_OPS operations."""
+        ops = [delete_op(self._prefix + prefix.encode(), prefix=True) for prefix in prefixes]
+        for start in range(0, len(ops), MAX_TXN_OPS):
+            self._write(ops[start : start + MAX_TXN_OPS])
 
     def clear(self) -> None:
         self._write([delete_op(self._prefix, prefix=True)])

@@ -94,6 +94,7 @@ class RendezvousService(Service):
         super().__init__(endpoint, **kw)
         self.rounds = Rounds()
         self.kv_log = kv_log
+        self._left_in_etcd: set[str] = set()  # prefixes of rounds over whose keys etcd still holds
         self.kv: dict[str, bytes] = kv_log.load() if kv_log is not None else {}
         self.kv_waiters: dict[str, list[Request]] = defaultdict(list)
         self.kv_waiting = 0
@@ -292,13 +293,18 @@ class RendezvousService(Service):
             request.reply({"answers": answers})
 
     def _drop_old_keys(self) -> None:
+        """The keys of rounds older than the previous one go, from etcd too (one range delete per round; the rounds
+        etcd refused to drop are dropped with the next ones)."""
         live = tuple(r.prefix for r in self.rounds.rounds.values())
         old = [k for k in self.kv if k.startswith("round/") and not k.startswith(live)]
-        if self.kv_log is not None and old:
+        over = self._left_in_etcd | {"/".join(key.split("/", 2)[:2]) + "/" for key in old}
+        if self.kv_log is not None and over:
             try:
-                self.kv_log.drop(old)
+                self.kv_log.drop_prefixes(sorted(over))
+                self._left_in_etcd = set()
             except KvLogError as exc:
-                self.log.warning("old_keys_left_in_etcd", keys=len(old), reason=str(exc))
+                self._left_in_etcd = over
+                self.log.warning("old_keys_left_in_etcd", rounds=len(over), reason=str(exc))
         for key in old:
             del self.kv[key]
         stale = [k for k in self.kv_waiters if k.startswith("round/") and not k.startswith(live)]

@@ -25,6 +25,9 @@ import pytest
 
 from elastic_control_plane.replication.election import ACTIVE, ElectionTiming, Leadership, LostRole
 from elastic_control_plane.replication.etcd import EtcdClient, put_op
+from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.services.notifier.event_log import EventLog
+from elastic_control_plane.services.rendezvous.kv_log import KvLog
 from testing.control_hosts import PREFIX, ReplicatedCluster, replica_name
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, wait_for
@@ -249,6 +252,36 @@ def test_a_standby_takes_over_when_the_leader_keys_own_history_was_compacted(etc
         won.join(10)
         assert second.state == ACTIVE and "etcd_unreachable" not in said.events, said.events
         second.end("the test ends", revoke=True)
+    finally:
+        client.close()
+
+
+def test_an_event_that_evicts_hundreds_and_a_drop_of_many_rounds_stay_within_etcds_txn_limit(
+    etcd: EtcdCluster,
+) -> None:
+    """The notifier's event log lets go of the oldest events with one range delete, however many (a large `round`
+    event evicts hundreds), and the rendezvous drops the keys of the rounds that are over one range delete per
+    round: etcd's limit of 128 operations per txn is never reached."""
+    client = EtcdClient(etcd.client_endpoints)
+    try:
+        role = Leadership(client, "txn-test", "notifier", "a", "tcp://a:1", timing=ElectionTiming(1))
+        never = threading.Event()
+        assert role.register(never) and role.campaign(never)
+        replica = Replica(client, "txn-test", role)
+        events = EventLog(replica)
+        events.start("i1")
+        for seq in range(1, 301):
+            events.append("i1", "tick", {"seq": seq}, [])
+        events.append("i1", "round", {"seq": 301}, list(range(1, 251)))
+        incarnation, latest, kept = events.load()
+        assert (incarnation, latest) == ("i1", 301)
+        assert [body["seq"] for _, body in kept] == list(range(251, 302))
+        store = KvLog(replica)
+        for number in range(200):
+            store.set(f"round/{number}/store_addr", b"host:1234")
+        store.drop_prefixes([f"round/{number}/" for number in range(198)])
+        assert sorted(store.load()) == ["round/198/store_addr", "round/199/store_addr"]
+        role.end("the test ends", revoke=True)
     finally:
         client.close()
 

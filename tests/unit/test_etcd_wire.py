@@ -4,6 +4,7 @@ import base64
 
 import pytest
 
+from elastic_control_plane.replication.etcd import EtcdClient, TxnTooLarge
 from elastic_control_plane.replication.etcd_wire import (
     GatewayFailure,
     KeyValue,
@@ -218,3 +219,18 @@ def test_error_answers_are_failures_retried_only_when_they_mean_not_now(status, 
         read_answer(status, body)
     assert (failure.value.code, failure.value.retried) == (code, retried)
     assert "\n" not in failure.value.message
+
+
+def test_a_txn_over_etcds_limit_of_operations_is_a_bug_never_sent() -> None:
+    client = EtcdClient(["127.0.0.1:9"])  # nothing listens: a txn that were sent would fail otherwise
+    try:
+        with pytest.raises(TxnTooLarge, match="a txn of 129 success operations: etcd takes 128 at most"):
+            client.txn([], [put_op(b"k%d" % i, b"v") for i in range(129)])
+    finally:
+        client.close()
+
+
+def test_a_range_delete_names_its_end() -> None:
+    op = delete_op(b"p/events/0000000000000001", until=b"p/events/0000000000000200")["request_delete_range"]
+    assert base64.b64decode(op["key"]) == b"p/events/0000000000000001"
+    assert base64.b64decode(op["range_end"]) == b"p/events/0000000000000200"
