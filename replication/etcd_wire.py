@@ -226,8 +226,15 @@ def read_answer(status: int, body: bytes) -> dict[str, Any]:
     if not isinstance(answer, dict):
         raise GatewayFailure(2, f"HTTP {status}: not a JSON object")
     if status >= 400:
-        raise GatewayFailure(int(answer.get("code", 2)), one_line(str(answer.get("message", answer))))
+        raise GatewayFailure(_grpc_code(answer.get("code")), one_line(str(answer.get("message", answer))))
     if isinstance(answer.get("error"), dict):
         error = answer["error"]
-        raise GatewayFailure(int(error.get("grpc_code", 2)), one_line(str(error.get("message", error))))
+        raise GatewayFailure(_grpc_code(error.get("grpc_code")), one_line(str(error.get("message", error))))
     return answer.get("result", answer)
+
+
+def _grpc_code(value: Any) -> int:
+    """An error answer's gRPC code; 2 (Unknown) for anything but an integer (a proxy's own error page)."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 2

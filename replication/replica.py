@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
@@ -43,6 +44,32 @@ STEPPED_DOWN = "ELASTIC_REPLICA_STEPPED_DOWN"
 
 class StoreUnusable(RuntimeError):
     """The etcd store cannot be used (unreachable, or written by a newer version): the message is one line."""
+
+
+class CorruptRecord(RuntimeError):
+    """A record a service keeps in etcd cannot be read (not the format it writes, or larger than it could be): the
+    key and why, in one line. No replica can start the service from it; each says so once and waits for the key to
+    change (an operator repairs or deletes it)."""
+
+    def __init__(self, key: bytes, reason: str) -> None:
+        super().__init__(f"{key.decode(errors='replace')}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+INFLATED_MAX = 64 * 1024 * 1024  # the largest record a service writes, decompressed, is a few MiB
+
+
+def inflate(key: bytes, data: bytes, limit: int = INFLATED_MAX) -> bytes:
+    """A zlib-compressed record, decompressed to `limit` bytes at most; CorruptRecord when it is not zlib or longer."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, limit)
+    except zlib.error as exc:
+        raise CorruptRecord(key, f"not zlib-compressed: {exc}") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise CorruptRecord(key, f"truncated, or over {limit} bytes once decompressed")
+    return out
 
 
 def open_etcd(choice: StoreChoice, outage: Outage | None = None, stop: threading.Event | None = None) -> EtcdClient:
@@ -116,6 +143,12 @@ def serve_replica(
     log.info("active", replica=replica_name, fence=leadership.revision, waited_s=round(time.monotonic() - waited, 3))
     try:
         service = build(Replica(client, choice.prefix, leadership))
+    except CorruptRecord as exc:  # no replica can start from it: say so once, stand by until the key changes
+        leadership.end(f"a corrupt record: {exc}", revoke=True)
+        log.error("corrupt_record", key=exc.key.decode(errors="replace"), reason=exc.reason)
+        if not _wait_for_change(client, exc.key, stopping):
+            return
+        step_down(leadership, module, log)
     except Exception as exc:  # its state unreadable for now, or its address taken: another replica may do better
         reason = f"{type(exc).__name__}: {exc}"
         leadership.end(f"its service could not start: {reason}", revoke=True)
@@ -134,6 +167,18 @@ def serve_replica(
         log.info("stopped", replica=replica_name)
         return
     step_down(leadership, module, log)
+
+
+def _wait_for_change(client: EtcdClient, key: bytes, stopping: threading.Event) -> bool:
+    """Wait until `key` changes (True) or the process is asked to stop (False); etcd out of reach: try again."""
+    while not stopping.is_set():
+        try:
+            _, read_at = client.get_at(key)
+            for _ in client.watch(key, start_revision=read_at + 1, stop=stopping):
+                return True
+        except EtcdError:
+            stopping.wait(START_RETRY_DELAY)
+    return False
 
 
 def step_down(leadership: Leadership, module: str, log: structlog.stdlib.BoundLogger) -> NoReturn:

@@ -21,7 +21,7 @@ from typing import Any
 from elastic_control_plane.bus.service import RequestError
 from elastic_control_plane.replication.election import LostRole
 from elastic_control_plane.replication.etcd import EtcdError, put_op
-from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.replication.replica import CorruptRecord, Replica
 from elastic_control_plane.services.discovery.hostset import HostRecord, HostSet, Mark
 
 
@@ -66,7 +66,15 @@ class MarksLog:
 
     def load(self) -> dict[str, Any]:
         found = self.replica.client.get(self._key)
-        return {} if found is None else json.loads(found.value)
+        if found is None:
+            return {}
+        try:
+            marks = json.loads(found.value)
+        except ValueError as exc:
+            raise CorruptRecord(self._key, f"not JSON: {exc}") from None
+        if not isinstance(marks, dict):
+            raise CorruptRecord(self._key, "not a map of host to mark")
+        return marks
 
     def save(self, marks: dict[str, dict[str, Any]]) -> None:
         try:

@@ -20,7 +20,7 @@ import msgpack
 
 from elastic_control_plane.replication.election import LostRole
 from elastic_control_plane.replication.etcd import EtcdError, delete_op, put_op
-from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.replication.replica import CorruptRecord, Replica, inflate
 
 
 class EventLogError(RuntimeError):
@@ -41,10 +41,19 @@ class EventLog:
         head = self.replica.client.get(self._head)
         if head is None:
             return None, 0, []
-        saved = msgpack.unpackb(head.value)
+        saved = _unpacked(self._head, head.value)
+        if not (isinstance(saved, dict) and isinstance(saved.get("incarnation"), str) and _is_seq(saved.get("seq"))):
+            raise CorruptRecord(self._head, "not the notifier's head {incarnation, seq}")
         kvs, _ = self.replica.client.get_prefix(self._events)
-        events = [tuple(msgpack.unpackb(zlib.decompress(kv.value))) for kv in kvs]
-        return saved["incarnation"], int(saved["seq"]), events  # type: ignore[return-value]
+        events = []
+        for kv in kvs:
+            event = _unpacked(kv.key, inflate(kv.key, kv.value))
+            if not (
+                isinstance(event, list) and len(event) == 2 and isinstance(event[0], str) and isinstance(event[1], dict)
+            ):
+                raise CorruptRecord(kv.key, "not a kept event [type, body]")
+            events.append((event[0], event[1]))
+        return saved["incarnation"], int(saved["seq"]), events
 
     def _write(self, ops: list[dict[str, Any]]) -> None:
         try:
@@ -66,3 +75,14 @@ class EventLog:
         if dropped:
             ops.append(delete_op(self._event_key(min(dropped)), until=self._event_key(max(dropped) + 1)))
         self._write(ops)
+
+
+def _unpacked(key: bytes, data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise CorruptRecord(key, f"not msgpack: {exc}") from None
+
+
+def _is_seq(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

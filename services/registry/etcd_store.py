@@ -25,7 +25,7 @@ from typing import Any
 
 from elastic_control_plane.replication.election import LostRole
 from elastic_control_plane.replication.etcd import EtcdError, put_op
-from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.replication.replica import CorruptRecord, Replica, inflate
 from elastic_control_plane.services.registry.store import StoreError
 
 PART_BUCKETS = 64
@@ -54,22 +54,22 @@ class EtcdJobStore:
             buckets, _ = client.get_prefix(self.replica.key("registry", "parts/"))
         except EtcdError as exc:
             raise StoreError(f"cannot read the registry's state from {self.where}: {exc}") from None
+        parts: dict[str, Any] = {}
         for kv in buckets:
-            number = int(kv.key.decode().rpartition("/")[2])
-            try:
-                self._buckets[number] = json.loads(zlib.decompress(kv.value))
-            except (zlib.error, ValueError) as exc:
-                raise StoreError(f"{self.where}: bucket {number} of the saved parts is not readable: {exc}") from None
+            number = kv.key.decode(errors="replace").rpartition("/")[2]
+            if not (number.isdigit() and int(number) < PART_BUCKETS):
+                raise CorruptRecord(kv.key, f"not a bucket of the saved parts (00 to {PART_BUCKETS - 1:02d})")
+            bucket = _json(kv.key, inflate(kv.key, kv.value))
+            if not (isinstance(bucket, dict) and all(isinstance(text, str) for text in bucket.values())):
+                raise CorruptRecord(kv.key, "a bucket of the saved parts is not a map of part to text")
+            self._buckets[int(number)] = bucket
+            parts.update((key, _json(kv.key, text)) for key, text in bucket.items())
         if state is None:
             return None
-        self._saved_state = state.value.decode()
-        try:
-            saved = json.loads(self._saved_state)
-            parts = {key: json.loads(text) for bucket in self._buckets.values() for key, text in bucket.items()}
-        except ValueError as exc:
-            raise StoreError(f"{self.where}: the saved state is not readable: {exc}") from None
+        self._saved_state = state.value.decode(errors="replace")
+        saved = _json(self._state_key, self._saved_state)
         if not isinstance(saved, dict):
-            raise StoreError(f"{self.where}: the saved state is not a map")
+            raise CorruptRecord(self._state_key, "the saved state is not a map")
         return saved, parts
 
     def save(self, state: dict[str, Any], parts: Mapping[str, str | None] | None = None) -> bool:
@@ -103,3 +103,10 @@ class EtcdJobStore:
 
     def close(self) -> None:
         """The client belongs to the replica: nothing of the store's own to close."""
+
+
+def _json(key: bytes, text: str | bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CorruptRecord(key, f"not JSON: {exc}") from None

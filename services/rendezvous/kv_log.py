@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from elastic_control_plane.replication.election import LostRole
 from elastic_control_plane.replication.etcd import MAX_TXN_OPS, EtcdError, delete_op, put_op
-from elastic_control_plane.replication.replica import Replica
+from elastic_control_plane.replication.replica import CorruptRecord, Replica
 
 
 class KvLogError(RuntimeError):
@@ -25,7 +25,13 @@ class KvLog:
 
     def load(self) -> dict[str, bytes]:
         kvs, _ = self.replica.client.get_prefix(self._prefix)
-        return {kv.key[len(self._prefix) :].decode(): kv.value for kv in kvs}
+        store = {}
+        for kv in kvs:
+            try:
+                store[kv.key[len(self._prefix) :].decode()] = kv.value
+            except UnicodeDecodeError:
+                raise CorruptRecord(kv.key, "not a UTF-8 key of the rendezvous's store") from None
+        return store
 
     def _write(self, ops: list[dict]) -> None:
         try:

@@ -286,6 +286,37 @@ def test_an_event_that_evicts_hundreds_and_a_drop_of_many_rounds_stay_within_etc
         client.close()
 
 
+def test_a_corrupt_record_is_one_line_per_replica_that_then_waits_and_serves_once_it_is_repaired(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    """A bucket of the registry's saved parts that is not what the registry writes: each replica elected says so in
+    one line naming the key and stands by, with no restart loop; once an operator deletes the key, a replica is
+    elected again and serves."""
+    client = EtcdClient(etcd.client_endpoints)
+    client.put(b"elastic/registry/parts/07", b"not zlib at all")
+    cluster = ReplicatedCluster(tmp_path / "cluster", etcd)
+    try:
+        for host in cluster.control_hosts[:2]:
+            cluster.start_replicas(host, ("registry",))
+        names = [replica_name("registry", host) for host in cluster.control_hosts[:2]]
+
+        def corrupt_lines() -> list[str]:
+            return [line for name in names for line in cluster.output(name).splitlines() if "corrupt_record" in line]
+
+        wait_for(lambda: len(corrupt_lines()) == 2, 30, "each replica to name the corrupt key")
+        assert all("elastic/registry/parts/07" in line and "not zlib" in line for line in corrupt_lines())
+        assert not any(
+            "start_failed" in cluster.output(name) or "stepped_down" in cluster.output(name) for name in names
+        )
+        assert [cluster.processes[name].poll() for name in names] == [None, None], "both wait, alive"
+        client.delete(b"elastic/registry/parts/07")
+        wait_for(lambda: cluster.call("registry", "ping", timeout=0.5), 30, "a registry that serves")
+        assert len(corrupt_lines()) == 2, "said once each"
+    finally:
+        cluster.close()
+        client.close()
+
+
 def test_quorum_lost_stops_decisions_training_goes_on_and_everything_resumes_when_it_returns(
     replicated: ReplicatedCluster, tmp_path: Path
 ) -> None:
