@@ -13,10 +13,9 @@ replacement is not ready yet. An available host offers the ids of its other
 slots, so the job re-forms without a crashed slot and gets it back, at the
 same local rank, once its replacement waits in `init()`.
 
-A discovery that restarted knows nothing; the registry gives it back the
-drains and blacklists it held (`restore`): a mark for a host that has not
-registered again yet waits for it. Hosts of the job's round that never
-register again are recorded as lost (`record_missing`).
+A discovery that restarted knows nothing; the registry gives it back the drains and blacklists it held (`restore`):
+a mark for a host that has not registered again yet waits for it. Hosts of the job's round that never register
+again are recorded as lost (`record_missing`). A lost host is forgotten in time (services/discovery/lost_hosts.py).
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from elastic_control_plane.services.discovery.lost_hosts import LostHosts
 
 SlotIds = tuple[int, ...]
 ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = (
@@ -117,6 +118,7 @@ class HostSet:
         self._rng = rng or random.Random()
         self._by_silence: OrderedDict[str, None] = OrderedDict()  # live hosts, the longest silent first
         self._cooldowns: list[tuple[float, str]] = []  # (end, host) of blacklists, a heap; stale entries are skipped
+        self.lost = LostHosts()  # when each lost host is forgotten (services/discovery/lost_hosts.py)
 
     def _heard(self, name: str) -> None:
         self._by_silence[name] = None
@@ -197,6 +199,7 @@ class HostSet:
                 break
             record.lost_at = now
             del self._by_silence[record.name]
+            self.lost.lost(record.name, now)
             newly_lost.append(record.name)
         return newly_lost
 
@@ -243,6 +246,7 @@ class HostSet:
         for name, slots in expected:
             if name in missing:
                 self.hosts[name] = HostRecord(name, max(slots, default=0) + 1, "", now, lost_at=now)
+                self.lost.lost(name, now)
         return missing
 
     def lift_cooldowns(self, now: float) -> list[str]:

@@ -195,6 +195,8 @@ class DiscoveryService(Service):
             return
         lost = self.hostset.expire(now, self.timing.lost_after)
         lifted = self.hostset.lift_cooldowns(now)
+        for host in self.hostset.lost.forget_due(self.hostset.hosts, now):
+            self.log.info("lost_host_forgotten", host=host)
         for host in lost:
             self.log.warning("host_lost", host=host, missed_for=self.timing.lost_after)
         for host in lifted:
