@@ -142,10 +142,7 @@ def test_every_field_is_declared_once_with_its_rule_and_a_default_that_keeps_it(
     assert FIELDS == tuple(spec_field.name for spec_field in fields(JobSpec))
     default = JobSpec.parse({"command": ["x"]})
     for spec_field in fields(JobSpec):
-        check = spec_field.metadata["check"]
-        assert check(spec_field.name, getattr(default, spec_field.name)) is not None or spec_field.name in (
-            "max_np",
-            "reset_limit",
-            "discovery_script",
-            "checkpoint_dir",
-        )
+        check, value = spec_field.metadata["check"], getattr(default, spec_field.name)
+        assert check(spec_field.name, value) == value, f"{spec_field.name}'s default keeps its rule"
+        with pytest.raises(SpecError):
+            check(spec_field.name, object())
