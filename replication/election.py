@@ -40,10 +40,22 @@ from typing import Any
 
 import structlog
 
-from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
+from elastic_control_plane.replication.etcd import (
+    EtcdClient,
+    EtcdError,
+    EtcdRefused,
+    TxnResult,
+    create_revision_is,
+    put_op,
+    space_exceeded,
+)
 
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4
+# The active replica compacts etcd's history every COMPACT_EVERY revisions, keeping the last KEEP_REVISIONS (watches
+# of ours resume within a few revisions; a standby watches from what it read).
+COMPACT_EVERY = 10_000
+KEEP_REVISIONS = 1_000
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,7 @@ class Leadership:
         self.revision = 0  # the election key's create revision once this replica won the role; 0 before
         self.end_reason = ""
         self._valid_until = 0.0
+        self._compacted_at = 0  # the revision of this replica's last compaction
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self.outage = Outage(self.log)
@@ -275,12 +288,40 @@ class Leadership:
         leadership (`end`) and raises `LostRole`; etcd out of reach past the lease raises `EtcdError`."""
         if self.state != ACTIVE or not self.held():
             raise LostRole(f"{self.service}: this replica no longer holds the role ({self.why_not_held()})")
-        deadline = max(self.timing.least_write_s, self._valid_until - self.clock())
-        result = self.client.txn([self.fence()], ops, [], deadline=deadline)
+        try:
+            result = self._fenced(ops)
+        except EtcdRefused as exc:
+            if not space_exceeded(exc):
+                raise
+            self._reclaim_space(exc)
+            result = self._fenced(ops)
         if not result.succeeded:
             self.end("another replica holds the role: a write was refused")
             raise LostRole(f"{self.service}: another replica holds the role; this one stepped down")
+        if result.revision - self._compacted_at >= COMPACT_EVERY:
+            self._compact(result.revision)
         return result.revision
+
+    def _fenced(self, ops: list[dict[str, Any]]) -> TxnResult:
+        deadline = max(self.timing.least_write_s, self._valid_until - self.clock())
+        return self.client.txn([self.fence()], ops, [], deadline=deadline)
+
+    def _reclaim_space(self, refusal: EtcdRefused) -> None:
+        """etcd refused the write for space: compact, defragment and disarm (EtcdClient.reclaim_space), said once
+        each time, then the write goes once more (an EtcdError if etcd still refuses it)."""
+        self.log.warning("etcd_space_exceeded", reason=refusal.message)
+        before, after = self.client.reclaim_space()
+        self._compacted_at = 0
+        self.log.warning("etcd_space_reclaimed", backend_bytes_before=before, backend_bytes_after=after)
+
+    def _compact(self, revision: int) -> None:
+        """Keep etcd's history bounded whoever started its members: every COMPACT_EVERY revisions, the history
+        older than the last KEEP_REVISIONS goes (the members we start also compact every 10 minutes)."""
+        try:
+            self.client.compact(revision - KEEP_REVISIONS)
+            self._compacted_at = revision
+        except EtcdError as exc:
+            self.log.warning("etcd_not_compacted", reason=str(exc))
 
 
 class LostRole(EtcdError):

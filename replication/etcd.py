@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 GRPC_NOT_FOUND = 5
+GRPC_RESOURCE_EXHAUSTED = 8
 GRPC_OUT_OF_RANGE = 11
 SECONDS_PER_MIB = 0.25  # added to an attempt's timeout per MiB of request: 2.5 times what an idle machine needs
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops: operations per txn branch, compares alike
@@ -103,6 +104,11 @@ class EtcdRefused(EtcdError):
         super().__init__(f"etcd {endpoint} refused {path}: {message} (gRPC code {code})")
         self.code = code
         self.message = message
+
+
+def space_exceeded(exc: BaseException) -> bool:
+    """Is `exc` etcd refusing a write because its backend reached its quota (the NOSPACE alarm is raised)?"""
+    return isinstance(exc, EtcdRefused) and exc.code == GRPC_RESOURCE_EXHAUSTED and "space exceeded" in exc.message
 
 
 class TxnTooLarge(ValueError):
@@ -264,6 +270,36 @@ class EtcdClient:
         except EtcdRefused as exc:
             if exc.code != GRPC_NOT_FOUND:
                 raise
+
+    def reclaim_space(self, *, member_timeout: float = 60.0) -> tuple[int, int]:
+        """What an operator does when etcd refuses writes for space, done here: compact every revision before the
+        current one, defragment the members one at a time (a member defragmenting answers nothing), and disarm their
+        NOSPACE alarms. The largest backend before and after, in bytes. EtcdError when a step fails."""
+        before = self._largest_backend()
+        _, revision = self.get_at(b"\0")
+        self.compact(revision)
+        for endpoint in self.endpoints:
+            self._call_member(endpoint, "/v3/maintenance/defragment", {}, member_timeout)
+        answer = self._call("/v3/maintenance/alarm", {"action": "GET"}, None)
+        for alarm in answer.get("alarms") or []:
+            if alarm.get("alarm") == "NOSPACE":
+                request = {"action": "DEACTIVATE", "memberID": str(alarm.get("memberID", 0)), "alarm": "NOSPACE"}
+                self._call("/v3/maintenance/alarm", request, None)
+        return before, self._largest_backend()
+
+    def _largest_backend(self) -> int:
+        sizes = [status["db_size"] for endpoint in self.endpoints if (status := self.endpoint_status(endpoint))]
+        return max(sizes, default=0)
+
+    def _call_member(self, endpoint: str, path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """A call that only `endpoint` must answer (a member's own maintenance)."""
+        with self._lock:
+            try:
+                return self._post(endpoint, path, json.dumps(request).encode(), timeout)
+            except GatewayFailure as failure:
+                raise EtcdRefused(endpoint, path, failure.code, failure.message) from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise EtcdUnavailable(f"etcd {endpoint} did not answer {path}: {_reason(exc)}") from None
 
     def endpoint_status(self, endpoint: str, *, timeout: float = 0.5) -> dict[str, int] | None:
         """{"member_id", "leader", "revision", "db_size"} as that one member sees them; None if it does not answer."""

@@ -60,7 +60,12 @@ def initial_cluster(members: list[MemberSpec]) -> str:
 
 
 def member_command(
-    spec: MemberSpec, cluster: list[MemberSpec], *, state: str = "new", token: str = "elastic"
+    spec: MemberSpec,
+    cluster: list[MemberSpec],
+    *,
+    state: str = "new",
+    token: str = "elastic",
+    quota_bytes: int = QUOTA_BACKEND_BYTES,
 ) -> list[str]:
     """The command line of member `spec` of `cluster` (every member, `spec` included). `state` is "new" for the
     members that found a cluster together, "existing" for one added to a running cluster (after `member_add`);
@@ -82,7 +87,7 @@ def member_command(
         f"--max-request-bytes={MAX_REQUEST_BYTES}",
         "--auto-compaction-mode=periodic",
         f"--auto-compaction-retention={COMPACTION_RETENTION}",
-        f"--quota-backend-bytes={QUOTA_BACKEND_BYTES}",
+        f"--quota-backend-bytes={quota_bytes}",
         "--logger=zap",
         "--log-level=warn",
     ]

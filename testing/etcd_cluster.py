@@ -18,7 +18,7 @@ from pathlib import Path
 
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.replication.etcd import EtcdClient
-from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
+from elastic_control_plane.replication.etcd_member import QUOTA_BACKEND_BYTES, MemberSpec, member_command
 from testing.harness import free_ports, wait_for
 
 HEALTHY_WITHIN = 30.0  # seconds for members to start and elect a leader, on a loaded machine
@@ -41,8 +41,14 @@ def _free_port_pair(hosts: tuple[str, ...]) -> tuple[int, int]:
 
 
 class EtcdCluster:
-    def __init__(self, base_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "127.0.0.2", "127.0.0.3")) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        hosts: tuple[str, ...] = ("127.0.0.1", "127.0.0.2", "127.0.0.3"),
+        quota_bytes: int = QUOTA_BACKEND_BYTES,
+    ) -> None:
         self.base_dir = base_dir
+        self.quota_bytes = quota_bytes
         base_dir.mkdir(parents=True, exist_ok=True)
         client_port, peer_port = _free_port_pair(hosts)
         self.members = [
@@ -77,7 +83,9 @@ class EtcdCluster:
         self.wait_healthy()
 
     def _spawn(self, index: int) -> None:
-        command = member_command(self.members[index], self.members, state=self._states[index])
+        command = member_command(
+            self.members[index], self.members, state=self._states[index], quota_bytes=self.quota_bytes
+        )
         with open(self.log_path(index), "ab") as log:
             self.processes[index] = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent()

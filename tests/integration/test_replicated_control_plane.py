@@ -19,7 +19,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,6 +30,7 @@ from elastic_control_plane.services.rendezvous.kv_log import KvLog
 from testing.control_hosts import PREFIX, ReplicatedCluster, replica_name
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, wait_for
+from testing.recording_log import RecordingLog
 from tests.integration.test_control_plane_restarts import kill_a_worker_and_see_it_recovered, start_job
 from tests.integration.test_snapshots import assert_finished_exactly, committed
 
@@ -211,16 +211,6 @@ def watchers(etcd: EtcdCluster) -> int:
     return total
 
 
-class Said:
-    """A logger that keeps the events it was given."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def __getattr__(self, level: str) -> Any:
-        return lambda event, **_: self.events.append(event)
-
-
 def test_a_standby_takes_over_when_the_leader_keys_own_history_was_compacted(etcd: EtcdCluster) -> None:
     """etcd compacts its history (every 10 minutes on the members we start): a standby that waits for the role
     watches from the revision it read the leader key at, so the key's own revision, compacted long ago, costs it
@@ -233,7 +223,7 @@ def test_a_standby_takes_over_when_the_leader_keys_own_history_was_compacted(etc
         for number in range(20):
             latest = client.put(b"compact-test/registry/state", str(number).encode())
         client.compact(latest)
-        said = Said()
+        said = RecordingLog()
         second = Leadership(
             client.sibling(),
             "compact-test",
@@ -250,7 +240,7 @@ def test_a_standby_takes_over_when_the_leader_keys_own_history_was_compacted(etc
         wait_for(lambda: watchers(etcd) > watching_before, 10, "the standby's watch of the leader key")
         first.end("handing over", revoke=True)
         won.join(10)
-        assert second.state == ACTIVE and "etcd_unreachable" not in said.events, said.events
+        assert second.state == ACTIVE and "etcd_unreachable" not in said.names(), said.names()
         second.end("the test ends", revoke=True)
     finally:
         client.close()

@@ -1,0 +1,85 @@
+"""etcd for weeks (issue 45): a real 3-member etcd whose backend quota is small. When etcd refuses writes for space
+(its NOSPACE alarm raised), the active replica's next write compacts, defragments each member and disarms the alarm,
+says so, and goes through; and a replica writing thousands of revisions compacts etcd's history itself."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastic_control_plane.replication import election
+from elastic_control_plane.replication.election import ElectionTiming, Leadership
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdRefused, put_op, space_exceeded
+from testing.etcd_cluster import EtcdCluster
+from testing.recording_log import RecordingLog
+
+QUOTA = 32 * 1024 * 1024
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    members = EtcdCluster(tmp_path / "etcd", quota_bytes=QUOTA)
+    try:
+        members.start()
+        yield members
+    finally:
+        members.stop()
+
+
+def active(client: EtcdClient, said: RecordingLog) -> Leadership:
+    role = Leadership(client, "space", "registry", "a", "tcp://a:1", timing=ElectionTiming(2), log=said)  # type: ignore[arg-type]
+    never = threading.Event()
+    assert role.register(never) and role.campaign(never)
+    return role
+
+
+def fill_until_refused(client: EtcdClient) -> EtcdRefused:
+    """Overwrite one key with a MiB at a time until etcd refuses for space (every version kept: no compaction)."""
+    for number in range(4 * QUOTA // 2**20):
+        try:
+            client.put(b"space/junk", bytes([number % 256]) * 2**20)
+        except EtcdRefused as exc:
+            assert space_exceeded(exc), exc
+            return exc
+    raise AssertionError("etcd took four times its quota")
+
+
+def test_a_write_refused_for_space_reclaims_it_and_goes_through(etcd: EtcdCluster) -> None:
+    client, said = EtcdClient(etcd.client_endpoints, deadline=30.0), RecordingLog()
+    try:
+        role = active(client, said)
+        fill_until_refused(client)
+        role.write([put_op(b"space/registry/state", b"the job")])
+        assert client.get(b"space/registry/state").value == b"the job"  # type: ignore[union-attr]
+        events = dict(said.events)
+        assert "etcd_space_exceeded" in events
+        before, after = (
+            events["etcd_space_reclaimed"]["backend_bytes_before"],
+            events["etcd_space_reclaimed"]["backend_bytes_after"],
+        )
+        assert after < before, "defragmented"
+        client.put(b"space/junk", b"small")  # the alarm is disarmed: any write goes
+        role.end("the test ends", revoke=True)
+    finally:
+        client.close()
+
+
+def test_a_replica_writing_many_revisions_compacts_etcds_history(
+    etcd: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(election, "COMPACT_EVERY", 200)
+    monkeypatch.setattr(election, "KEEP_REVISIONS", 50)
+    client, said = EtcdClient(etcd.client_endpoints), RecordingLog()
+    try:
+        role = active(client, said)
+        revisions = [role.write([put_op(b"space/registry/state", str(n).encode())]) for n in range(300)]
+        with pytest.raises(EtcdRefused) as compacted:
+            client.get_at(b"space/registry/state")  # the current revision reads fine
+            next(iter(client.watch(b"space/registry/state", start_revision=revisions[0], stop=threading.Event())))
+        assert compacted.value.code == 11, "the oldest revisions are gone"
+        role.end("the test ends", revoke=True)
+    finally:
+        client.close()
