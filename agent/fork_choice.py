@@ -84,7 +84,7 @@ def key_of(plan: JobPlan, base_env: Mapping[str, str]) -> tuple[Key | None, str]
         return None, "the job turned fork servers off (--no-fork-server)"
     if forked_argv(plan) is None:
         return None, f"the command is not `python SCRIPT` or `python -m MODULE`: {shlex.join(plan.spec.command)[:200]}"
-    python = find_python(plan.spec.command[0], {**base_env, **plan.spec.env}, (plan.spec.cwd or None))
+    python = find_python(plan.spec.command[0], {**base_env, **plan.spec.env}, plan.cwd)
     if python is None:
         return None, f"{plan.spec.command[0]} is not found"
     if plan.spec.preload:  # the job's own modules are imported in the zygote: from its directory, reading any variable

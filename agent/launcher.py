@@ -119,17 +119,13 @@ class Launcher:
         is False)."""
         argv = forked_argv(plan)
         forked = (
-            None
-            if argv is None
-            else self.fork_server.fork(self.fork_key, [plan.spec.command[0], *argv], env, (plan.spec.cwd or None))
+            None if argv is None else self.fork_server.fork(self.fork_key, [plan.spec.command[0], *argv], env, plan.cwd)
         )
         if forked is None:
             self.say_if_spawning()
             if not may_spawn:
                 return None
-        return Worker(
-            local_rank, forked or spawn(worker_command(plan), env, (plan.spec.cwd or None)), forked=forked is not None
-        )
+        return Worker(local_rank, forked or spawn(worker_command(plan), env, plan.cwd), forked=forked is not None)
 
     def relabel(self, worker: Worker) -> None:
         """A standby admitted to a slot: its output is prefixed with the slot from now on."""

@@ -21,6 +21,11 @@ class JobPlan:
     job_key: str
     spec: JobSpec
 
+    @property
+    def cwd(self) -> str | None:
+        """Where the workers run: the directory the job was submitted from, None for the agent's own."""
+        return self.spec.cwd or None
+
     def to_wire(self) -> dict[str, Any]:
         return {"job": self.job, "job_key": self.job_key, "spec": self.spec.to_dict()}
 
