@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_control_plane.bus.client import ServiceError, Unreachable
+from elastic_control_plane.bus.client import TEMPORARY_REFUSALS, ServiceError, Unreachable
 from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.job.spec import JobSpec
@@ -42,6 +42,8 @@ from elastic_control_plane.services.registry.peers import Peer
 from elastic_control_plane.services.registry.plan import round_plan
 from elastic_control_plane.services.registry.reports import SILENT, SUCCESS, Slot
 
+UNSENT_RETRY_S = 1.0  # a blacklist discovery refused for now is sent again this often
+
 
 class Driver:
     def __init__(self, job: Job, discovery: Peer, rendezvous: Peer, outbox: Outbox, log: Any) -> None:
@@ -49,6 +51,8 @@ class Driver:
         # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
         # a new driver reads the log from its start, and a rejoin read twice is recorded once).
         self.rejoins_round, self.rejoins_from = 0, 0
+        self.unsent_blacklists: dict[str, str] = {}  # host: reason, for the blacklists discovery could not take yet
+        self._unsent_sent_at = -UNSENT_RETRY_S
 
     @property
     def spec(self) -> JobSpec:
@@ -65,6 +69,7 @@ class Driver:
     def drive(self, hosts: dict[str, Any], rounds: dict[str, Any], now: float) -> bool:
         """One look at the job with what the pass read; True when every slot of the round has reported (the pass
         then reads the hosts' snapshots for `judge`)."""
+        self.send_unsent_blacklists(now)
         rejoins = rounds.get("rejoins", [])
         self.rejoins_round, self.rejoins_from = rounds.get("round", 0), rounds.get("rejoins_next", 0)
         if self.job.state == WAITING:
@@ -95,7 +100,7 @@ class Driver:
         if not reports.is_current_worker(exited.slot, exited.pid):
             self.log.info("worker_left", **seen)
             if exited.gave_up and self.job.active:
-                self._blacklist(host, f"slot {local_rank} {exited.gave_up}")
+                self.blacklist(host, f"slot {local_rank} {exited.gave_up}")
             return False
         success = exited.success()
         if success is None:
@@ -222,7 +227,7 @@ class Driver:
         """The job goes on in a new round: the failed hosts that do not stay are blacklisted and the job waits for
         slots again (after a blacklist the pass reads whether any usable host is left: `fail_if_no_usable_host`)."""
         for host, failed in self.job.reports.failures_on(decision.blacklist).items():
-            self._blacklist(host, f"round {self.job.round}: {'; '.join(failed)}")
+            self.blacklist(host, f"round {self.job.round}: {'; '.join(failed)}")
         if decision.resume_from:
             self.job.resumed_from = decision.resume_from
         self.log.info("round_reset", round=self.job.round, reason=decision.reason or "hosts changed")
@@ -236,11 +241,27 @@ class Driver:
         if not snapshots.get("usable"):
             self.finish(FAILED, f"every host is blacklisted ({reason})", 1)
 
-    def _blacklist(self, host: str, reason: str) -> None:
+    def blacklist(self, host: str, reason: str) -> None:
+        """Tell discovery to blacklist `host`. Refused for now (`unavailable`) or unanswered, it is kept and sent
+        again at the start of every pass (`send_unsent_blacklists`) until discovery takes it: a decision is delayed,
+        never dropped. Refused for good (an unknown host), it is said and dropped."""
         try:
             self.discovery.write("blacklist", {"host": host, "reason": reason})
+            self.unsent_blacklists.pop(host, None)
         except (Unreachable, ServiceError) as exc:
-            self.log.warning("blacklist_failed", host=host, reason=str(exc))
+            if isinstance(exc, ServiceError) and exc.code not in TEMPORARY_REFUSALS:
+                self.log.warning("blacklist_failed", host=host, reason=str(exc))
+                self.unsent_blacklists.pop(host, None)
+            elif host not in self.unsent_blacklists:
+                self.log.warning("blacklist_delayed", host=host, reason=str(exc))
+                self.unsent_blacklists[host] = reason
+
+    def send_unsent_blacklists(self, now: float) -> None:
+        """Send the blacklists discovery could not take yet, once a second at most."""
+        if self.unsent_blacklists and now - self._unsent_sent_at >= UNSENT_RETRY_S:
+            self._unsent_sent_at = now
+            for host, reason in list(self.unsent_blacklists.items()):
+                self.blacklist(host, reason)
 
     # -- a new round ---------------------------------------------------------------------------
     def _start_round(self, hosts: dict[str, Any], now: float, replacing: bool = False) -> bool:
