@@ -22,7 +22,7 @@ workers start without waiting for a tick):
   (`handle_signals`: SIGCHLD reaps; SIGTERM drains the host: workers leave at
   their next commit, then the agent unregisters and exits; a second SIGTERM
   stops them now);
-- every TICK (`tick`): restarts due after their back-off, starts held back
+- every INTERVALS.tick (`tick`): restarts due after their back-off, starts held back
   for the fork server, SIGKILL after the stop grace, the drain's end, the
   metrics, the workers' waits (reported at once when one crosses a limit),
   the hung workers' stack dumps, the slots that asked for a round since the host's entry;
@@ -54,6 +54,7 @@ from elastic_control_plane.agent.discovery_link import DiscoveryLink
 from elastic_control_plane.agent.fork_choice import own_key
 from elastic_control_plane.agent.fork_server import ForkServer
 from elastic_control_plane.agent.hung_workers import HungWorkers
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.keeper import KeeperConfig, WorkerKeeper
 from elastic_control_plane.agent.launcher import Launcher
 from elastic_control_plane.agent.metrics import COMMIT_SECONDS, WorkerStates
@@ -73,7 +74,6 @@ from elastic_control_plane.bus.sockets import Security
 from elastic_control_plane.job.plan import JobPlan
 
 RELAYED_EVENTS = (Event.HOSTS_UPDATED, Event.ABORT)
-TICK = 0.05
 
 
 def agent_endpoint(run_dir: Path, host: str) -> str:
@@ -154,7 +154,7 @@ class AgentService(Service):
         server.prepare(own_key())
         self.worker_states = WorkerStates(host, self.keeper)
         self.every(timing.heartbeat, self.heartbeat)
-        self.every(TICK, self.tick)
+        self.every(INTERVALS.tick, self.tick)
         self.link.register()
         self.registry.send("job", on_reply=self._on_job_state, on_timeout=self._become_warm, timeout=1.0, deadline=2.0)
 
@@ -180,9 +180,9 @@ class AgentService(Service):
 
     # -- the loop: its steps, in their order ----------------------------------------------------
     def tick(self) -> None:
-        """Every TICK seconds: restarts due after their back-off, starts held back for the fork server, SIGKILL after
-        the stop grace, the drain's end, the metrics, the workers' waits, the hung workers' stack dumps, the slots
-        that asked for a round since the host's entry."""
+        """Every tick (agent/intervals.py): restarts due after their back-off, starts held back for the fork server,
+        SIGKILL after the stop grace, the drain's end, the metrics, the workers' waits, the hung workers' stack dumps,
+        the slots that asked for a round since the host's entry."""
         self.keeper.restart_due_slots()
         self.keeper.start_held_back()
         self.keeper.escalate_stops()

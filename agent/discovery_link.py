@@ -17,12 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing, unresolved_hosts
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.reachability import Reachability
-
-SLOT_REPORT_DEADLINE = 1.0
 
 
 class DiscoveryLink:
@@ -82,8 +81,8 @@ class DiscoveryLink:
             {"host": self.host, "incarnation": self.incarnation, **self.slots_down()},
             on_reply=lambda _: then and then(),
             on_timeout=then,
-            timeout=SLOT_REPORT_DEADLINE / 2,
-            deadline=SLOT_REPORT_DEADLINE,
+            timeout=INTERVALS.slot_report_deadline / 2,
+            deadline=INTERVALS.slot_report_deadline,
         )
 
     def drain(self, deadline: float) -> None:

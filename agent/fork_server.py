@@ -17,7 +17,7 @@ fork servers are off, the zygote refused (an import failed or left a thread or C
 imported (the last line of its stderr says why: `ModuleNotFoundError: No module named 'torch'`), or it died
 `DEATHS_ALLOWED` times in the job. A zygote killed by a signal is started again. While a zygote starts,
 `starting()` says so: the agent holds process starts back until it is ready (a fresh interpreter would import torch
-beside it), at most `START_LIMIT` seconds.
+beside it), at most `INTERVALS.zygote_start_limit` seconds.
 
 The agent is a child subreaper (PR_SET_CHILD_SUBREAPER) while fork servers are on, so forked workers are its
 children; `reap_orphans` reaps whatever else is re-parented to it (a worker's own children left behind).
@@ -36,6 +36,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from elastic_control_plane.agent.fork_choice import Key
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.slot_processes.forking import (
     PR_SET_CHILD_SUBREAPER,
@@ -45,7 +46,6 @@ from elastic_control_plane.slot_processes.forking import (
     send_order,
 )
 
-START_LIMIT = 60.0
 DEATHS_ALLOWED = 3
 ENV_SWITCH = "ELASTIC_FORK_SERVER"
 SPAWN_COST = "workers start as fresh interpreters (seconds per restart)"
@@ -173,12 +173,12 @@ class ForkServer:
         return {"state": "starting", "reason": ""}
 
     def starting(self, key: Key | None) -> bool:
-        """The zygote for `key` is still importing (process starts wait for it, up to START_LIMIT)."""
+        """The zygote for `key` is still importing (process starts wait for it, up to INTERVALS.zygote_start_limit)."""
         zygote = self._serving(key, ready_only=False)
         if zygote is None or zygote.check_ready():
             return False
-        if time.monotonic() - zygote.started > START_LIMIT:
-            self._refuse(zygote.key, f"not ready after {START_LIMIT:.0f} s")
+        if time.monotonic() - zygote.started > INTERVALS.zygote_start_limit:
+            self._refuse(zygote.key, f"not ready after {INTERVALS.zygote_start_limit:.0f} s")
             return False
         return True
 

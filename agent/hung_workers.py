@@ -5,7 +5,7 @@ A worker found suspect or hung by how long the others waited for it
 (`dump_stack`) is asked for every thread's Python stack (STACK_DUMP_SIGNAL,
 answered by faulthandler in C, even while a thread holds the GIL; the signal
 does not end the process). Once the dump has stopped growing, or after
-DUMP_GRACE when the worker does not answer, a suspect's stack is printed and
+INTERVALS.dump_grace when the worker does not answer, a suspect's stack is printed and
 it goes on (once per suspicion: the registry tells it once per stall); a hung
 one is killed. The stack goes to the job's output, each line prefixed like the
 worker's own (`[host:slot] `), and with the exit report to the registry, which
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.reports import ExitReports
 from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import Worker
 from elastic_control_plane.slot_processes.wait_record import STACK_DUMP_SIGNAL
 
-DUMP_GRACE = 1.0
 STACK_KEPT = 64 * 1024
 
 
@@ -91,7 +91,9 @@ class HungWorkers:
         event = "dumping_hung_worker" if kills else "dumping_suspected_worker"
         self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid, reason=reason)
         start = max(0, _size(stack_file))
-        self.dumping[worker.pid] = Dumping(worker, reason, stack_file, time.monotonic() + DUMP_GRACE, kills, start)
+        self.dumping[worker.pid] = Dumping(
+            worker, reason, stack_file, time.monotonic() + INTERVALS.dump_grace, kills, start
+        )
         try:
             os.kill(worker.pid, STACK_DUMP_SIGNAL)
         except ProcessLookupError:
@@ -130,7 +132,9 @@ class HungWorkers:
         if stack:
             lines = [f"{dumping.reason}; {with_stack}", *stack.rstrip("\n").splitlines()]
         else:
-            lines = [f"{dumping.reason}; it did not answer the stack dump within {DUMP_GRACE:g}s{without_stack}"]
+            lines = [
+                f"{dumping.reason}; it did not answer the stack dump within {INTERVALS.dump_grace:g}s{without_stack}"
+            ]
         sys.stderr.write("".join(f"[{self.host}:{worker.local_rank}] {line}\n" for line in lines))
         sys.stderr.flush()
 

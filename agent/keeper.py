@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_control_plane.agent.discovery_link import DiscoveryLink
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.launcher import Launcher
 from elastic_control_plane.agent.reports import ExitReports
 from elastic_control_plane.agent.restarts import RestartPolicy
@@ -37,9 +38,6 @@ from elastic_control_plane.bus.service import Request
 from elastic_control_plane.job.assignments import SlotInfo, slots_of
 from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.slot_processes.forking import reap_orphans
-
-STOP_GRACE = 5.0
-WARM_UP_LIMIT = 120.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ class WorkerKeeper:
     def warm_up(self, plan: JobPlan) -> None:
         """A host joining a running job: a process for every slot, ahead of any round; warm once they all wait."""
         self.adopt_job(plan)
-        self.book.begin_warm_up(self.config.slots, WARM_UP_LIMIT)
+        self.book.begin_warm_up(self.config.slots, INTERVALS.warm_up_limit)
         self.log.info("warming_up", job=plan.job, slots=self.config.slots)
         for local_rank in range(self.config.slots):
             self._start(local_rank, plan, None)
@@ -349,7 +347,7 @@ class WorkerKeeper:
             worker.stop_requested = True
             worker.signal(sig)
         if sig != signal.SIGKILL and self.workers:
-            self._kill_at = time.monotonic() + STOP_GRACE
+            self._kill_at = time.monotonic() + INTERVALS.stop_grace
 
     @property
     def stopping(self) -> bool:

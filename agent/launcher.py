@@ -20,7 +20,8 @@ from typing import Any
 
 from elastic_control_plane.agent.fork_choice import Key, forked_argv, key_of, own_key
 from elastic_control_plane.agent.fork_server import SPAWN_COST, ForkServer
-from elastic_control_plane.agent.output import PARTIAL_WAIT, PrefixedPipe
+from elastic_control_plane.agent.intervals import INTERVALS
+from elastic_control_plane.agent.output import PrefixedPipe
 from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, spawn, worker_command, worker_env
@@ -49,7 +50,7 @@ class Launcher:
             log,
         )
         self._pipes: set[PrefixedPipe] = set()  # the workers' output streams still open
-        service.every(PARTIAL_WAIT, self._flush_stale_output)
+        service.every(INTERVALS.partial_line_wait, self._flush_stale_output)
         self.in_job = False
         self.fork_key: Key | None = None
         self.fork_why_not = ""

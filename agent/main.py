@@ -14,6 +14,7 @@ from elastic_control_plane.agent.agent import AgentService
 from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
 from elastic_control_plane.agent.host_options import host_options
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
 from elastic_control_plane.bus.logs import setup_logging
@@ -94,11 +95,13 @@ def main(
             check_standby(standby, slots)
         if metrics_port is not None:
             metrics.serve("--metrics-port", advertise_addr, metrics.metrics_port("--metrics-port", metrics_port))
+        timing = Timing.from_env()
+        INTERVALS.check(timing)
         agent = AgentService(
             host,
             slots,
             endpoints,
-            Timing.from_env(),
+            timing,
             run_dir=default_run_dir(),
             share_gpus=share_gpus,
             security=Security(keys_dir=keys),

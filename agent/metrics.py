@@ -10,9 +10,9 @@ import time
 
 from prometheus_client import Gauge, Histogram
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.keeper import WorkerKeeper
 
-INTERVAL = 1.0
 WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
 WORKERS_BY_STATE = Gauge(
     "elastic_agent_workers",
@@ -39,17 +39,17 @@ def worker_states(keeper: WorkerKeeper) -> list[str]:
 
 
 class WorkerStates:
-    """The host's gauge of the keeper's workers by state, set at most once an INTERVAL."""
+    """The host's gauge of the keeper's workers by state, set at most once an INTERVALS.metrics_every."""
 
     def __init__(self, host: str, keeper: WorkerKeeper) -> None:
         self.host, self.keeper = host, keeper
-        self.due = time.monotonic() + INTERVAL
+        self.due = time.monotonic() + INTERVALS.metrics_every
 
     def update(self) -> None:
         now = time.monotonic()
         if now < self.due:
             return
-        self.due = now + INTERVAL
+        self.due = now + INTERVALS.metrics_every
         states = worker_states(self.keeper)
         for state in WORKER_STATES:
             WORKERS_BY_STATE.labels(self.host, state).set(states.count(state))

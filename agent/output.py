@@ -4,7 +4,7 @@ Four workers on one terminal stay readable (a traceback is not interleaved
 mid-line with another's), and every line says where it came from. A line ends
 at `\n`, `\r\n` or `\r`, and keeps its end: a progress bar that redraws itself
 with `\r` (tqdm) is shown live, in place, prefixed. A partial line waits for
-its end, but never past PARTIAL_MAX bytes or PARTIAL_WAIT seconds (`flush_stale`,
+its end, but never past PARTIAL_MAX bytes or `partial_line_wait` seconds (agent/intervals.py; `flush_stale`,
 from the agent's loop): then it is written as a line of its own, so the agent
 holds a bounded amount of each worker's output and splits each byte once.
 What is left is written when the pipe closes.
@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO
 
+from elastic_control_plane.agent.intervals import INTERVALS
+
 PARTIAL_MAX = 64 * 1024
-PARTIAL_WAIT = 1.0
 _LINE_END = re.compile(rb"\r\n|\n|\r")
 
 
@@ -49,8 +50,8 @@ class PrefixedPipe:
             self._take(chunk)
 
     def flush_stale(self) -> None:
-        """Write a partial line that has waited PARTIAL_WAIT seconds for its end."""
-        if self.partial and self.clock() - self.partial_since >= PARTIAL_WAIT:
+        """Write a partial line that has waited `partial_line_wait` seconds for its end."""
+        if self.partial and self.clock() - self.partial_since >= INTERVALS.partial_line_wait:
             self._write_partial()
 
     def _take(self, chunk: bytes) -> None:

@@ -15,12 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.bus.envelope import Message
-
-EXIT_REPORT_DEADLINE = 300.0  # past it the registry is an outage the operator sees; the round is judged without it
 
 
 class ExitReports:
@@ -70,7 +69,7 @@ class ExitReports:
             on_reply=lambda _: then and then(),
             on_timeout=then,
             timeout=self.timing.request_timeout,
-            deadline=EXIT_REPORT_DEADLINE,
+            deadline=INTERVALS.exit_report_deadline,
             retry_refused=say_once,
         )
         if not process_lives:

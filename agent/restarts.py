@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.job.spec import JobSpec
-
-BACKOFF_FIRST = 1.0
-BACKOFF_CAP = 30.0
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ def backoff(crashes_in_window: int) -> float:
     """Delay before the restart that follows the n-th crash within the window."""
     if crashes_in_window <= 1:
         return 0.0
-    return min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** (crashes_in_window - 2))
+    return min(INTERVALS.restart_backoff_cap, INTERVALS.restart_backoff_first * 2 ** (crashes_in_window - 2))
 
 
 @dataclass

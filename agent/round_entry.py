@@ -21,11 +21,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.service import Request, RequestError, field
 
-PARKED_TIMEOUT = 5.0  # a parked request is sent again after this long (same id: the rendezvous answers it once)
 ROUND_KEYS_KEPT = 8  # values of round keys kept: every slot of the host asks for its round's store address
 
 
@@ -87,7 +87,7 @@ class HostEntry:
             "enter_round",
             {"host": self.host, "slots": [[lr, after, pid] for lr, (after, pid) in self.parked_slots.items()]},
             on_reply=self._answered,
-            timeout=PARKED_TIMEOUT,
+            timeout=INTERVALS.parked_timeout,
         )
 
     def _answered(self, reply: Message) -> None:
@@ -135,7 +135,7 @@ class RoundKeyLookups:
                 {"key": key, "host": self.host},
                 round=request.msg.round,
                 on_reply=lambda reply: self._answered(key, reply),
-                timeout=PARKED_TIMEOUT,
+                timeout=INTERVALS.parked_timeout,
             )
 
     def _answered(self, key: str, reply: Message) -> None:

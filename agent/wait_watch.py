@@ -28,6 +28,7 @@ from typing import Any
 
 from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.gpu_activity import GpuActivity
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.snapshots import remove_orphans, shm_dir
 from elastic_control_plane.agent.workers import STANDBY, Worker
 from elastic_control_plane.bus.client import AsyncClient
@@ -36,8 +37,6 @@ from elastic_control_plane.slot_processes import wait_record
 
 # A tree costs ~4 ms to sample (a worker with 4 DataLoader workers and a child: bench/hangs.py's `tree`), so it is
 # sampled only once a worker has been busy longer than a training step, once a second: the limits are 30 s or more.
-SAMPLE_AFTER = 5.0  # seconds busy before the tree's progress is sampled (its stall still counts from the start)
-SAMPLE_EVERY = 1.0
 PROGRESS_CPU_SHARE = 0.05  # of one core, over a sample: below it (and without I/O) the tree made no progress
 PROGRESS_IO_BYTES = 256 * 1024
 _FILE_NAME = re.compile(r"^elastic-(?:waits|stack)-(\d+)-")
@@ -205,10 +204,10 @@ class WaitWatch:
 
     def _stalled_for(self, watched: Watched, pid: int, busy_since: float, now: float) -> float:
         """Seconds since the worker's process tree last made progress in this busy stretch (sampled once it has been
-        busy SAMPLE_AFTER seconds, every SAMPLE_EVERY)."""
+        busy `sample_after` seconds, every `sample_every`: agent/intervals.py)."""
         if watched.progressed_at < busy_since:
             watched.progressed_at, watched.used = busy_since, None
-        if now - busy_since >= SAMPLE_AFTER and now - watched.sampled_at >= SAMPLE_EVERY:
+        if now - busy_since >= INTERVALS.sample_after and now - watched.sampled_at >= INTERVALS.sample_every:
             used = process_tree.tree_used(pid)
             if used is not None:
                 gpu_busy = any(key[0] in self._gpu_busy_pids(now) for key in used)
@@ -220,8 +219,8 @@ class WaitWatch:
         return now - watched.progressed_at
 
     def _gpu_busy_pids(self, now: float) -> set[int]:
-        """The processes NVML saw running kernels lately (asked at most every SAMPLE_EVERY, for every worker)."""
-        if self.gpus.available and now - self._gpu_sampled_at >= SAMPLE_EVERY:
+        """The processes NVML saw running kernels lately (asked at most every `sample_every`, for every worker)."""
+        if self.gpus.available and now - self._gpu_sampled_at >= INTERVALS.sample_every:
             self._gpu_busy, self._gpu_sampled_at = self.gpus.busy_pids(), now
         return self._gpu_busy
 

@@ -23,7 +23,7 @@ with 50 ms steps:
   tree       what the agent pays to sample a worker's process tree (agent/process_tree.py) beside sampling the
              worker alone (the baseline, what it did before): a worker with a DataLoader of 4 workers and a
              subprocess, each read 2,000 times; µs per sample, and the share of one core the agent spends at one
-             sample every SAMPLE_EVERY (only while a worker has been busy SAMPLE_AFTER outside every collective,
+             sample every `sample_every` (only while a worker has been busy `sample_after` outside every collective,
              so never during ordinary steps).
   pauses     a `--pause-minutes` job in which every rank pauses 60 s every 2,000 steps (an evaluation) and
              host-2's rank 2 s every 100 steps (slow data): hangs declared (expected 0) and rounds.
@@ -45,7 +45,7 @@ from typing import Any
 
 from bench.common import cluster, steps
 from elastic_control_plane.agent import process_tree
-from elastic_control_plane.agent.wait_watch import SAMPLE_AFTER, SAMPLE_EVERY
+from elastic_control_plane.agent.intervals import INTERVALS
 from testing.harness import Cluster, read_events, wait_for
 
 HOSTS = ("host-1", "host-2", "host-3")
@@ -199,8 +199,8 @@ def tree(samples: int = 2000) -> None:
         print(
             f"TREE processes={processes} us_per_sample_alone={timings['alone']:.1f} "
             f"us_per_sample_tree={timings['tree']:.1f} ratio={timings['tree'] / timings['alone']:.2f} "
-            f"agent_core_share_while_sampling={timings['tree'] / 1e6 / SAMPLE_EVERY:.5f} "
-            f"sampled_after_busy_s={SAMPLE_AFTER}",
+            f"agent_core_share_while_sampling={timings['tree'] / 1e6 / INTERVALS.sample_every:.5f} "
+            f"sampled_after_busy_s={INTERVALS.sample_after}",
             flush=True,
         )
     finally:

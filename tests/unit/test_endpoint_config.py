@@ -3,8 +3,12 @@ lists (several control hosts) element by element; and what a service replica bin
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.config import (
     ConfigError,
     Endpoints,
@@ -252,3 +256,24 @@ def test_other_hosts_are_no_loopback_and_need_keys_to_bind(host: str) -> None:
     assert not is_loopback(host)
     with pytest.raises(SecurityError):
         Security().check_bind(tcp_endpoint(host, 5550))
+
+
+def test_the_agents_intervals_keep_their_rules_with_every_timing_the_tests_and_defaults_use() -> None:
+    INTERVALS.check(Timing())
+    INTERVALS.check(Timing(heartbeat=0.2, missed_heartbeats=3, discovery_poll=0.2, driver_tick=0.05))
+
+
+@pytest.mark.parametrize(
+    "intervals, timing, rule",
+    [
+        ({}, {"heartbeat": 0.04, "driver_tick": 0.01}, "the agent's tick (0.05 s) within a heartbeat"),
+        ({"sample_after": 40.0}, {}, "sample_after < the hang floor (30 s)"),
+        ({"dump_grace": 6.0}, {}, "a stack dump's grace within a stop's"),
+        ({"restart_backoff_first": 60.0}, {}, "0 < restart back-off <= its cap"),
+    ],
+)
+def test_the_agents_intervals_that_break_a_rule_are_refused_in_one_line(
+    intervals: dict[str, float], timing: dict[str, float], rule: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(rule)):
+        replace(INTERVALS, **intervals).check(Timing(**timing))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_control_plane.agent.restarts import BACKOFF_CAP, CrashHistory, RestartPolicy, backoff, give_up_reason
+from elastic_control_plane.agent.intervals import INTERVALS
+from elastic_control_plane.agent.restarts import CrashHistory, RestartPolicy, backoff, give_up_reason
 from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.job.spec import SpecError
 
 
 def test_first_crash_restarts_at_once_then_the_delay_doubles_up_to_the_cap():
     assert [backoff(n) for n in range(1, 6)] == [0.0, 1.0, 2.0, 4.0, 8.0]
-    assert backoff(40) == BACKOFF_CAP
+    assert backoff(40) == INTERVALS.restart_backoff_cap
 
 
 def test_more_than_max_restarts_crashes_in_the_window_gives_the_slot_up():
