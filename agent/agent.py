@@ -22,7 +22,7 @@ workers start without waiting for a tick):
   (`handle_signals`: SIGCHLD reaps; SIGTERM drains the host: workers leave at
   their next commit, then the agent unregisters and exits; a second SIGTERM
   stops them now);
-- every INTERVALS.tick (`tick`): restarts due after their back-off, starts held back
+- every tick (`tick`, agent/intervals.py): restarts due after their back-off, starts held back
   for the fork server, SIGKILL after the stop grace, the drain's end, the
   metrics, the workers' waits (reported at once when one crosses a limit),
   the hung workers' stack dumps, the slots that asked for a round since the host's entry;

@@ -17,7 +17,7 @@ fork servers are off, the zygote refused (an import failed or left a thread or C
 imported (the last line of its stderr says why: `ModuleNotFoundError: No module named 'torch'`), or it died
 `DEATHS_ALLOWED` times in the job. A zygote killed by a signal is started again. While a zygote starts,
 `starting()` says so: the agent holds process starts back until it is ready (a fresh interpreter would import torch
-beside it), at most `INTERVALS.zygote_start_limit` seconds.
+beside it), at most `zygote_start_limit` seconds (agent/intervals.py).
 
 The agent is a child subreaper (PR_SET_CHILD_SUBREAPER) while fork servers are on, so forked workers are its
 children; `reap_orphans` reaps whatever else is re-parented to it (a worker's own children left behind).
@@ -173,7 +173,7 @@ class ForkServer:
         return {"state": "starting", "reason": ""}
 
     def starting(self, key: Key | None) -> bool:
-        """The zygote for `key` is still importing (process starts wait for it, up to INTERVALS.zygote_start_limit)."""
+        """The zygote for `key` is still importing (process starts wait for it, up to `zygote_start_limit`)."""
         zygote = self._serving(key, ready_only=False)
         if zygote is None or zygote.check_ready():
             return False

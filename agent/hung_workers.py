@@ -5,7 +5,7 @@ A worker found suspect or hung by how long the others waited for it
 (`dump_stack`) is asked for every thread's Python stack (STACK_DUMP_SIGNAL,
 answered by faulthandler in C, even while a thread holds the GIL; the signal
 does not end the process). Once the dump has stopped growing, or after
-INTERVALS.dump_grace when the worker does not answer, a suspect's stack is printed and
+`dump_grace` (agent/intervals.py) when the worker does not answer, a suspect's stack is printed and
 it goes on (once per suspicion: the registry tells it once per stall); a hung
 one is killed. The stack goes to the job's output, each line prefixed like the
 worker's own (`[host:slot] `), and with the exit report to the registry, which

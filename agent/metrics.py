@@ -39,7 +39,7 @@ def worker_states(keeper: WorkerKeeper) -> list[str]:
 
 
 class WorkerStates:
-    """The host's gauge of the keeper's workers by state, set at most once an INTERVALS.metrics_every."""
+    """The host's gauge of the keeper's workers by state, set at most once every `metrics_every`."""
 
     def __init__(self, host: str, keeper: WorkerKeeper) -> None:
         self.host, self.keeper = host, keeper
