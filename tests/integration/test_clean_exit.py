@@ -61,12 +61,18 @@ def test_every_worker_of_a_finished_job_exits_0(
     assert cluster.wait_job_end(job, 180) == 0, cluster.output("elasticctl-run")
     for host in HOSTS:
         assert cluster.stop(f"agent-{host}", signal.SIGTERM, timeout=30) == 0
-    exits = {e["pid"]: e["exit_code"] for e in agent_events(cluster, "worker_exited")}
+    exited = agent_events(cluster, "worker_exited")
+    exits = {e["pid"]: e["exit_code"] for e in exited}
     assert len(exits) >= 4
     assert {pid: code for pid, code in exits.items() if pid not in killed} == dict.fromkeys(set(exits) - set(killed), 0)
     assert [exits[pid] for pid in killed] == [-9] * len(killed)
+    # A crashed slot may be logged as restarting and then taken by a standby that became ready during its back-off:
+    # what counts is which slots were restarted, and that each killed slot had exactly one replacement process.
     restarts = agent_events(cluster, "slot_restarting") + agent_events(cluster, "standby_admitted")
-    assert len(restarts) == len(killed), restarts
+    killed_slots = {(e["host"], e["local_rank"]) for e in exited if e["pid"] in killed}
+    assert {(e["host"], e["local_rank"]) for e in restarts} == killed_slots, restarts
+    for slot in killed_slots:
+        assert len([e for e in exited if (e["host"], e["local_rank"]) == slot]) == 2, exited
     outputs = "".join(cluster.output(name) for name in ("elasticctl-run", *(f"agent-{host}" for host in HOSTS)))
     assert "terminate called" not in outputs
     assert "worker_died_after_its_script_ended" not in outputs
