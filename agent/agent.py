@@ -1,6 +1,7 @@
 """AgentService: the control plane's hands on one host, a supervisor that reads like a loop (gunicorn's arbiter).
 
-The parts, each with one job:
+The agent is built from its host's `AgentConfig` (agent/host_options.py) and
+the control plane's endpoints and timing. The parts, each with one job:
 - agent/discovery_link.py: registration and heartbeats with discovery, slot and drain
   reports, whether the control plane answers;
 - agent/keeper.py: the worker processes (start, reap, restart in place,
@@ -9,7 +10,8 @@ The parts, each with one job:
   which it alone changes; agent/launcher.py starts each process, forked from
   the host's zygote (agent/fork_server.py) or spawned (agent/workers.py);
   agent/reports.py tells the control plane of each exit;
-- agent/snapshots.py: the host's snapshot of the job's committed state;
+- agent/snapshots.py: the host's snapshot of the job's committed state, which
+  the launcher owns from a job's start to its end (and flushes every heartbeat);
 - agent/metrics.py: workers by state, and the seconds each commit took;
 - agent/wait_watch.py: the workers' waits in collectives and their progress,
   reported to the registry, which finds hung workers and stragglers by them;
@@ -26,8 +28,8 @@ workers start without waiting for a tick):
   for the fork server, SIGKILL after the stop grace, the drain's end, the
   metrics, the workers' waits (reported at once when one crosses a limit),
   the hung workers' stack dumps, the slots that asked for a round since the host's entry;
-- every heartbeat interval (`heartbeat`): the snapshot's flush, the warm-up
-  limit, discovery's heartbeat, the workers' ping, their waits.
+- every heartbeat interval (`heartbeat`): the warm-up limit, discovery's
+  heartbeat, the workers' ping, their waits.
 
 The notifier's events, by the table in `__init__`: `round` gives each of
 this host's slots in the round a process, `kill_worker` (agent/hung_workers.py)
@@ -53,6 +55,7 @@ from typing import Any
 from elastic_control_plane.agent.discovery_link import DiscoveryLink
 from elastic_control_plane.agent.fork_choice import own_key
 from elastic_control_plane.agent.fork_server import ForkServer
+from elastic_control_plane.agent.host_options import AgentConfig
 from elastic_control_plane.agent.hung_workers import HungWorkers
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.keeper import KeeperConfig, WorkerKeeper
@@ -61,7 +64,6 @@ from elastic_control_plane.agent.metrics import COMMIT_SECONDS, WorkerStates
 from elastic_control_plane.agent.reports import ExitReports
 from elastic_control_plane.agent.round_entry import HostEntry, RoundKeyLookups
 from elastic_control_plane.agent.signal_wakeup import SignalWakeup
-from elastic_control_plane.agent.snapshots import SnapshotKeeper
 from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import HostSettings
 from elastic_control_plane.bus.client import AsyncClient, incarnation_id
@@ -84,29 +86,15 @@ class AgentService(Service):
     name = "agent"
 
     def __init__(
-        self,
-        host: str,
-        slots: int,
-        control: Endpoints,
-        timing: Timing,
-        *,
-        run_dir: Path,
-        security: Security = Security(),
-        drain_timeout: float = 60.0,
-        advertise_address: str = "127.0.0.1",
-        share_gpus: bool = False,
-        standby: int | None = None,
-        fork_server: bool = True,
-        **kw: Any,
+        self, config: AgentConfig, control: Endpoints, timing: Timing, security: Security = Security(), **kw: Any
     ) -> None:
-        super().__init__(agent_endpoint(run_dir, host), security=security, **kw)
-        self.host, self.slots, self.timing = host, slots, timing
-        self.drain_timeout = drain_timeout
-        settings = HostSettings(host, self.endpoint, advertise_address, share_gpus, timing.as_env())
+        super().__init__(agent_endpoint(config.run_dir, config.host), security=security, **kw)
+        host, slots = config.host, config.slots
+        self.config, self.host, self.slots, self.timing = config, host, slots, timing
+        settings = HostSettings(host, self.endpoint, config.advertise_address, config.share_gpus, timing.as_env())
         self.incarnation = incarnation_id("agent", host)
         self.sender_id = self.incarnation
         self.log = self.log.bind(host=host)
-        self.snapshots = SnapshotKeeper(host, self.log)
         self.link = DiscoveryLink(
             AsyncClient(self, control.discovery, self.incarnation, security),
             host,
@@ -114,20 +102,18 @@ class AgentService(Service):
             self.incarnation,
             timing,
             control.values(),
-            self._host_report,
-            lambda: self.keeper.slots_down(),
-            lambda: self.keeper.host_lost(),
+            self,
             self.log,
         )
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         self.event_routes: dict[int, bytes] = {}
-        server = ForkServer(fork_server, self.log)
+        server = ForkServer(config.fork_server, self.log)
         self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
-        self.launcher = Launcher(settings, server, self.snapshots, self.wait_watch, self, self.log)
-        reports = ExitReports(host, timing, self.registry, self.rendezvous, self.snapshots, self.log)
+        self.launcher = Launcher(settings, server, self.wait_watch, self, timing.heartbeat, self.log)
+        reports = ExitReports(host, timing, self.registry, self.rendezvous, self.launcher.snapshots, self.log)
         self.keeper = WorkerKeeper(
-            KeeperConfig(settings, slots, standby),
+            KeeperConfig(settings, slots, config.standby),
             launcher=self.launcher,
             link=self.link,
             reports=reports,
@@ -165,7 +151,6 @@ class AgentService(Service):
         finally:
             self.keeper.stop_everything()
             self.wait_watch.close()
-            self.snapshots.close()
             self.close()
             self.log.info("stopped")
 
@@ -193,9 +178,8 @@ class AgentService(Service):
         self.host_entry.tick()
 
     def heartbeat(self) -> None:
-        """Every heartbeat interval, as discovery and the workers expect it: the snapshot's flush, the warm-up limit,
-        discovery's heartbeat, the workers' ping, and their waits to the registry."""
-        self.snapshots.tick()
+        """Every heartbeat interval, as discovery and the workers expect it: the warm-up limit, discovery's heartbeat,
+        the workers' ping, and their waits to the registry."""
         self.beat_discovery()
         self.ping_workers()
         self.wait_watch.report()
@@ -212,10 +196,17 @@ class AgentService(Service):
         for route in self.event_routes.values():
             self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
 
-    def _host_report(self) -> dict[str, Any]:
+    # -- what the discovery link reads of the host and tells it (agent/discovery_link.py's HostSide) --------
+    def host_report(self) -> dict[str, Any]:
         """What each heartbeat tells discovery of the host beside its liveness: its snapshot, last checkpoint and
         fork server (what `elasticctl status` shows)."""
-        return {**self.snapshots.report(), "fork_server": self.launcher.availability()}
+        return {**self.launcher.snapshots.report(), "fork_server": self.launcher.availability()}
+
+    def slots_down(self) -> dict[str, Any]:
+        return self.keeper.slots_down()
+
+    def host_lost(self) -> None:
+        self.keeper.host_lost()
 
     def _worker_exited(self, worker: Any) -> None:
         self.host_entry.drop(worker.local_rank, worker.pid)
@@ -245,7 +236,6 @@ class AgentService(Service):
         if self.keeper.workers:
             self.log.info("job_finished_stopping_workers", workers=len(self.keeper.workers), state=body.get("state"))
         self.keeper.end_job()
-        self.snapshots.end_job()
 
     # -- draining ------------------------------------------------------------------------------
     def begin_drain(self) -> None:
@@ -256,14 +246,14 @@ class AgentService(Service):
             return
         self.log.info("draining", workers=len(self.keeper.workers))
         if self.keeper.workers:
-            self.link.drain(self.drain_timeout)
+            self.link.drain(self.config.drain_timeout)
         else:
             self.link.unregister(self.stop)
 
     def check_drain(self) -> None:
         """Draining: once the workers have left, unregister and exit; past the drain timeout, stop those left."""
         workers = self.keeper.workers
-        if not self.keeper.draining or workers and not self.keeper.drain_overdue(self.drain_timeout):
+        if not self.keeper.draining or workers and not self.keeper.drain_overdue(self.config.drain_timeout):
             return
         if not workers:
             self.link.unregister(self.stop)

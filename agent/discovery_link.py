@@ -5,7 +5,7 @@ again (the same request, answered once) every heartbeat interval until the
 host would count as lost, so an overloaded discovery answers each once
 instead of getting a new registration from every agent every second. A reply
 of `unknown` means register again; `lost` means the host was declared lost:
-the agent stops its workers (`on_lost`) before registering afresh. An
+the agent stops its workers (`HostSide.host_lost`) before registering afresh. An
 unreachable control plane leaves the workers running while the link keeps
 trying, with a warning naming where it tries (then one a minute) and one line
 when discovery answers again.
@@ -15,13 +15,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing, unresolved_hosts
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.reachability import Reachability
+
+
+class HostSide(Protocol):
+    """What the link reads of its host and tells it: the host's own report and down slots, sent with each heartbeat
+    and registration, and that discovery declared the host lost."""
+
+    def host_report(self) -> dict[str, Any]: ...
+
+    def slots_down(self) -> dict[str, Any]: ...
+
+    def host_lost(self) -> None: ...
 
 
 class DiscoveryLink:
@@ -33,9 +44,7 @@ class DiscoveryLink:
         incarnation: str,
         timing: Timing,
         control_endpoints: list[str],
-        host_report: Callable[[], dict[str, Any]],
-        slots_down: Callable[[], dict[str, Any]],
-        on_lost: Callable[[], None],
+        side: HostSide,
         log: Any,
     ) -> None:
         self.discovery, self.host, self.slots, self.incarnation, self.timing = (
@@ -46,7 +55,7 @@ class DiscoveryLink:
             timing,
         )
         self.control_endpoints = control_endpoints
-        self.host_report, self.slots_down, self.on_lost, self.log = host_report, slots_down, on_lost, log
+        self.side, self.log = side, log
         self.control_plane = Reachability(timing.lost_after, time.monotonic())
         self.registered = False
         self.warm = False
@@ -63,7 +72,7 @@ class DiscoveryLink:
         self._ping("heartbeat", {}, self._on_heartbeat_reply)
 
     def register(self) -> None:
-        self._ping("register", {"slots": self.slots, **self.slots_down()}, self._on_registered)
+        self._ping("register", {"slots": self.slots, **self.side.slots_down()}, self._on_registered)
 
     def become_warm(self) -> None:
         """Tell discovery at once that the host's workers are ready (if the last ping went out before they were)."""
@@ -78,7 +87,7 @@ class DiscoveryLink:
         """Send the slots down now; `then` runs once discovery has them (or could not be reached)."""
         self.discovery.send(
             "slots",
-            {"host": self.host, "incarnation": self.incarnation, **self.slots_down()},
+            {"host": self.host, "incarnation": self.incarnation, **self.side.slots_down()},
             on_reply=lambda _: then and then(),
             on_timeout=then,
             timeout=INTERVALS.slot_report_deadline / 2,
@@ -108,7 +117,7 @@ class DiscoveryLink:
         self._reported_warm = self.warm
         self.discovery.send(
             msg_type,
-            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **self.host_report(), **body},
+            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **self.side.host_report(), **body},
             on_reply=on_reply,
             on_timeout=self._no_reply,
             timeout=self.timing.heartbeat,
@@ -131,7 +140,7 @@ class DiscoveryLink:
         self._reached()
         status = reply.body.get("status")
         if status == "lost":
-            self.on_lost()
+            self.side.host_lost()
         if status in ("lost", "unknown"):
             self.registered = False
             self.register()

@@ -1,9 +1,12 @@
 """The options of a host, as `elastic-agent` and `elasticctl local` (which starts agents) both take them: one
-spelling, one environment variable, one help text and one default rule each (agent/gpus.py's `default_slots`)."""
+spelling, one environment variable, one help text and one default rule each (agent/gpus.py's `default_slots`);
+and `AgentConfig`, what one agent is told of its host once they are read."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -41,3 +44,19 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ):
         fn = option(fn)
     return fn
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One agent's host, as `elastic-agent` read it: its name, its slots and standbys (`--standby`; None: the
+    default), the address its workers advertise, whether they share GPUs and may fork from a zygote, how long a drain
+    waits for them, and the run directory that holds its ipc socket."""
+
+    host: str
+    slots: int
+    run_dir: Path
+    advertise_address: str = "127.0.0.1"
+    share_gpus: bool = False
+    standby: int | None = None
+    fork_server: bool = True
+    drain_timeout: float = 60.0

@@ -1,6 +1,8 @@
 """Launcher: how one worker process of this host starts: forked from the host's fork server, else spawned.
 
-A new job's processes start with fresh snapshot buffers (agent/snapshots.py).
+The launcher owns the host's snapshot of the job's committed state (agent/snapshots.py) from start to end: a new
+job's processes start with fresh buffers, flushed to disk every heartbeat, removed when the job ends or the agent
+stops.
 Every process is forked from the host's fork server where it serves the job
 (agent/fork_server.py), else spawned (agent/workers.py), and the job's output
 says so once with the reason (`[host] workers start as fresh interpreters
@@ -36,21 +38,16 @@ class Launcher:
         self,
         settings: HostSettings,
         fork_server: ForkServer,
-        snapshots: SnapshotKeeper,
         watch: WaitWatch,
         service: Service,
+        snapshot_flush_every: float,
         log: Any,
     ) -> None:
-        self.settings, self.fork_server, self.snapshots, self.watch, self.service, self.log = (
-            settings,
-            fork_server,
-            snapshots,
-            watch,
-            service,
-            log,
-        )
+        self.settings, self.fork_server, self.watch, self.service, self.log = settings, fork_server, watch, service, log
+        self.snapshots = SnapshotKeeper(settings.host, log)
         self._pipes: set[PrefixedPipe] = set()  # the workers' output streams still open
         service.every(INTERVALS.partial_line_wait, self._flush_stale_output)
+        service.every(snapshot_flush_every, self.snapshots.tick)
         self.in_job = False
         self.fork_key: Key | None = None
         self.fork_why_not = ""
@@ -69,7 +66,9 @@ class Launcher:
         self.say_if_spawning()
 
     def end_job(self) -> None:
+        """The job finished: its snapshot buffers go, and the fork server readies for the next."""
         self.in_job = False
+        self.snapshots.end_job()
         if self.fork_server.zygote is None:
             self.fork_server.prepare(own_key())  # the job's could not serve: ready the agent's own for the next
 
@@ -160,6 +159,7 @@ class Launcher:
 
     def close(self) -> None:
         self.fork_server.close()
+        self.snapshots.close()
 
     def _output_prefix(self, worker: Worker) -> str:
         return f"[{self.settings.host}:{'standby' if worker.local_rank == STANDBY else worker.local_rank}] "

@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from elastic_control_plane.agent.agent import AgentService
 from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
-from elastic_control_plane.agent.host_options import host_options
+from elastic_control_plane.agent.host_options import AgentConfig, host_options
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
@@ -97,20 +97,17 @@ def main(
             metrics.serve("--metrics-port", advertise_addr, metrics.metrics_port("--metrics-port", metrics_port))
         timing = Timing.from_env()
         INTERVALS.check(timing)
-        agent = AgentService(
+        config = AgentConfig(
             host,
             slots,
-            endpoints,
-            timing,
-            run_dir=default_run_dir(),
-            share_gpus=share_gpus,
-            security=Security(keys_dir=keys),
-            drain_timeout=drain_timeout,
+            default_run_dir(),
             advertise_address=advertise_addr,
+            share_gpus=share_gpus,
             standby=standby,
             fork_server=not no_fork_server and fork_server_enabled(os.environ),
-            log=log,
+            drain_timeout=drain_timeout,
         )
+        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys), log=log)
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)
         sys.exit(2)
