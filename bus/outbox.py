@@ -29,14 +29,19 @@ Event = tuple[str, dict[str, Any]]
 
 
 class Outbox:
-    def __init__(
-        self, service: Any, endpoint: str, sender: str, security: Security = Security(), queued: Iterable[Event] = ()
-    ) -> None:
+    def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
         self._service = service
         self._client = AsyncClient(service, endpoint, sender, security)
-        self.queued: deque[Event] = deque(queued)
+        self.queued: deque[Event] = deque()
         self._sending: Event | None = None
         self._refusal_said = False  # the head's temporary refusal was logged
+
+    def restore(self, events: Iterable[Event]) -> None:
+        """The queue becomes `events` (what was saved: the events queued since are forgotten); the event on its way,
+        if it heads them, stays the one on its way (its answer takes it off, never a copy of it)."""
+        self.queued = deque(events)
+        if self._sending is not None and self.queued and self.queued[0] == self._sending:
+            self.queued[0] = self._sending
 
     def put(self, event: str, data: dict[str, Any]) -> None:
         self.queued.append((event, data))

@@ -72,6 +72,14 @@ class EtcdJobStore:
             raise CorruptRecord(self._state_key, "the saved state is not a map")
         return saved, parts
 
+    def last_saved(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """What the last load or save that returned left, from this store's own copy (etcd may be out of reach right
+        after a refused save): the state and every part."""
+        if self._saved_state is None:
+            return None
+        parts = {key: json.loads(text) for bucket in self._buckets.values() for key, text in bucket.items()}
+        return json.loads(self._saved_state), parts
+
     def save(self, state: dict[str, Any], parts: Mapping[str, str | None] | None = None) -> bool:
         """Write `state` if it changed and the buckets of `parts` (JSON text, or None to delete), in one fenced txn;
         True when anything was written."""

@@ -35,7 +35,9 @@ Durable. The registry keeps the job in a `JobStore` (services/registry/store.py;
 a SQLite database under `--state-dir`, chosen by services/registry/__main__.py),
 saved at the end of every pass and request that changed it, before it answers
 or publishes what the change caused; events wait in an outbox (saved
-with the job) until the notifier takes them. A registry killed and started
+with the job) until the notifier takes them. A save the store refuses undoes
+the change in memory (`_undo_unsaved`): the request is answered
+`unavailable`, and its retry finds the registry as it was. A registry killed and started
 again carries on with the same job, round and resets. The other services keep
 nothing on disk, and the registry rebuilds them from what it saved and what it
 reads: a discovery with a new incarnation is told the job's settings, the
@@ -76,20 +78,15 @@ class RegistryService(Service):
         sender = incarnation_id(self.name)
         self.discovery, self.rendezvous = Peer(self, peers.discovery, sender), Peer(self, peers.rendezvous, sender)
         self.store = store
-        loaded = self.store.load()
-        saved, parts = loaded if loaded is not None else ({}, {})
-        self.outbox = Outbox(self, peers.notifier, sender, self.security, ((e, d) for e, d in saved.get("outbox", [])))
-        self.last_job_id: int = saved.get("last_job_id", 0)
-        self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
+        self.outbox = Outbox(self, peers.notifier, sender, self.security)
         self.brief_hosts: dict[str, Any] = {}  # discovery's brief host list last read: asked again only when changed
-        job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
-        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.waits = WaitBoard(fresh_s=FRESH_HEARTBEATS * timing.heartbeat)
-        if saved:
+        self._take_saved(self.store.load())
+        if self.job.job_id:
+            job = self.job
             self.log.info(
                 "job_recovered", job=job.job_id, state=job.state, round=job.round, resets=job.resets, store=store.where
             )
-        metrics.job_state(job.state)
         self.outbox.flush()
         self.every(timing.driver_tick, self._tick)
 
@@ -100,10 +97,25 @@ class RegistryService(Service):
     def _now(self) -> Now:
         return Now.read(self.clock)
 
+    def _take_saved(self, loaded: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
+        """Memory becomes what the store saved: the job, its driver, the events not yet published, the ids."""
+        saved, parts = loaded if loaded is not None else ({}, {})
+        self.outbox.restore((event, data) for event, data in saved.get("outbox", []))
+        self.last_job_id: int = saved.get("last_job_id", 0)
+        self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
+        job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
+        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
+        metrics.job_state(job.state)
+
     def _persist(self, now: Now) -> None:
         """Save what changed, in one transaction, then send the events it caused (`outbox.put` only queues them):
         nothing goes out that a restart could forget. The state is a small document (compared with the last one
-        saved, so an unchanged one writes nothing); the parts that grow with the job are the changed ones only."""
+        saved, so an unchanged one writes nothing); the parts that grow with the job are the changed ones only.
+
+        Write, then apply: a save the store refuses takes memory back to what it last saved (`JobStore.last_saved`),
+        so the change is forgotten as if never made, and a retry of the request finds the registry as it was (a
+        submit refused for now is not `job_running` on its retry). A store that can then not even say what it saved
+        stops the registry: started again, it carries on from the store."""
         saved = {
             "last_job_id": self.last_job_id,
             "discovery_incarnation": self.discovery_incarnation,
@@ -114,10 +126,18 @@ class RegistryService(Service):
         try:
             self.store.save(saved, parts)
         except StoreError as exc:  # a disk or etcd that refuses, or the role lost: nothing is answered or published
-            self.log.warning("not_saved", reason=str(exc))
+            self.log.warning("not_saved", reason=str(exc), effect="the change is undone")
+            self._undo_unsaved()
             raise RequestError("unavailable", str(exc)) from None
         self.job.saved(parts)
         self.outbox.flush()
+
+    def _undo_unsaved(self) -> None:
+        try:
+            self._take_saved(self.store.last_saved())
+        except StoreError as exc:
+            self.log.error("store_unreadable", reason=str(exc), effect="the registry stops; restarted, it reloads")
+            self.stop()
 
     # -- requests ------------------------------------------------------------------------------
     @handles("submit")

@@ -41,12 +41,15 @@ class StoreError(RuntimeError):
 
 class JobStore(Protocol):
     """What the registry needs of its durable memory: the last saved state with its parts, a save that is durable
-    when it returns (the state if it changed, the parts given: JSON text, or None to delete one), and where the
-    state is kept (for its log)."""
+    when it returns (the state if it changed, the parts given: JSON text, or None to delete one), what the last save
+    that returned left (after one that raised: what the registry goes back to), and where the state is kept (for its
+    log)."""
 
     where: str
 
     def load(self) -> tuple[dict[str, Any], dict[str, Any]] | None: ...
+
+    def last_saved(self) -> tuple[dict[str, Any], dict[str, Any]] | None: ...
 
     def save(self, state: dict[str, Any], parts: Mapping[str, str | None] | None = None) -> bool: ...
 
@@ -98,6 +101,10 @@ class SqliteJobStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read {self.path}: {exc}") from None
         return state, {str(key): self._parse(str(key), str(text)) for key, text in rows}
+
+    def last_saved(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """What the last save that returned left: a refused save's transaction was rolled back, so the database."""
+        return self.load()
 
     def _parse(self, key: str, text: str) -> Any:
         try:
