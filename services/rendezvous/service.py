@@ -104,12 +104,14 @@ class RendezvousService(Service):
     # -- rounds --------------------------------------------------------------------------------
     @handles("reset")
     def on_reset(self, request: Request) -> dict[str, Any]:
+        """A new job: the keys' clear is written first (refused: `unavailable`, nothing changed), then the rounds,
+        the parked entries and the key lookups of the old job end."""
+        if self.kv_log is not None:
+            self._log_write(self.kv_log.clear)
         for request in self.host_entries.values():
             request.fail("job_reset", "a new job replaced the one this host's workers joined")
         self.host_entries.clear()
         self.rounds = Rounds()
-        if self.kv_log is not None:
-            self._log_write(self.kv_log.clear)
         self.kv.clear()
         self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
         return {}
