@@ -10,13 +10,20 @@ again with a backoff (bus/client.py's TEMPORARY_REFUSALS), said once per
 event; only a permanent refusal (too large, a bad request) drops it, logged,
 so it cannot block the ones after it. The queue holds at most `MAX_QUEUED`
 events; beyond that the oldest is dropped with a warning.
+
+Exactly once: each event gets a key when it is queued (`put`), kept with it
+wherever it is saved, and sent with every try; the notifier publishes a key
+once and answers a repeat with the first one's number. So neither an answer
+lost on the way (the head sent again), a notifier failover, nor a registry
+that restarts and sends its saved queue again publishes an event twice.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.envelope import Message
@@ -25,30 +32,41 @@ from elastic_control_plane.bus.sockets import Security
 MAX_QUEUED = 10_000  # hours of events at a normal rate; a notifier away that long is an outage the operator sees
 RESEND_EVERY = 1.0
 
-Event = tuple[str, dict[str, Any]]
+
+class QueuedEvent(NamedTuple):
+    """An event waiting for the notifier: its type, its data, and the key the notifier publishes it once by."""
+
+    type: str
+    data: dict[str, Any]
+    key: str
+
+    @classmethod
+    def saved(cls, item: list[Any]) -> QueuedEvent:
+        """An event as `list(event)` saved it (one saved before keys were kept gets one now)."""
+        return cls(item[0], item[1], item[2] if len(item) > 2 else uuid.uuid4().hex)
 
 
 class Outbox:
     def __init__(self, service: Any, endpoint: str, sender: str, security: Security = Security()) -> None:
         self._service = service
         self._client = AsyncClient(service, endpoint, sender, security)
-        self.queued: deque[Event] = deque()
-        self._sending: Event | None = None
+        self.queued: deque[QueuedEvent] = deque()
+        self._sending: QueuedEvent | None = None
         self._refusal_said = False  # the head's temporary refusal was logged
 
-    def restore(self, events: Iterable[Event]) -> None:
+    def restore(self, events: Iterable[QueuedEvent]) -> None:
         """The queue becomes `events` (what was saved: the events queued since are forgotten); the event on its way,
         if it heads them, stays the one on its way (its answer takes it off, never a copy of it)."""
         self.queued = deque(events)
-        if self._sending is not None and self.queued and self.queued[0] == self._sending:
+        if self._sending is not None and self.queued and self.queued[0].key == self._sending.key:
             self.queued[0] = self._sending
 
     def put(self, event: str, data: dict[str, Any]) -> None:
-        self.queued.append((event, data))
+        self.queued.append(QueuedEvent(event, data, uuid.uuid4().hex))
         if len(self.queued) > MAX_QUEUED:
-            dropped, _ = self.queued.popleft()
+            dropped = self.queued.popleft()
             self._service.log.warning(
-                "event_dropped", event_type=dropped, reason=f"more than {MAX_QUEUED} events wait for the notifier"
+                "event_dropped", event_type=dropped.type, reason=f"more than {MAX_QUEUED} events wait for the notifier"
             )
 
     def flush(self) -> None:
@@ -58,7 +76,7 @@ class Outbox:
         head = self._sending = self.queued[0]
         self._client.send(
             "publish",
-            {"event": head[0], "data": head[1]},
+            {"event": head.type, "data": head.data, "key": head.key},
             on_reply=lambda reply: self._on_reply(head, reply),
             timeout=RESEND_EVERY,
             deadline=None,
@@ -66,22 +84,22 @@ class Outbox:
         )
         self._refusal_said = False
 
-    def _on_refused(self, sent: Event, refusal: Message) -> None:
+    def _on_refused(self, sent: QueuedEvent, refusal: Message) -> None:
         if not self._refusal_said:
             self._refusal_said = True
             self._service.log.warning(
                 "event_delayed",
-                event_type=sent[0],
+                event_type=sent.type,
                 reason=refusal.body.get("message", refusal.error),
                 queued=len(self.queued),
             )
 
-    def _on_reply(self, sent: Event, reply: Message) -> None:
+    def _on_reply(self, sent: QueuedEvent, reply: Message) -> None:
         self._sending = None
         if self.queued and self.queued[0] is sent:
             self.queued.popleft()
         if reply.error is not None:
             self._service.log.warning(
-                "event_refused", event_type=sent[0], reason=reply.body.get("message", reply.error)
+                "event_refused", event_type=sent.type, reason=reply.body.get("message", reply.error)
             )
         self.flush()

@@ -5,6 +5,12 @@ Keeps a bounded history so a late or reconnecting subscriber can ask `since`
 for what it missed, and publishes a heartbeat carrying the latest sequence
 number so a subscriber notices a gap even when no new event follows it.
 
+Exactly once: a `publish` may carry a `key` (bus/outbox.py gives each event
+one); the event keeps it as `publish_key`, and a key already among the kept
+events is answered with that event's number and not published again. The
+keys live in the history, so they are bounded by it, and a replica that takes
+over knows them from the history it loads.
+
 Bounds: an event larger than `MAX_EVENT_BYTES` is refused (`too_large`); the
 history keeps at most `HISTORY` events and `HISTORY_BYTES` of them, oldest
 dropped first. Replicated (`--store etcd://...`), the incarnation, the
@@ -36,16 +42,21 @@ HISTORY_BYTES = 4 * 1024 * 1024
 # The largest event is `round`: every slot (about 150 bytes each) with the job's command and environment, so 1 MiB
 # holds a round of several thousand slots.
 MAX_EVENT_BYTES = 1024 * 1024
+# What an event keeps of its publisher's key (its `publish` request's `key`), and the longest key taken.
+PUBLISH_KEY = "publish_key"
+MAX_PUBLISH_KEY_CHARS = 64
 
 
 class History:
-    """The latest events as (type, body, encoded size); past `events` events or `max_bytes` bytes the oldest go."""
+    """The latest events as (type, body, encoded size); past `events` events or `max_bytes` bytes the oldest go. The
+    publish keys of the kept events, with their numbers."""
 
     def __init__(self, events: int = HISTORY, max_bytes: int = HISTORY_BYTES) -> None:
         self.events = events
         self.max_bytes = max_bytes
         self.nbytes = 0
         self._kept: deque[tuple[str, dict[str, Any], int]] = deque()
+        self._seq_by_key: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -53,8 +64,17 @@ class History:
     def append(self, event: str, body: dict[str, Any], size: int) -> None:
         self._kept.append((event, body, size))
         self.nbytes += size
+        key = body.get(PUBLISH_KEY)
+        if isinstance(key, str):
+            self._seq_by_key[key] = body["seq"]
         while len(self._kept) > self.events or self.nbytes > self.max_bytes:
-            self.nbytes -= self._kept.popleft()[2]
+            _, dropped, dropped_size = self._kept.popleft()
+            self.nbytes -= dropped_size
+            self._seq_by_key.pop(dropped.get(PUBLISH_KEY), None)
+
+    def published(self, key: str) -> int | None:
+        """The number of the kept event published under `key`, if one is."""
+        return self._seq_by_key.get(key)
 
     def dropped_by(self, size: int) -> list[int]:
         """The numbers of the events that keeping one more of `size` bytes would let go."""
@@ -123,10 +143,17 @@ class NotifierService(Service):
 
     @handles("publish")
     def on_publish(self, request: Request) -> dict[str, Any]:
-        event, data = request.body.get("event"), request.body.get("data", {})
+        event, data, key = request.body.get("event"), request.body.get("data", {}), request.body.get("key")
         if not isinstance(event, str) or not event or not isinstance(data, dict):
             raise RequestError("bad_request", "publish needs 'event' (string) and 'data' (map)")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= MAX_PUBLISH_KEY_CHARS):
+            raise RequestError("bad_request", f"a publish key is a string of 1 to {MAX_PUBLISH_KEY_CHARS} characters")
+        if key is not None and (seq := self.history.published(key)) is not None:
+            self.log.info("published_already", event_type=event, seq=seq, sender=request.msg.sender)
+            return {"seq": seq, "published_already": True}
         body = {**data, "seq": self.seq + 1, "incarnation": self.incarnation, "time": time.time()}
+        if key is not None:
+            body[PUBLISH_KEY] = key
         encoded = encode_event(event, body, self.name)
         if encoded.nbytes > MAX_EVENT_BYTES:
             raise LimitExceeded(

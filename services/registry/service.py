@@ -54,7 +54,7 @@ from typing import Any
 from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnation_id
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.contract import Event
-from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.bus.outbox import Outbox, QueuedEvent
 from elastic_control_plane.bus.service import Request, RequestError, Service, handles
 from elastic_control_plane.job.spec import JobSpec, SpecError
 from elastic_control_plane.services.registry import metrics
@@ -100,7 +100,7 @@ class RegistryService(Service):
     def _take_saved(self, loaded: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
         """Memory becomes what the store saved: the job, its driver, the events not yet published, the ids."""
         saved, parts = loaded if loaded is not None else ({}, {})
-        self.outbox.restore((event, data) for event, data in saved.get("outbox", []))
+        self.outbox.restore(map(QueuedEvent.saved, saved.get("outbox", [])))
         self.last_job_id: int = saved.get("last_job_id", 0)
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
         job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()

@@ -13,7 +13,7 @@ import pytest
 from elastic_control_plane.bus.envelope import Message, decode, encode
 from elastic_control_plane.bus.service import DEFERRED, ParkingLot, ReplyCache, Request, Service, handles
 from elastic_control_plane.services.notifier import service as notifier_module
-from elastic_control_plane.services.notifier.service import History, NotifierService
+from elastic_control_plane.services.notifier.service import PUBLISH_KEY, History, NotifierService
 from elastic_control_plane.services.rendezvous import service as rendezvous_module
 from elastic_control_plane.services.rendezvous.service import RendezvousService
 
@@ -237,6 +237,15 @@ def test_history_keeps_the_latest_events_within_its_count_and_bytes() -> None:
     assert [body["seq"] for _, body in history.since(0)] == [4, 5]
     assert (len(history), history.nbytes) == (2, 95)
     assert history.since(4) == [["big", {"seq": 5}]]
+
+
+def test_history_knows_the_publish_keys_of_the_events_it_keeps_only() -> None:
+    history = History(events=2, max_bytes=100)
+    for seq in range(1, 4):
+        history.append("e", {"seq": seq, PUBLISH_KEY: f"key-{seq}"}, 10)
+    history.append("e", {"seq": 4}, 10)
+    assert [history.published(f"key-{seq}") for seq in range(1, 4)] == [None, None, 3]
+    assert len(history._seq_by_key) == 1, "a key goes with its event"
 
 
 @pytest.fixture
