@@ -4,7 +4,9 @@ job's plan, which `round` events carry, is job/plan.py).
 - `WorkerEnv`: the names of the variables an agent sets for its workers and
   libworker reads (beside torch's and Horovod's own, see
   slot_processes.rounds.round_environment).
-- `Event`: the types of the notifier's events an agent acts on.
+- `Event`: the types of the notifier's events an agent acts on;
+  `PUBLISH_KEY`, the field of an event that names its publisher's key (the
+  notifier publishes a key once: services/notifier/service.py).
 
 A name spelled here and imported everywhere turns a typo into an import error.
 """
@@ -47,3 +49,6 @@ class Event:
     WORKER_HUNG = "worker_hung"  # a hung worker was killed: its host, rank, why, and its stack
     STRAGGLER = "straggler"  # one rank has cost the others more than a set share of their time, for a while
     JOB_FINISHED = "job_finished"  # the job ended: stop every worker
+
+
+PUBLISH_KEY = "publish_key"  # an event's key, given by its publisher's outbox: the notifier publishes a key once

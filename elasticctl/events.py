@@ -1,12 +1,12 @@
 """`elasticctl events`: the notifier's event stream, one line per event, from its history and, with --follow, live.
 
-A line is `TIME seq=N TYPE key=value ...`. TIME is when the event happened: the notifier's `time` stamp or the
-event's own `timestamp`; an event seen live without either gets the time it arrived, one from history without
-either gets `????-??-?? ??:??:??.???` (same width). Then the fields that say what happened: plumbing
-(incarnation, command, environment, job key) is left out, lists longer than LIST_ITEMS are cut with `...+N`, and a
-value with spaces is quoted. Heartbeats are not printed. `--follow` delivers through `bus.pubsub.Subscription`
-(ordered, gap-free, across a notifier restart) and rides through notifier outages with one line when the notifier
-goes and one when it is back.
+A line is `TIME seq=N TYPE key=value ...`. TIME is when the event happened: the notifier's `time` stamp or the event's
+own `timestamp`; an event seen live without either gets the time it arrived, one from history without either gets
+`????-??-?? ??:??:??.???` (same width). Then the fields that say what happened: plumbing (incarnation, publish key,
+command, environment, job key) is left out, lists longer than LIST_ITEMS are cut with `...+N`, and a value with spaces
+is quoted. Heartbeats are not printed. `--follow` delivers through `bus.pubsub.Subscription` (ordered, gap-free,
+across a notifier restart) and rides through notifier outages with one line when the notifier goes and one when it is
+back.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from datetime import datetime
 from typing import Any, TextIO
 
-from elastic_control_plane.bus.contract import Event
+from elastic_control_plane.bus.contract import PUBLISH_KEY, Event
 from elastic_control_plane.bus.pubsub import HEARTBEAT
 from elastic_control_plane.elasticctl.control import ControlPlane, ControlPlaneUnreachable
 from elastic_control_plane.elasticctl.outage import Outage
@@ -37,7 +37,7 @@ FIELDS = {
     Event.STRAGGLER: ["host", "local_rank", "rank", "lost_s_per_min"],
     Event.JOB_FINISHED: ["job", "state", "exit_code", "reason"],
 }
-HIDDEN = {"seq", "incarnation", "time", "timestamp"}
+HIDDEN = {"seq", "incarnation", "time", "timestamp", PUBLISH_KEY}
 
 
 def event_line(event_type: str, body: dict[str, Any], arrived_at: float | None) -> str:

@@ -29,6 +29,7 @@ import uuid
 from collections import deque
 from typing import Any
 
+from elastic_control_plane.bus.contract import PUBLISH_KEY
 from elastic_control_plane.bus.pubsub import HEARTBEAT, Publisher, encode_event
 from elastic_control_plane.bus.service import LimitExceeded, Request, RequestError, Service, handles
 from elastic_control_plane.bus.sockets import Security
@@ -42,8 +43,7 @@ HISTORY_BYTES = 4 * 1024 * 1024
 # The largest event is `round`: every slot (about 150 bytes each) with the job's command and environment, so 1 MiB
 # holds a round of several thousand slots.
 MAX_EVENT_BYTES = 1024 * 1024
-# What an event keeps of its publisher's key (its `publish` request's `key`), and the longest key taken.
-PUBLISH_KEY = "publish_key"
+# The longest publish key taken (an event keeps its key as bus/contract.py's PUBLISH_KEY).
 MAX_PUBLISH_KEY_CHARS = 64
 
 

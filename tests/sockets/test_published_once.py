@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_control_plane.bus.client import Client
+from elastic_control_plane.bus.contract import PUBLISH_KEY
 from elastic_control_plane.bus.outbox import QueuedEvent
-from elastic_control_plane.services.notifier.service import PUBLISH_KEY, NotifierService
+from elastic_control_plane.services.notifier.service import NotifierService
 from testing.harness import free_ports, serve_in_thread
 
 

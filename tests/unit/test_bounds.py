@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from elastic_control_plane.bus.contract import PUBLISH_KEY
 from elastic_control_plane.bus.envelope import Message, decode, encode
 from elastic_control_plane.bus.service import DEFERRED, ParkingLot, ReplyCache, Request, Service, handles
 from elastic_control_plane.services.notifier import service as notifier_module
-from elastic_control_plane.services.notifier.service import PUBLISH_KEY, History, NotifierService
+from elastic_control_plane.services.notifier.service import History, NotifierService
 from elastic_control_plane.services.rendezvous import service as rendezvous_module
 from elastic_control_plane.services.rendezvous.service import RendezvousService
 
