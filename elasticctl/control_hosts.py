@@ -1,5 +1,6 @@
-"""The control hosts of a replicated control plane, for `elasticctl status`: each host's etcd member (healthy, leader)
-and each service's replica on it (pid, active or standby), read from etcd (`--store` / ELASTIC_STORE)."""
+"""The control hosts of a replicated control plane, for `elasticctl status`: each host's etcd member (healthy, leader,
+its database's size) and each service's replica on it (pid, active or standby), read from etcd (`--store` /
+ELASTIC_STORE). elasticctl/status.py renders them."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ SERVICES = ("notifier", "discovery", "rendezvous", "registry")
 
 
 def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
-    """One row per control host: `{host, etcd: {member, client_url, healthy, leader} | None, replicas: {service:
-    {pid, role}}}`; etcd out of reach gives one row per endpoint, each with `etcd.healthy` false."""
+    """One row per control host: `{host, etcd: {member, client_url, healthy, leader, db_size, db_size_in_use} | None,
+    replicas: {service: {pid, role}}}`; etcd out of reach gives one row per endpoint, each with `etcd.healthy`
+    false."""
     client = EtcdClient(list(choice.endpoints), deadline=2.0)
     try:
         try:
@@ -35,7 +37,14 @@ def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
             host = urlsplit(url).hostname or member.name or str(member.id)
             hosts[host] = {
                 "host": host,
-                "etcd": {"member": member.name, "id": member.id, "client_url": url, "healthy": status is not None},
+                "etcd": {
+                    "member": member.name,
+                    "id": member.id,
+                    "client_url": url,
+                    "healthy": status is not None,
+                    "db_size": (status or {}).get("db_size"),
+                    "db_size_in_use": (status or {}).get("db_size_in_use"),
+                },
                 "replicas": {},
             }
         for row in hosts.values():
@@ -52,21 +61,3 @@ def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
         return sorted(hosts.values(), key=lambda row: row["host"])
     finally:
         client.close()
-
-
-def render_control_hosts(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["control hosts:"]
-    for row in rows:
-        etcd = row["etcd"]
-        if etcd is None:
-            member = "no etcd member"
-        elif not etcd["healthy"]:
-            member = "etcd DOWN" + (f" ({etcd['error']})" if etcd.get("error") else "")
-        else:
-            member = "etcd leader" if etcd.get("leader") else "etcd follower"
-        replicas = ", ".join(
-            f"{service} {replica['role']} (pid {replica['pid']})"
-            for service, replica in sorted(row["replicas"].items())
-        )
-        lines.append(f"  {row['host']}: {member}; {replicas or 'no replicas'}")
-    return lines

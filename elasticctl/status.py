@@ -1,6 +1,7 @@
 """`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limits
 the agents are told, the ranks suspected of hanging, the waits ranks declared, and the ranks the others waited for
-most (the registry's `waits`)."""
+most (the registry's `waits`); replicated, the control hosts (elasticctl/control_hosts.py) with etcd's database
+size."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 from typing import Any
 
 from elastic_control_plane.elasticctl.control import ControlPlane
-from elastic_control_plane.elasticctl.control_hosts import render_control_hosts
 
 
 def gather(plane: ControlPlane) -> dict[str, Any]:
@@ -118,6 +118,26 @@ def render(view: dict[str, Any], now: float) -> str:
     if view.get("control_hosts"):
         lines += ["", *render_control_hosts(view["control_hosts"])]
     return "\n".join(lines)
+
+
+def render_control_hosts(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["control hosts:"]
+    for row in rows:
+        etcd = row["etcd"]
+        if etcd is None:
+            member = "no etcd member"
+        elif not etcd["healthy"]:
+            member = "etcd DOWN" + (f" ({etcd['error']})" if etcd.get("error") else "")
+        else:
+            member = "etcd leader" if etcd.get("leader") else "etcd follower"
+            if etcd.get("db_size") is not None:
+                member += f", database {_size(etcd['db_size'])} ({_size(etcd.get('db_size_in_use') or 0)} in use)"
+        replicas = ", ".join(
+            f"{service} {replica['role']} (pid {replica['pid']})"
+            for service, replica in sorted(row["replicas"].items())
+        )
+        lines.append(f"  {row['host']}: {member}; {replicas or 'no replicas'}")
+    return lines
 
 
 def hang_limit(limit: float, kill: float | None, upper: float) -> str:

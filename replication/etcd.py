@@ -302,7 +302,9 @@ class EtcdClient:
                 raise EtcdUnavailable(f"etcd {endpoint} did not answer {path}: {_reason(exc)}") from None
 
     def endpoint_status(self, endpoint: str, *, timeout: float = 0.5) -> dict[str, int] | None:
-        """{"member_id", "leader", "revision", "db_size"} as that one member sees them; None if it does not answer."""
+        """{"member_id", "leader", "revision", "db_size", "db_size_in_use"} as that one member sees them (the
+        database file's bytes, and those holding live data: the rest a defragmentation gives back); None if it does
+        not answer."""
         connection = http.client.HTTPConnection(*split_endpoint(endpoint), timeout=timeout)
         try:
             connection.request("POST", "/v3/maintenance/status", b"{}", _HEADERS)

@@ -211,6 +211,7 @@ def decode_status(answer: dict[str, Any]) -> dict[str, int]:
         "leader": int(answer.get("leader", 0)),
         "revision": int(header.get("revision", 0)),
         "db_size": int(answer.get("dbSize", 0)),
+        "db_size_in_use": int(answer.get("dbSizeInUse", 0)),
     }
 
 

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import structlog
+from prometheus_client import REGISTRY
 
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.service import Service
 from elastic_control_plane.replication.election import ElectionTiming, Leadership, Outage
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 from elastic_control_plane.replication.store_choice import StoreChoice
+from elastic_control_plane.replication.store_metrics import EtcdSizeCollector
 
 STORE_SCHEMA = 1
 # How long a service waits for etcd when it starts before it says so and exits.
@@ -158,6 +160,7 @@ def serve_replica(
         step_down(leadership, module, log)
     service.may_serve = lambda: leadership.held() and not stopping.is_set()
     metrics.watch_service(service)
+    REGISTRY.register(EtcdSizeCollector(client))
     try:
         service.run()
     finally:

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from elastic_control_plane.replication import election
 from elastic_control_plane.replication.election import ElectionTiming, Leadership
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdRefused, put_op, space_exceeded
+from elastic_control_plane.replication.store_metrics import EtcdSizeCollector
 from testing.etcd_cluster import EtcdCluster
 from testing.recording_log import RecordingLog
 
@@ -47,11 +49,25 @@ def fill_until_refused(client: EtcdClient) -> EtcdRefused:
     raise AssertionError("etcd took four times its quota")
 
 
+def scraped_sizes(client: EtcdClient) -> dict[str, dict[str, float]]:
+    """What Prometheus would scrape of etcd's size from a replicated service: {metric: {member: bytes}}."""
+    registry = CollectorRegistry()
+    registry.register(EtcdSizeCollector(client))
+    sizes: dict[str, dict[str, float]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            sizes.setdefault(sample.name, {})[sample.labels["member"]] = sample.value
+    return sizes
+
+
 def test_a_write_refused_for_space_reclaims_it_and_goes_through(etcd: EtcdCluster) -> None:
     client, said = EtcdClient(etcd.client_endpoints, deadline=30.0), RecordingLog()
     try:
         role = active(client, said)
         fill_until_refused(client)
+        full = scraped_sizes(client)
+        assert set(full["elastic_etcd_db_bytes"]) == set(etcd.client_endpoints)
+        assert max(full["elastic_etcd_db_bytes"].values()) >= QUOTA * 0.9, "the metric shows a database at its quota"
         role.write([put_op(b"space/registry/state", b"the job")])
         assert client.get(b"space/registry/state").value == b"the job"  # type: ignore[union-attr]
         events = dict(said.events)
@@ -61,6 +77,8 @@ def test_a_write_refused_for_space_reclaims_it_and_goes_through(etcd: EtcdCluste
             events["etcd_space_reclaimed"]["backend_bytes_after"],
         )
         assert after < before, "defragmented"
+        reclaimed = scraped_sizes(client)["elastic_etcd_db_bytes"]
+        assert max(reclaimed.values()) < QUOTA / 2, "the metric shows the space given back"
         client.put(b"space/junk", b"small")  # the alarm is disarmed: any write goes
         role.end("the test ends", revoke=True)
     finally:

@@ -104,6 +104,8 @@ def test_three_control_hosts_on_one_machine_show_in_status_and_a_lost_one_costs_
         assert all(set(row["replicas"]) == set(SERVICES) for row in rows), rows
         text = status(cluster).stdout
         assert "control hosts:" in text and text.count("etcd leader") == 1, text
+        assert all(row["etcd"]["db_size"] >= row["etcd"]["db_size_in_use"] > 0 for row in rows), rows
+        assert text.count(" in use)") == 3, text
 
         counts = {row["host"]: sum(r["role"] == "active" for r in row["replicas"].values()) for row in rows}
         lost = max(counts, key=lambda host: counts[host])

@@ -172,6 +172,7 @@ def test_a_status_answer_in_the_gateways_camel_case():
         "header": {"member_id": "3319814642761637952", "revision": "2", "raft_term": "2"},
         "version": "3.4.23",
         "dbSize": "20480",
+        "dbSizeInUse": "16384",
         "leader": "3319814642761637952",
     }
     assert decode_status(answer) == {
@@ -179,6 +180,7 @@ def test_a_status_answer_in_the_gateways_camel_case():
         "leader": 3319814642761637952,
         "revision": 2,
         "db_size": 20480,
+        "db_size_in_use": 16384,
     }
     assert decode_status({"header": {"member_id": "5"}})["leader"] == 0  # no leader: the field is left out
 
