@@ -270,6 +270,14 @@ def worker_pid(cluster: Cluster, host: str, local_rank: int) -> int:
     return wait_for(find, 60, f"a running worker at {host}/{local_rank}")
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid`, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def serve_in_thread(service: Any) -> Iterator[Any]:
     """A service running its loop in a thread of this process while the generator is suspended; stopped and closed
     after (a fixture's body: `yield from serve_in_thread(service)`)."""

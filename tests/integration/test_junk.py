@@ -30,7 +30,7 @@ from elastic_control_plane.agent.agent import agent_endpoint
 from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES, Message, decode, encode
 from elastic_control_plane.bus.pubsub import EVENT_TOPIC
 from elastic_control_plane.bus.sockets import HARD_MAX_MESSAGE_BYTES
-from testing.harness import Cluster, wait_for
+from testing.harness import Cluster, rss_bytes, wait_for
 
 JUNK_PER_SOCKET = 20_000
 WARM_UP = 1_000
@@ -44,13 +44,6 @@ SETTLE_TIMEOUT = 5.0
 
 Frames = list[bytes]
 Junk = Callable[[random.Random, int], Frames]
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def settled_rss_bytes(pid: int, before: int) -> int:

@@ -6,16 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from testing.harness import Cluster, wait_for
+from testing.harness import Cluster, rss_bytes, wait_for
 
 RSS_GROWTH_ALLOWED = 4 * 1024 * 1024  # far below what holding 10,000 redraws of the bar would take (~1 MB + resplits)
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
 
 
 def test_a_tqdm_bar_is_shown_live_and_prefixed_and_the_agent_holds_none_of_it(cluster: Cluster, tmp_path: Path) -> None:
