@@ -10,6 +10,7 @@ import pytest
 
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.config import (
+    TIMING_PRESETS,
     ConfigError,
     Endpoints,
     Timing,
@@ -21,6 +22,7 @@ from elastic_control_plane.bus.config import (
     unresolved_hosts,
 )
 from elastic_control_plane.bus.sockets import Security, SecurityError
+from elastic_control_plane.replication.election import ElectionTiming
 from elastic_control_plane.services.cli import BIND_NEEDED, bind_endpoints
 
 ENDPOINT_VARS = [f"ELASTIC_{name}_ENDPOINT" for name in ("DISCOVERY", "RENDEZVOUS", "REGISTRY", "NOTIFIER", "EVENTS")]
@@ -277,3 +279,24 @@ def test_the_agents_intervals_that_break_a_rule_are_refused_in_one_line(
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(rule)):
         replace(INTERVALS, **intervals).check(Timing(**timing))
+
+
+def test_the_cloud_preset_sets_every_interval_and_each_variable_still_overrides_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ELASTIC_TIMING", "cloud")
+    cloud = Timing.from_env()
+    assert cloud == TIMING_PRESETS["cloud"]
+    assert (cloud.lost_after, cloud.lease_ttl, cloud.request_timeout) == (10.0, 5, 4.0)
+    INTERVALS.check(cloud)  # the agent's own intervals keep their rules with it
+    ElectionTiming(cloud.lease_ttl)  # and so does the election
+    monkeypatch.setenv("ELASTIC_LEASE_TTL", "3")
+    assert Timing.from_env() == replace(TIMING_PRESETS["cloud"], lease_ttl=3)
+    monkeypatch.delenv("ELASTIC_TIMING")
+    assert Timing.from_env() == Timing(lease_ttl=3), "local, today's intervals, by default"
+
+
+def test_an_unknown_timing_preset_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTIC_TIMING", "fast")
+    with pytest.raises(ConfigError, match=r"^ELASTIC_TIMING='fast': not a preset \(one of: local, cloud\)$"):
+        Timing.from_env()
