@@ -94,6 +94,20 @@ def test_the_schema_refuses_an_unknown_layout() -> None:
     assert "/controlPlane/layout" in result.stderr
 
 
+def test_the_timing_preset_reaches_every_container_and_an_unknown_one_is_refused() -> None:
+    containers = [
+        container
+        for obj in render(None, "timing=cloud", "job.enabled=true")
+        if obj["kind"] in ("StatefulSet", "DaemonSet", "Job")
+        for container in obj["spec"]["template"]["spec"]["containers"]
+    ]
+    assert len(containers) >= 3
+    for container in containers:
+        assert {"name": "ELASTIC_TIMING", "value": "cloud"} in container["env"], container["name"]
+    result = helm("template", "elastic", str(CHART), "--set", "timing=fast", check=False)
+    assert result.returncode != 0 and "/timing" in result.stderr
+
+
 def test_discovery_may_get_list_and_watch_pods_and_nothing_else(ci_values: str) -> None:
     objects = render(ci_values)
     kinds = {obj["kind"] for obj in objects}

@@ -94,7 +94,8 @@ notifier: {port: 5553, metrics: 9553, events: 5554}
 {{- join "," $list -}}
 {{- end -}}
 
-{{/* The environment every process of the release gets: the five endpoint lists and the security settings. */}}
+{{/* The environment every process of the release gets: the five endpoint lists, the intervals' preset and the
+security settings. */}}
 {{- define "elastic.commonEnv" -}}
 {{- $root := . -}}
 {{- $services := include "elastic.services" . | fromYaml -}}
@@ -104,6 +105,8 @@ notifier: {port: 5553, metrics: 9553, events: 5554}
 {{- end }}
 - name: ELASTIC_EVENTS_ENDPOINT
   value: {{ include "elastic.endpointList" (dict "root" $root "service" "notifier" "port" $services.notifier.events) | quote }}
+- name: ELASTIC_TIMING
+  value: {{ .Values.timing | default "local" | quote }}
 {{- if .Values.security.keysSecret }}
 - name: ELASTIC_KEYS
   value: /keys
