@@ -61,3 +61,16 @@ def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
         return sorted(hosts.values(), key=lambda row: row["host"])
     finally:
         client.close()
+
+
+def gather_corrupt_records(choice: StoreChoice) -> list[dict[str, str]]:
+    """The records that keep a service from starting, as its replicas marked them (replication/replica.py):
+    `{service, key, reason, replica}` each; none when etcd is out of reach (the control hosts say so)."""
+    client = EtcdClient(list(choice.endpoints), deadline=2.0)
+    try:
+        marks, _ = client.get_prefix(f"{choice.prefix}/corrupt/".encode())
+    except EtcdError:
+        return []
+    finally:
+        client.close()
+    return [{"service": kv.key.decode().rpartition("/")[2], **json.loads(kv.value)} for kv in marks]

@@ -14,13 +14,13 @@ from click.core import ParameterSource
 from elastic_control_plane.agent.host_options import host_options
 from elastic_control_plane.bus.config import ConfigError, Endpoints, unresolved_hosts
 from elastic_control_plane.bus.sockets import SecurityError, generate_keys
-from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
-from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts
+from elastic_control_plane.elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
+from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts, gather_corrupt_records
 from elastic_control_plane.elasticctl.events import follow_events, print_history
 from elastic_control_plane.elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elastic_control_plane.elasticctl.local import run_local
 from elastic_control_plane.elasticctl.options import build_spec, job_options
-from elastic_control_plane.elasticctl.status import as_json, gather, render
+from elastic_control_plane.elasticctl.status import as_json, gather, render, render_control_plane
 from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
 from elastic_control_plane.elasticctl.watch import watch_status
 from elastic_control_plane.replication.store_choice import StoreChoice
@@ -122,10 +122,21 @@ def status(
         if watch:
             sys.exit(watch_status(plane, interval, as_json_flag))
         view = gather(plane)
+    except ControlPlaneUnreachable:
+        if choice.kind != "etcd":
+            raise
+        # What etcd knows may say why: the control hosts, and a record that keeps a service from starting.
+        control_plane = {
+            "control_hosts": gather_control_hosts(choice),
+            "corrupt_records": gather_corrupt_records(choice),
+        }
+        click.echo(as_json(control_plane) if as_json_flag else render_control_plane(control_plane))
+        raise
     finally:
         plane.close()
     if choice.kind == "etcd":
         view["control_hosts"] = gather_control_hosts(choice)
+        view["corrupt_records"] = gather_corrupt_records(choice)
     click.echo(as_json(view) if as_json_flag else render(view, time.time()))
 
 

@@ -116,7 +116,19 @@ def render(view: dict[str, Any], now: float) -> str:
             f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]
         ]
     if view.get("control_hosts"):
-        lines += ["", *render_control_hosts(view["control_hosts"])]
+        lines += ["", render_control_plane(view)]
+    return "\n".join(lines)
+
+
+def render_control_plane(view: dict[str, Any]) -> str:
+    """A replicated control plane as etcd sees it: its control hosts, and the records that keep a service from
+    starting."""
+    lines = render_control_hosts(view["control_hosts"])
+    for record in view.get("corrupt_records") or []:
+        lines.append(
+            f"  {record['service']} cannot start: its record {record['key']} cannot be read ({record['reason']}); "
+            "repair or delete the key"
+        )
     return "\n".join(lines)
 
 

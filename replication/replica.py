@@ -9,12 +9,15 @@ it loses the role it stops at once and starts again as a standby (`exec` of
 the same command: nothing it held in memory survives).
 
 The layout under PREFIX: `schema` (STORE_SCHEMA; a newer one is refused),
-`leader/<service>` and `replicas/<service>/<replica>` (election.py), and
+`leader/<service>` and `replicas/<service>/<replica>` (election.py),
+`corrupt/<service>` while a record of the service's cannot be read (the key
+and why, for `elasticctl status`; gone once a replica of it starts), and
 each service's own keys under `<service>/`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -148,6 +151,7 @@ def serve_replica(
     except CorruptRecord as exc:  # no replica can start from it: say so once, stand by until the key changes
         leadership.end(f"a corrupt record: {exc}", revoke=True)
         log.error("corrupt_record", key=exc.key.decode(errors="replace"), reason=exc.reason)
+        _mark_corrupt(client, corrupt_key(choice.prefix, name), exc, replica_name, log)
         if not _wait_for_change(client, exc.key, stopping):
             return
         step_down(leadership, module, log)
@@ -159,6 +163,7 @@ def serve_replica(
             return
         step_down(leadership, module, log)
     service.may_serve = lambda: leadership.held() and not stopping.is_set()
+    _mark_corrupt(client, corrupt_key(choice.prefix, name), None, replica_name, log)
     metrics.watch_service(service)
     REGISTRY.register(EtcdSizeCollector(client))
     try:
@@ -170,6 +175,24 @@ def serve_replica(
         log.info("stopped", replica=replica_name)
         return
     step_down(leadership, module, log)
+
+
+def corrupt_key(prefix: str, service: str) -> bytes:
+    return f"{prefix}/corrupt/{service}".encode()
+
+
+def _mark_corrupt(
+    client: EtcdClient, key: bytes, found: CorruptRecord | None, replica: str, log: structlog.stdlib.BoundLogger
+) -> None:
+    """Say in etcd, for `elasticctl status`, which record keeps the service from starting (None: none does now)."""
+    try:
+        if found is None:
+            client.delete(key)
+        else:
+            record = {"key": found.key.decode(errors="replace"), "reason": found.reason, "replica": replica}
+            client.put(key, json.dumps(record).encode())
+    except EtcdError as exc:
+        log.warning("corrupt_mark_not_written", reason=str(exc))
 
 
 def _wait_for_change(client: EtcdClient, key: bytes, stopping: threading.Event) -> bool:

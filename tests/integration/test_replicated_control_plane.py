@@ -299,8 +299,20 @@ def test_a_corrupt_record_is_one_line_per_replica_that_then_waits_and_serves_onc
             "start_failed" in cluster.output(name) or "stepped_down" in cluster.output(name) for name in names
         )
         assert [cluster.processes[name].poll() for name in names] == [None, None], "both wait, alive"
+        shown = subprocess.run(
+            [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "status"],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode != 0, "the registry does not answer"
+        assert "registry cannot start: its record elastic/registry/parts/07 cannot be read (not zlib" in shown.stdout, (
+            shown.stdout + shown.stderr
+        )
         client.delete(b"elastic/registry/parts/07")
         wait_for(lambda: cluster.call("registry", "ping", timeout=0.5), 30, "a registry that serves")
+        wait_for(lambda: client.get(b"elastic/corrupt/registry") is None, 10, "the mark gone with the corruption")
         assert len(corrupt_lines()) == 2, "said once each"
     finally:
         cluster.close()
