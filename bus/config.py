@@ -304,5 +304,10 @@ def _variable(timing: str) -> str:
 
 
 def default_run_dir() -> Path:
-    """Where agents put their sockets and services their state by default: ELASTIC_RUN_DIR, else /tmp/elastic-UID."""
-    return Path(os.environ.get("ELASTIC_RUN_DIR") or f"/tmp/elastic-{os.getuid()}")
+    """Where agents put their sockets and services their state by default: ELASTIC_RUN_DIR, else `elastic` in the
+    user's own runtime directory (XDG_RUNTIME_DIR, made by the login manager: /run/user/UID), else /tmp/elastic-UID.
+    Whoever makes or uses it checks it is the user's own and private (bus/sockets.py's `private_dir`)."""
+    if os.environ.get("ELASTIC_RUN_DIR"):
+        return Path(os.environ["ELASTIC_RUN_DIR"])
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "elastic" if runtime else Path(f"/tmp/elastic-{os.getuid()}")

@@ -174,9 +174,33 @@ def server_socket(
     return sock
 
 
+def private_dir(path: Path, setting: str) -> Path:
+    """`path`, made 0700 (with its parents) when missing; SecurityError, one line naming `setting`, when it is not a
+    directory of this user's or others may enter it: someone else may have made it, to read or replace what goes in
+    (sockets any peer could then reach, the registry's state)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except OSError as exc:
+        raise SecurityError(f"cannot make the directory {path} ({setting}): {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise SecurityError(f"{path} ({setting}) is not a directory (a symlink?): remove it, or set {setting}")
+    if info.st_uid != os.getuid():
+        raise SecurityError(
+            f"{path} ({setting}) belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): someone else made it; "
+            f"remove it, or set {setting} to a directory of yours"
+        )
+    if info.st_mode & 0o077:
+        raise SecurityError(
+            f"{path} ({setting}) is open to others (mode {stat.S_IMODE(info.st_mode):o}): chmod 700 it, or set "
+            f"{setting} to a directory of yours"
+        )
+    return path
+
+
 def _bind_ipc_owner_only(sock: zmq.Socket, endpoint: str) -> None:
     path = Path(endpoint[len("ipc://") :])
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent, "ELASTIC_RUN_DIR")
     old_umask = os.umask(0o077)
     try:
         sock.bind(endpoint)

@@ -19,6 +19,11 @@ machines: control host i is the address 127.0.0.i, with one etcd member
 directory, removed with it at the end) and one replica of each service on the default ports of that
 address (`--store etcd://...`, replication/replica.py). Nothing is started
 again when it dies: the other replicas are the redundancy.
+
+Private to its user: the services and agents require the run's own keys
+(elasticctl/local_keys.py), and the agents' sockets are in the user's own
+0700 run directory (ELASTIC_RUN_DIR, checked), so no other user of the
+machine can call them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from elastic_control_plane.agent.gpus import check_standby, default_slots, gpu_d
 from elastic_control_plane.bus.config import Endpoints, endpoint_list
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
 from elastic_control_plane.elasticctl.follow import submit_and_follow
+from elastic_control_plane.elasticctl.local_keys import live_local_keys, make_local_keys, remove_local_keys
 from elastic_control_plane.elasticctl.local_processes import (
     SERVICES,
     Processes,
@@ -87,6 +93,7 @@ class LocalCluster:
     endpoints: Endpoints
     log_dir: Path
     devices: list[str | None]
+    keys: Path
     share_gpus: bool = False
     standby: int | None = None
     control_hosts: int = 1
@@ -114,7 +121,12 @@ class LocalCluster:
             client.close()
 
     def start(self) -> None:
-        env = {**os.environ, **self.endpoints.as_env(), "ELASTIC_STATE_DIR": str(self.log_dir / "state")}
+        env = {
+            **os.environ,
+            **self.endpoints.as_env(),
+            "ELASTIC_STATE_DIR": str(self.log_dir / "state"),
+            "ELASTIC_KEYS": str(self.keys),
+        }
         if self.control_hosts > 1:
             addresses = control_addresses(self.control_hosts)
             members = etcd_members(addresses, self.log_dir)
@@ -126,7 +138,7 @@ class LocalCluster:
         else:
             for service in SERVICES:
                 self._start(service, service_argv(service), env, log_to_file=True)
-        plane = ControlPlane(self.endpoints, timeout=0.5)
+        plane = ControlPlane(self.endpoints, self.keys, timeout=0.5)
         try:
             for service in SERVICES:
                 self._wait(lambda s=service: plane.call(s, "ping"), f"the {service} service to answer")
@@ -176,7 +188,7 @@ class LocalCluster:
 
 
 def already_running(endpoints: Endpoints) -> bool:
-    plane = ControlPlane(endpoints, timeout=0.3)
+    plane = ControlPlane(endpoints, live_local_keys(), timeout=0.3)
     try:
         plane.call("registry", "ping")
         return True
@@ -218,19 +230,21 @@ def run_local(
             f"a control plane already answers at {endpoints.registry} (another elasticctl local or docker "
             "compose?); stop it first"
         )
+    keys = make_local_keys()
     log_dir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
-    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, share_gpus, standby, control_hosts)
+    cluster = LocalCluster(hosts, slots, endpoints, log_dir, devices, keys, share_gpus, standby, control_hosts)
     shown = f", {len(gpus)} GPU(s){' shared' if share_gpus else ''}" if gpus else ""
     shown += f", {control_hosts} control hosts (127.0.0.1-{control_hosts}, etcd)" if control_hosts > 1 else ""
     click.echo(f"[elasticctl] local: {hosts} host(s) x {slots} slot(s){shown}; service logs in {log_dir}", err=True)
     previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         cluster.start()
-        plane = ControlPlane(endpoints)
+        plane = ControlPlane(endpoints, keys)
         try:
             return submit_and_follow(plane, spec)
         finally:
             plane.close()
     finally:
         cluster.stop()
+        remove_local_keys(keys)
         signal.signal(signal.SIGTERM, previous)

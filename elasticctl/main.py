@@ -12,13 +12,21 @@ import click
 from click.core import ParameterSource
 
 from elastic_control_plane.agent.host_options import host_options
-from elastic_control_plane.bus.config import ConfigError, Endpoints, unresolved_hosts
+from elastic_control_plane.bus.config import (
+    ConfigError,
+    Endpoints,
+    endpoint_host,
+    endpoint_list,
+    is_loopback,
+    unresolved_hosts,
+)
 from elastic_control_plane.bus.sockets import SecurityError, generate_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
 from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts, gather_corrupt_records
 from elastic_control_plane.elasticctl.events import follow_events, print_history
 from elastic_control_plane.elasticctl.follow import CANCEL_WAIT, submit_and_follow
 from elastic_control_plane.elasticctl.local import run_local
+from elastic_control_plane.elasticctl.local_keys import live_local_keys
 from elastic_control_plane.elasticctl.options import build_spec, job_options
 from elastic_control_plane.elasticctl.status import as_json, gather, render, render_control_plane
 from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
@@ -30,7 +38,7 @@ keys_option = click.option(
     envvar="ELASTIC_KEYS",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="CURVE key directory.",
+    help="CURVE key directory (default: none; on loopback, the keys of your running elasticctl local).",
 )
 control_option = click.option(
     "--control",
@@ -47,7 +55,10 @@ def _plane(control: str | None, keys: Path | None) -> ControlPlane:
     unresolved = unresolved_hosts(endpoints.values())
     if unresolved:
         raise CommandError(f"cannot reach the control plane: {', '.join(unresolved)} does not resolve")
-    return ControlPlane(endpoints, keys)
+    on_loopback = all(
+        is_loopback(endpoint_host(address) or "") for value in endpoints.values() for address in endpoint_list(value)
+    )
+    return ControlPlane(endpoints, keys if keys is not None or not on_loopback else live_local_keys())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

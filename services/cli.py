@@ -31,7 +31,7 @@ from elastic_control_plane.bus.config import (
 )
 from elastic_control_plane.bus.logs import setup_logging
 from elastic_control_plane.bus.service import Service
-from elastic_control_plane.bus.sockets import Security, SecurityError
+from elastic_control_plane.bus.sockets import Security, SecurityError, private_dir
 from elastic_control_plane.replication.election import ElectionTiming
 from elastic_control_plane.replication.replica import StoreUnusable, serve_replica
 from elastic_control_plane.replication.store_choice import StoreChoice
@@ -107,7 +107,9 @@ def service_command(
                     endpoint_host(address) or DEFAULT_HOST,
                     metrics.metrics_port("--metrics-port", metrics_port),
                 )
-            state = {"state_dir": state_dir or default_run_dir() / "state" / name} if keeps_state else {}
+            if keeps_state and state_dir is None:
+                state_dir = private_dir(default_run_dir(), "ELASTIC_RUN_DIR") / "state" / name
+            state = {"state_dir": state_dir} if keeps_state else {}
             if choice.kind == "etcd":
                 serve_replica(
                     name,
