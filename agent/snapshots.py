@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_control_plane.bus.contract import WorkerEnv
+from elastic_control_plane.bus.lifetime import alive
 from elastic_control_plane.job.plan import JobPlan
 from elastic_control_plane.snapshot import durable, layout
 
@@ -39,16 +40,6 @@ def remove_orphans(directory: Path, name: re.Pattern[str], event: str, log: Any)
         if match and not alive(int(match.group(1))):
             path.unlink(missing_ok=True)
             log.info(event, path=str(path))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SnapshotKeeper:

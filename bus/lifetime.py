@@ -5,6 +5,7 @@ fork and exec the child asks the kernel for SIGKILL when its parent goes, and
 kills itself at once if the parent is already gone (it died before the
 request was made). The agent starts its workers this way, `elasticctl local`
 its services and agents: none of them outlives the process that started it.
+`alive(pid)` says whether a process lives (whoever it belongs to).
 """
 
 from __future__ import annotations
@@ -28,3 +29,14 @@ def die_with_parent() -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arm
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` lives (one of another user's counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from elastic_control_plane.bus.config import default_run_dir
+from elastic_control_plane.bus.lifetime import alive
 from elastic_control_plane.bus.sockets import SecurityError, generate_keys, private_dir
 from elastic_control_plane.elasticctl.control import CommandError
 
@@ -31,16 +32,6 @@ def _keys_dir() -> Path:
     return private_dir(default_run_dir(), "ELASTIC_RUN_DIR") / LOCAL_KEYS
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def live_local_keys() -> Path | None:
     """The keys of this user's running `elasticctl local`, if one runs."""
     keys = default_run_dir() / LOCAL_KEYS
@@ -48,7 +39,7 @@ def live_local_keys() -> Path | None:
         owner = int((keys / OWNER).read_text())
     except (OSError, ValueError):
         return None
-    return keys if _alive(owner) else None
+    return keys if alive(owner) else None
 
 
 def make_local_keys() -> Path:
