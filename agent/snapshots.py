@@ -1,7 +1,8 @@
 """The agent's part in snapshots: it owns the host's snapshot buffers, reports them, flushes them to disk, removes them.
 
 For each job the agent creates two empty buffer files in shared memory
-(`ELASTIC_SHM_DIR`, default /dev/shm), named after its own pid, and hands
+(`ELASTIC_SHM_DIR`, default /dev/shm), named after its own pid and a random
+token, new and owner-only (never a file or link someone made first), and hands
 their prefix to every worker it starts; they outlive every worker and go when
 the job ends or the agent stops. Buffers left by an agent that died without
 cleaning up (SIGKILL) are removed by the next agent that starts on the host.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -46,7 +48,8 @@ class SnapshotKeeper:
     def __init__(self, host: str, log: Any) -> None:
         self.host, self.log = host, log
         self.directory = shm_dir()
-        self.prefix = str(self.directory / f"elastic-snapshot-{os.getpid()}-{host}")
+        # The agent's pid names whose they are (remove_orphans); the token makes a name nobody can take first.
+        self.prefix = str(self.directory / f"elastic-snapshot-{os.getpid()}-{host}-{secrets.token_hex(8)}")
         self.job_key = ""
         self.created = False
         self.checkpoint_dir: Path | None = None

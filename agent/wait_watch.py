@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from elastic_control_plane.agent.workers import STANDBY, Worker
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.slot_processes import wait_record
+from elastic_control_plane.snapshot.layout import CREATE_PRIVATE
 
 # A tree costs ~4 ms to sample (a worker with 4 DataLoader workers and a child: bench/hangs.py's `tree`), so it is
 # sampled only once a worker has been busy longer than a training step, once a second: the limits are 30 s or more.
@@ -76,7 +78,6 @@ class WaitWatch:
         self.directory = shm_dir()
         self.watched: dict[int, Watched] = {}
         self.limits: tuple[float, ...] = ()
-        self._serial = 0
         self._in_flight = False
         self.gpus = GpuActivity()
         self._gpu_busy: set[int] = set()
@@ -90,12 +91,11 @@ class WaitWatch:
     # -- the workers' files ----------------------------------------------------------------------
     def new_files(self) -> WatchFiles | None:
         """A record and a stack file for a worker about to start; None (and a warning) when they cannot be made."""
-        self._serial += 1
-        stem = f"{os.getpid()}-{self.host}-{self._serial}"
+        stem = f"{os.getpid()}-{self.host}-{secrets.token_hex(8)}"  # no name another user could take first
         files = WatchFiles(str(self.directory / f"elastic-waits-{stem}"), str(self.directory / f"elastic-stack-{stem}"))
         try:
             wait_record.create(files.record)
-            Path(files.stack).touch(mode=0o600)
+            os.close(os.open(files.stack, CREATE_PRIVATE, 0o600))
         except OSError as exc:
             files.remove()
             self.log.warning("wait_record_unavailable", reason=str(exc))

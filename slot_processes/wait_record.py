@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
+from elastic_control_plane.snapshot.layout import CREATE_PRIVATE
+
 RECORD_ENV = "ELASTIC_WAIT_RECORD"
 STACK_ENV = "ELASTIC_STACK_FILE"
 STACK_DUMP_SIGNAL = signal.SIGRTMIN + 5  # not SIGUSR1/2, which training tools and schedulers use
@@ -80,8 +82,9 @@ class WaitState:
 
 
 def create(path: str) -> None:
-    """The agent makes a zeroed record for a worker about to start (owner-only)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    """The agent makes a zeroed record for a worker about to start: new, owner-only, no link (OSError when the name
+    is taken: see snapshot/layout.py's CREATE_PRIVATE)."""
+    fd = os.open(path, CREATE_PRIVATE, 0o600)
     try:
         os.ftruncate(fd, RECORD_SIZE)
     finally:

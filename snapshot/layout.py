@@ -82,10 +82,17 @@ def buffer_paths(prefix: str) -> tuple[str, str]:
     return f"{prefix}.0", f"{prefix}.1"
 
 
+# A file the agent makes in shared memory is new, its own and no link: a name someone else made first (a planted file,
+# or a symlink to one of the agent's user's files) makes the open fail instead of being followed or truncated.
+CREATE_PRIVATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_RDWR
+
+
 def create(prefix: str) -> None:
-    """The agent's part: two empty buffer files, readable and writable by this user only."""
+    """The agent's part: two empty buffer files, new, readable and writable by this user only (the last job's, if
+    any, removed first). OSError when a name is taken by someone else's file."""
+    remove(prefix)
     for path in buffer_paths(prefix):
-        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
+        fd = os.open(path, CREATE_PRIVATE, 0o600)
         try:
             os.ftruncate(fd, PAYLOAD_START)
         finally:

@@ -132,6 +132,19 @@ def test_another_user_cannot_submit_to_reach_or_read_a_users_elasticctl_local(
         probe = as_user(stranger, "sh", "-c", f"ls -l {path} || exit 3")
         assert probe.returncode == 3 and "Permission denied" in probe.stderr, (path, probe.stdout, probe.stderr)
 
+    agent_pids = {
+        int(pid)
+        for pid in subprocess.run(
+            ["pgrep", "-f", "elastic_control_plane.agent.main"], capture_output=True, text=True
+        ).stdout.split()
+    }
+    buffers = [path for pid in agent_pids for path in Path("/dev/shm").glob(f"elastic-snapshot-{pid}-host-1-*")]
+    assert len(buffers) == 2 and all(re.search(r"-host-1-[0-9a-f]{16}\.[01]$", str(path)) for path in buffers), buffers
+    for buffer in buffers:
+        assert buffer.stat().st_mode & 0o777 == 0o600
+        stolen = as_user(stranger, "sh", "-c", f"head -c 16 {buffer} > /dev/null || exit 3")
+        assert stolen.returncode == 3 and "Permission denied" in stolen.stderr, stolen.stderr
+
     after = subprocess.run(elasticctl("status", "--json"), cwd="/tmp", capture_output=True, text=True, timeout=60)
     assert after.returncode == 0 and '"job": 1' in after.stdout and '"job": 1' in before, after.stdout
     assert "train_elastic.py" in after.stdout and "/tmp/owned" not in after.stdout

@@ -1,6 +1,7 @@
-"""The run directory is the user's own and private (issue 46): where it is by default, made 0700, and refused in one
-line when it is a symlink or open to others (someone else's is tested with a real second user:
-tests/integration/test_local_privacy.py)."""
+"""Files only their owner can touch (issue 46): the run directory is the user's own and private (where it is by
+default, made 0700, refused in one line when it is a symlink or open to others; someone else's is tested with a real
+second user: tests/integration/test_local_privacy.py), and a name planted where the agent makes its shared-memory
+files is never followed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from elastic_control_plane.bus.config import default_run_dir
 from elastic_control_plane.bus.sockets import SecurityError, private_dir
+from elastic_control_plane.slot_processes import wait_record
+from elastic_control_plane.snapshot import layout
 
 
 def test_the_run_directory_is_elastic_run_dir_else_the_users_runtime_directory_else_tmp(
@@ -42,3 +45,19 @@ def test_a_run_directory_open_to_others_or_a_symlink_is_refused_in_one_line(tmp_
     (tmp_path / "elsewhere").mkdir(mode=0o700)
     with pytest.raises(SecurityError, match=r"is not a directory \(a symlink\?\)"):
         private_dir(link, "ELASTIC_RUN_DIR")
+
+
+def test_a_file_planted_where_the_agent_makes_its_shared_memory_files_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"the user's own data")
+    prefix = str(tmp_path / "elastic-snapshot-1-host-1-0123456789abcdef")
+    for path in layout.buffer_paths(prefix):
+        Path(path).symlink_to(victim)
+    layout.create(prefix)  # the planted links are removed, not followed
+    for path in layout.buffer_paths(prefix):
+        assert not Path(path).is_symlink() and Path(path).stat().st_mode & 0o777 == 0o600
+    record = tmp_path / "elastic-waits-1-host-1-0123456789abcdef"
+    record.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        wait_record.create(str(record))
+    assert victim.read_bytes() == b"the user's own data"
