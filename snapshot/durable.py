@@ -6,7 +6,10 @@ thread: it copies the newest buffer out of shared memory, verifies the copy
 (the buffer may be overwritten while it is read; then the flush is skipped and
 retried at the next commit), writes it to a temporary file, fsyncs it, renames
 it into place and fsyncs the directory, then removes all but the newest two.
-A crash at any point leaves the earlier checkpoints complete.
+A crash at any point leaves the earlier checkpoints complete. Checkpoints are
+the agent's user's only: files 0600 in directories made 0700 (a checkpoint is
+unpickled when a job resumes from it: snapshot/store.py refuses one another
+user wrote, or could have).
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ def flush(buffers: tuple[str, str], directory: Path, host: str, after_commit: in
     if data is None:
         return None
     target_dir = directory / host
-    target_dir.mkdir(parents=True, exist_ok=True)
+    target_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = target_dir / f"commit-{header.commit:012d}.snap"
     partial = target_dir / f".{target.name}.{os.getpid()}.partial"
-    with open(partial, "wb") as file:
+    partial.unlink(missing_ok=True)  # a flush of this process's that failed half-way
+    with os.fdopen(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o600), "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())

@@ -204,6 +204,10 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
         if job is not None and header.job != job:
             reject(path, f"it belongs to job {header.job!r}, not {job!r}")
             continue
+        foreign = _foreign(path)
+        if foreign is not None:
+            reject(path, foreign)
+            continue
         try:
             loaded = _load(path, header)
         except (OSError, ValueError) as exc:
@@ -213,6 +217,20 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
             reject(path, loaded)
             continue
         return loaded
+    return None
+
+
+def _foreign(path: str) -> str | None:
+    """Why a snapshot file is not this user's alone (its metadata is unpickled: whoever could write it could run
+    code in the job), or None."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # gone: _load says so
+    if info.st_uid != os.getuid():
+        return f"it belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): another user's snapshot is not loaded"
+    if info.st_mode & 0o022:
+        return f"others may write it (mode {info.st_mode & 0o777:o}): chmod 600 it to resume from it"
     return None
 
 

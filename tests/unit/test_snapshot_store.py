@@ -266,3 +266,27 @@ def test_the_metadata_names_no_class_and_metadata_that_named_the_old_one_is_stil
         StoredTensor.__qualname__ = "StoredTensor"
     assert b"TensorSpec" in older
     assert cloudpickle.loads(older)["tensors"] == specs
+
+
+def test_a_checkpoint_is_its_users_alone_and_one_another_user_wrote_or_could_write_is_not_loaded(
+    prefix: str, tmp_path: Path
+) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    directory = tmp_path / "checkpoints"
+    for commit in (1, 2):
+        writer.write(commit, model_state(commit))
+        durable.flush(buffer_paths(prefix), directory, "host-1", commit - 1)
+    older, newest = reversed(durable.checkpoint_files(directory))
+    assert (directory / "host-1").stat().st_mode & 0o777 == 0o700
+    assert {path.stat().st_mode & 0o777 for path in (older, newest)} == {0o600}
+    newest.chmod(0o666)
+    heard, reject = rejections()
+    assert read_newest(durable.checkpoint_files(directory), None, reject).commit == 1
+    assert heard == [(str(newest), "others may write it (mode 666): chmod 600 it to resume from it")]
+    if os.geteuid() == 0:  # CI runs as root: a checkpoint handed to another user
+        newest.chmod(0o600)
+        os.chown(newest, 65534, 65534)
+        heard, reject = rejections()
+        assert read_newest(durable.checkpoint_files(directory), None, reject).commit == 1
+        assert "it belongs to uid 65534, not to you" in heard[0][1]
+    writer.close()
