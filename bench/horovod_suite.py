@@ -347,7 +347,7 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
     marker = uuid.uuid4().hex
     ports = free_ports(5)
     for name in ("run", "shm", "tmp"):
-        (work / name).mkdir()
+        (work / name).mkdir(mode=0o700)  # the run directory must be private (bus/sockets.py: private_dir)
     env = {
         **os.environ,
         **{
