@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,21 +26,66 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RUNUSER = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin") or "runuser"
 # The stranger's interpreter: the system's (the virtualenv's own may live where only its owner enters, as under
-# /root), given the virtualenv's packages as any user of the machine could read them.
+# /root), given a world-readable copy of what our client imports (the checkout and the virtualenv may sit under a
+# directory the stranger cannot enter either).
 SYSTEM_PYTHON = "/usr/bin/python3"
-SITE_PACKAGES = next((BIN.parent / "lib").glob("python3.*/site-packages"))
+LIST_IMPORTS = (
+    "import sys, elastic_control_plane.elasticctl.main; "
+    "print('\\n'.join(f'{name} {getattr(module, \"__file__\", None)}' for name, module in list(sys.modules.items())))"
+)
 STRANGER_ELASTICCTL = (
-    "import runpy, site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv[0] = 'elasticctl'; "
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'elasticctl'; "
     "runpy.run_module('elastic_control_plane.elasticctl.main', run_name='__main__')"
 )
 
 
-def stranger_elasticctl(*args: str) -> list[str]:
-    """The stranger's own `elasticctl`: our code, run by an interpreter the stranger may execute."""
+@pytest.fixture
+def stranger_site() -> Iterator[Path]:
+    """A copy, readable by anyone, of our client's packages and of the virtualenv's packages it imports (removed
+    after the test)."""
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
     if found.returncode != 0 or found.stdout.decode().strip() != str(sys.version_info[:2]):
         pytest.fail(f"{SYSTEM_PYTHON} is not a Python {sys.version_info[:2]} the second user can run our client with")
-    return [SYSTEM_PYTHON, "-c", STRANGER_ELASTICCTL, str(SITE_PACKAGES), *args]
+    directory = Path(tempfile.mkdtemp(prefix="elastic-stranger-", dir="/tmp"))
+    try:
+        yield copy_client(directory / "site")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def copy_client(directory: Path) -> Path:
+    listing = subprocess.run([sys.executable, "-c", LIST_IMPORTS], capture_output=True, text=True, check=True)
+    site_packages = next((BIN.parent / "lib").glob("python3.*/site-packages")).resolve()
+    ours = directory / "elastic_control_plane"
+    ours.mkdir(parents=True)
+    for line in listing.stdout.splitlines():
+        name, _, file = line.partition(" ")
+        if not file or file == "None" or not Path(file).is_file():
+            continue
+        path = Path(file).resolve()
+        if name.startswith("elastic_control_plane."):  # our packages: each a folder of the checkout
+            package = name.split(".")[1]
+            source, target = REPO / package, ours / package
+        elif path.is_relative_to(site_packages):
+            top = path.relative_to(site_packages).parts[0]
+            source, target = site_packages / top, directory / top
+        else:
+            continue
+        if target.exists():
+            continue
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    for libs in site_packages.glob("*.libs"):  # the shared libraries wheels vendor (pyzmq's libzmq)
+        shutil.copytree(libs, directory / libs.name)
+    subprocess.run(["chmod", "-R", "a+rX", str(directory.parent)], check=True)
+    return directory
+
+
+def stranger_elasticctl(site: Path, *args: str) -> list[str]:
+    """The stranger's own `elasticctl`: our code, run by an interpreter the stranger may execute."""
+    return [SYSTEM_PYTHON, "-c", STRANGER_ELASTICCTL, str(site), *args]
 
 
 @pytest.fixture
@@ -109,7 +155,7 @@ def local_job(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
 
 
 def test_another_user_cannot_submit_to_reach_or_read_a_users_elasticctl_local(
-    stranger: pwd.struct_passwd, local_job: tuple[subprocess.Popen[bytes], Path]
+    stranger: pwd.struct_passwd, stranger_site: Path, local_job: tuple[subprocess.Popen[bytes], Path]
 ) -> None:
     process, out = local_job
     own = subprocess.run(elasticctl("status", "--json"), cwd="/tmp", capture_output=True, text=True, timeout=60)
@@ -117,9 +163,9 @@ def test_another_user_cannot_submit_to_reach_or_read_a_users_elasticctl_local(
     before = own.stdout
 
     attempts = {
-        "submit": as_user(stranger, *stranger_elasticctl("run", "--", "sh", "-c", "touch /tmp/owned")),
-        "status": as_user(stranger, *stranger_elasticctl("status")),
-        "drain": as_user(stranger, *stranger_elasticctl("drain", "host-1")),
+        "submit": as_user(stranger, *stranger_elasticctl(stranger_site, "run", "--", "sh", "-c", "touch /tmp/owned")),
+        "status": as_user(stranger, *stranger_elasticctl(stranger_site, "status")),
+        "drain": as_user(stranger, *stranger_elasticctl(stranger_site, "drain", "host-1")),
     }
     for what, attempt in attempts.items():
         assert attempt.returncode != 0, f"{what}: {attempt.stdout}"
