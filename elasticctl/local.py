@@ -56,6 +56,7 @@ from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
 
 START_TIMEOUT = 30.0
+AGENT_DRAIN_GRACE = 5.0  # at the end, how long agents may wait for their workers' next commit before stopping them
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 
@@ -180,8 +181,10 @@ class LocalCluster:
             raise CommandError(f"{exc} (logs: {self.log_dir})") from None
 
     def stop(self) -> None:
-        """Agents first (they stop their workers), then services, then etcd; SIGKILL whatever lingers."""
+        """Agents first (they drain, then stop their workers at once if a commit is not near), then services, then
+        etcd; SIGKILL whatever lingers."""
         self._stopping.set()
+        self.processes.drain_agents(grace=AGENT_DRAIN_GRACE)
         self.processes.stop_all(agents_with=signal.SIGTERM, grace=10.0)
         for data_dir in self.log_dir.glob("etcd-*"):  # the job is over; etcd preallocates 64 MiB of log per member
             shutil.rmtree(data_dir, ignore_errors=True)

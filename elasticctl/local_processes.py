@@ -93,6 +93,22 @@ class Processes:
             process.send_signal(sig)
         return _reap(process, time.monotonic() + timeout)
 
+    def drain_agents(self, grace: float) -> None:
+        """SIGTERM to every agent (a drain: its workers leave at their next commit), and a second one to each still
+        running after `grace` seconds, which stops its workers now: an agent then still removes its shared-memory
+        files and its socket itself, where SIGKILL (a commit longer than the drain's grace) would leave them."""
+        with self.lock:
+            agents = [process for name, process in self.running.items() if name.startswith("agent")]
+        for process in agents:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in agents:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGTERM)
+
     def stop_all(self, agents_with: int = signal.SIGTERM, grace: float = 10.0) -> None:
         """Agents first (with `agents_with`: SIGTERM drains them, their workers with them), then everything else,
         then etcd, each group with SIGTERM given `grace` seconds before SIGKILL."""

@@ -197,6 +197,10 @@ def test_another_user_cannot_submit_to_reach_or_read_a_users_elasticctl_local(
     assert not Path("/tmp/owned").exists()
     assert process.poll() is None, "the job trains on"
 
+    os.killpg(process.pid, signal.SIGTERM)  # stopped mid-epoch, as a supervisor stops it
+    process.wait(60)
+    assert not [path for path in buffers if path.exists()], "the agent removed its shared-memory files"
+
 
 def test_a_run_directory_someone_else_made_or_open_to_others_is_refused_in_one_line(
     stranger: pwd.struct_passwd, tmp_path: Path
