@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from elastic_control_plane.replication.election import leader_key
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
+from elastic_control_plane.replication.replica import corrupt_key
 from elastic_control_plane.replication.store_choice import StoreChoice
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
@@ -68,7 +69,7 @@ def gather_corrupt_records(choice: StoreChoice) -> list[dict[str, str]]:
     `{service, key, reason, replica}` each; none when etcd is out of reach (the control hosts say so)."""
     client = EtcdClient(list(choice.endpoints), deadline=2.0)
     try:
-        marks, _ = client.get_prefix(f"{choice.prefix}/corrupt/".encode())
+        marks, _ = client.get_prefix(corrupt_key(choice.prefix, ""))
     except EtcdError:
         return []
     finally:
