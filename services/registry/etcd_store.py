@@ -3,9 +3,10 @@
 The same contract as the SQLite store (services/registry/store.py, `JobStore`):
 a save is one transaction, durable when it returns, of the state document if
 it changed and the parts handed over. In etcd, under `<prefix>/registry/`:
-`state` (the JSON document) and the parts gathered into `PART_BUCKETS`
+`state` (the JSON document, zlib-compressed; one a release before that
+wrote as plain JSON still loads) and the parts gathered into `PART_BUCKETS`
 buckets, `parts/NN`, each a zlib-compressed JSON map of part key to part
-text. A save rewrites the buckets of the parts it was given, so a save is at
+text. The state is written only when it changed. A save rewrites the buckets of the parts it was given, so a save is at
 most PART_BUCKETS + 1 operations in one txn whatever the job's size (etcd
 refuses a txn of more than 128 operations by default), and a worker's exit
 rewrites one bucket. Reports compress about tenfold, so a reset of 4,096 hosts
@@ -66,7 +67,8 @@ class EtcdJobStore:
             parts.update((key, _json(kv.key, text)) for key, text in bucket.items())
         if state is None:
             return None
-        self._saved_state = state.value.decode(errors="replace")
+        plain = state.value.startswith(b"{")  # written before the state was compressed
+        self._saved_state = (state.value if plain else inflate(self._state_key, state.value)).decode(errors="replace")
         saved = _json(self._state_key, self._saved_state)
         if not isinstance(saved, dict):
             raise CorruptRecord(self._state_key, "the saved state is not a map")
@@ -95,7 +97,7 @@ class EtcdJobStore:
                 bucket.pop(key, None)
             else:
                 bucket[key] = value
-        ops = [put_op(self._state_key, text.encode())] if text != self._saved_state else []
+        ops = [put_op(self._state_key, zlib.compress(text.encode(), 1))] if text != self._saved_state else []
         for number, bucket in touched.items():
             encoded = json.dumps(bucket, sort_keys=True, separators=(",", ":")).encode()
             ops.append(put_op(self._bucket_key(number), zlib.compress(encoded, 1)))

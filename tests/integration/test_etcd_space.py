@@ -1,9 +1,11 @@
 """etcd for weeks (issue 45): a real 3-member etcd whose backend quota is small. When etcd refuses writes for space
 (its NOSPACE alarm raised), the active replica's next write compacts, defragments each member and disarms the alarm,
-says so, and goes through; and a replica writing thousands of revisions compacts etcd's history itself."""
+says so, and goes through; a replica writing thousands of revisions compacts etcd's history itself; and the
+registry's state is saved compressed."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,9 @@ from prometheus_client import CollectorRegistry
 from elastic_control_plane.replication import election
 from elastic_control_plane.replication.election import ElectionTiming, Leadership
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdRefused, put_op, space_exceeded
+from elastic_control_plane.replication.replica import Replica
 from elastic_control_plane.replication.store_metrics import EtcdSizeCollector
+from elastic_control_plane.services.registry.etcd_store import EtcdJobStore
 from testing.etcd_cluster import EtcdCluster
 from testing.recording_log import RecordingLog
 
@@ -99,5 +103,23 @@ def test_a_replica_writing_many_revisions_compacts_etcds_history(
             next(iter(client.watch(b"space/registry/state", start_revision=revisions[0], stop=threading.Event())))
         assert compacted.value.code == 11, "the oldest revisions are gone"
         role.end("the test ends", revoke=True)
+    finally:
+        client.close()
+
+
+def test_the_registrys_state_is_saved_compressed_and_an_older_plain_one_still_loads(etcd: EtcdCluster) -> None:
+    client, said = EtcdClient(etcd.client_endpoints), RecordingLog()
+    try:
+        replica = Replica(client, "space", active(client, said))
+        state = {"last_job_id": 1, "job": {"spec": {"command": ["python", "train.py"] * 200}, "state": "running"}}
+        EtcdJobStore(replica).save(state, {"reports/host-1": json.dumps({"rows": [1]})})
+        stored = client.get(b"space/registry/state").value  # type: ignore[union-attr]
+        assert len(stored) < len(json.dumps(state)) / 4, "compressed"
+        assert EtcdJobStore(replica).load() == (state, {"reports/host-1": {"rows": [1]}})
+        replica.leadership.write([put_op(b"space/registry/state", json.dumps(state).encode())])
+        assert EtcdJobStore(replica).load() == (state, {"reports/host-1": {"rows": [1]}}), (
+            "as an older release saved it"
+        )
+        replica.leadership.end("the test ends", revoke=True)
     finally:
         client.close()
