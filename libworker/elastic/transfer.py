@@ -1,8 +1,10 @@
 """Broadcast a state tree (nested dicts, lists and tuples of tensors and plain values) without pickling tensor data.
 
-The root splits the tree (`snapshot.tree.split`) and sends, in one
-`broadcast_object`, the skeleton, one `SentTensor` per tensor and the buffer
-size. Every rank then plans the same transfer from the specs: the tensors are
+The root splits the tree (`snapshot.tree.split`) and sends a header: the
+skeleton, one `SentTensor` per tensor and the buffer size, as data (msgpack:
+snapshot/skeleton_codec.py; a rank unpickles a user's object in it only where
+its own state holds one too, so nothing is unpickled for a state of tensors and
+plain values). Every rank then plans the same transfer from the specs: the tensors are
 grouped by (dtype, CPU or CUDA), each group laid out end to end as one flat
 run of bytes, cut into buffers of at most `buffer_bytes` (the root's;
 BUFFER_BYTES by default); each buffer is one `broadcast_async_`. Buffers
@@ -27,12 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import torch
 import torch.distributed as dist
 
+from elastic_control_plane.snapshot import skeleton_codec
 from elastic_control_plane.snapshot.tree import rebuild, split
-from libworker.functions import broadcast_object
-from libworker.mpi_ops import broadcast_async_, synchronize
+from libworker.mpi_ops import broadcast_, broadcast_async_, synchronize
 from libworker.world import require_joined
 
 BUFFER_BYTES = 64 << 20
@@ -71,13 +74,13 @@ def broadcast_tree(tree: Any, root_rank: int, buffer_bytes: int = BUFFER_BYTES) 
     """
     require_joined()
     is_root = dist.get_rank() == root_rank
-    header = None
+    skeleton, tensors = split(tree)
     if is_root:
-        skeleton, tensors = split(tree)
-        header = (skeleton, [SentTensor(t.dtype, tuple(t.shape), t.is_cuda) for t in tensors], int(buffer_bytes))
-    skeleton, specs, buffer_bytes = broadcast_object(header, root_rank)
-    if buffer_bytes < 1:
-        raise ValueError(f"buffer_bytes must be positive, got {buffer_bytes}")
+        specs = [SentTensor(t.dtype, tuple(t.shape), t.is_cuda) for t in tensors]
+        _broadcast_bytes(_encode_header(skeleton, specs, int(buffer_bytes)), root_rank)
+    else:
+        allow_objects = skeleton_codec.holds_objects(skeleton)
+        skeleton, specs, buffer_bytes = _decode_header(_broadcast_bytes(b"", root_rank), allow_objects)
     groups = _plan(specs)
     if is_root:
         _send_all(_packed_buffers(groups, specs, tensors, buffer_bytes), root_rank)
@@ -88,6 +91,44 @@ def broadcast_tree(tree: Any, root_rank: int, buffer_bytes: int = BUFFER_BYTES) 
     ]
     _send_all(_receiving_buffers(flats, buffer_bytes), root_rank)
     return rebuild(skeleton, _views(groups, flats, specs))
+
+
+def _encode_header(skeleton: Any, specs: list[SentTensor], buffer_bytes: int) -> bytes:
+    sent = [[str(spec.dtype).removeprefix("torch."), list(spec.shape), spec.cuda] for spec in specs]
+    return msgpack.packb([skeleton_codec.encode(skeleton), sent, buffer_bytes], use_bin_type=True)
+
+
+def _decode_header(header: bytes, allow_objects: bool) -> tuple[Any, list[SentTensor], int]:
+    """The root's skeleton, tensor specs and buffer size. ValueError: the header is not one."""
+    try:
+        skeleton, sent, buffer_bytes = msgpack.unpackb(header, raw=False)
+        specs = [SentTensor(_dtype(dtype), tuple(int(n) for n in shape), bool(cuda)) for dtype, shape, cuda in sent]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"the state sync's header cannot be read: {exc}") from None
+    if not isinstance(buffer_bytes, int) or buffer_bytes < 1:
+        raise ValueError(f"buffer_bytes must be positive, got {buffer_bytes}")
+    if any(n < 0 for spec in specs for n in spec.shape):
+        raise ValueError("the state sync's header names a tensor of negative size")
+    return skeleton_codec.decode(skeleton, allow_objects), specs, buffer_bytes
+
+
+def _dtype(name: Any) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+def _broadcast_bytes(data: bytes, root_rank: int) -> bytes:
+    """root_rank's `data` on every rank (the others' is ignored): its length, then its bytes."""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    broadcast_(length, root_rank)
+    if dist.get_rank() == root_rank:
+        broadcast_(torch.frombuffer(bytearray(data), dtype=torch.uint8), root_rank)
+        return data
+    payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank)
+    return payload.numpy().tobytes()
 
 
 def _plan(specs: list[SentTensor]) -> list[_Group]:

@@ -10,11 +10,16 @@ several buffers).
 
 On 2 ranks: the state under both caps, trees without tensor bytes (no buffers at all), and loading the result into
 a fresh model and a fresh Adam (no state yet), whose next step must match the root's. On 3 ranks: the state under
-the small cap, to two receivers."""
+the small cap, to two receivers.
+
+The header travels as data (msgpack): a user's object in the state (a set here) arrives where the receiver's own
+state holds one too; a header carrying a pickled object to a rank whose state is data only is refused before
+anything is unpickled (the attack: an object whose unpickling creates a file)."""
 
 from __future__ import annotations
 
 import math
+import pathlib
 from typing import Any
 from unittest import mock
 
@@ -155,6 +160,46 @@ def _body_three() -> dict[str, Any]:
     mine = _root_state() if rank == ROOT else (None if rank == 0 else {"unrelated": torch.ones(9)})
     state, buffers = _send(mine, SMALL_CAP)
     return {"state": _encode(state), "buffers": buffers}
+
+
+class Planted:
+    """What a hostile root sends: unpickling it creates `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def _body_objects(planted: str) -> dict[str, Any]:
+    """Rank 1 sends a state holding a set to a rank whose state holds a set too, then a state holding a planted
+    object to a rank whose state is data only (no tensors: the root does not wait for the refusing rank)."""
+    import torch.distributed as dist
+
+    from elastic_control_plane.snapshot.skeleton_codec import ObjectRefused
+
+    root = dist.get_rank() == ROOT
+    seen, _ = _send({"seen": {1, 2} if root else set(), "weights": torch.arange(4.0) if root else torch.zeros(4)})
+    out: dict[str, Any] = {"seen": seen["seen"], "weights": seen["weights"].tolist()}
+    try:
+        _send({"epoch": 7, "note": Planted(planted) if root else None})
+        out["planted"] = "accepted"
+    except ObjectRefused as refused:
+        out["planted"] = f"refused: {refused}"
+    return out
+
+
+def test_a_users_object_arrives_where_the_receiver_holds_one_and_a_planted_one_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    planted = tmp_path / "planted"
+    outcomes = run_ranks(2, _body_objects, str(planted), timeout=120)
+    receiver = outcomes[1 - ROOT]
+    assert (receiver["seen"], receiver["weights"]) == ({1, 2}, [0.0, 1.0, 2.0, 3.0])
+    assert receiver["planted"].startswith("refused: "), receiver["planted"]
+    assert outcomes[ROOT]["planted"] == "accepted", "the root sends; only the receiver judges"
+    assert not planted.exists(), "nothing of the planted object ran"
 
 
 @pytest.fixture(scope="module")
