@@ -5,7 +5,10 @@ it overwrites (the older one), then writes the payload and checksums it while
 copying, and writes the header last: a writer that dies at any point leaves
 that buffer invalid and the other buffer intact. A reader takes the valid buffer
 with the highest commit whose checksum matches; a buffer with a bad checksum or
-of another job is rejected with a log line, never restored.
+of another job is rejected with a log line, never restored. The metadata (the
+tree's skeleton and where each tensor lies) is data (msgpack:
+snapshot/skeleton_codec.py), a user's own object in the state pickled inside
+it; a file written before that, whose metadata is pickled whole, still loads.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import cloudpickle
+import msgpack
 import numpy as np
 import torch
 
-from elastic_control_plane.snapshot import copying
+from elastic_control_plane.snapshot import copying, skeleton_codec
 from elastic_control_plane.snapshot.layout import (
     ALIGN,
     HEADER_BYTES,
@@ -102,7 +106,7 @@ class SnapshotWriter:
         (with both buffers as they were) when the buffer cannot be grown."""
         skeleton, tensors = split(tree)
         specs, offset = lay_out(tensors)
-        meta = cloudpickle.dumps({"skeleton": skeleton, "tensors": [tuple(spec) for spec in specs]})
+        meta = metadata_bytes(skeleton, specs)
         length = offset + len(meta)
         index = self._older_buffer()
         mapping = self._mapping(index, PAYLOAD_START + length)
@@ -243,8 +247,8 @@ def _load(path: str, header: BufferHeader) -> Snapshot | str:
             if checksum != header.checksum or BufferHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
                 return f"bad checksum (commit {header.commit}): the buffer is torn or damaged"
             try:
-                meta = cloudpickle.loads(payload[header.meta_offset : header.payload_length])
-                tensors = [_tensor(payload, StoredTensor(*spec)) for spec in meta["tensors"]]
+                skeleton, specs = _metadata(payload[header.meta_offset : header.payload_length].tobytes())
+                tensors = [_tensor(payload, spec) for spec in specs]
             except (
                 pickle.UnpicklingError,
                 AttributeError,
@@ -255,7 +259,22 @@ def _load(path: str, header: BufferHeader) -> Snapshot | str:
                 RuntimeError,
             ) as exc:
                 return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
-    return Snapshot(header.commit, rebuild(meta["skeleton"], tensors), header.written_at, header.payload_length, path)
+    return Snapshot(header.commit, rebuild(skeleton, tensors), header.written_at, header.payload_length, path)
+
+
+def metadata_bytes(skeleton: Any, specs: list[StoredTensor]) -> bytes:
+    return msgpack.packb([skeleton_codec.encode(skeleton), [list(spec) for spec in specs]], use_bin_type=True)
+
+
+def _metadata(meta: bytes) -> tuple[Any, list[StoredTensor]]:
+    """The skeleton and the tensors' places: msgpack, or a whole pickle (the first byte of one is PROTO) in a file
+    written before; either is read only from a file that is the user's alone (`_foreign`)."""
+    if meta[:1] == pickle.PROTO:
+        loaded = cloudpickle.loads(meta)
+        return loaded["skeleton"], [StoredTensor(*spec) for spec in loaded["tensors"]]
+    skeleton, specs = msgpack.unpackb(meta, raw=False)
+    stored = [StoredTensor(dtype, tuple(shape), offset, nbytes, cuda) for dtype, shape, offset, nbytes, cuda in specs]
+    return skeleton_codec.decode(skeleton, allow_objects=True), stored
 
 
 def _tensor(payload: memoryview, spec: StoredTensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ restored, a full tmpfs fails the write with the previous snapshot intact, durabl
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -290,3 +291,30 @@ def test_a_checkpoint_is_its_users_alone_and_one_another_user_wrote_or_could_wri
         assert read_newest(durable.checkpoint_files(directory), None, reject).commit == 1
         assert "it belongs to uid 65534, not to you" in heard[0][1]
     writer.close()
+
+
+def test_the_metadata_is_data_and_a_snapshot_whose_metadata_is_a_whole_pickle_still_loads(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written now: msgpack, no pickle anywhere for a state of tensors and plain values. Written by the release
+    before: the whole metadata pickled; it still loads (the file is the user's own: `_foreign`)."""
+    import elastic_control_plane.snapshot.store as store_module
+
+    state = model_state(2)
+    writer = SnapshotWriter(prefix, "job-a")
+    writer.write(1, state)
+    header = read_header(buffer_paths(prefix)[0])
+    with open(buffer_paths(prefix)[0], "rb") as file:
+        written = file.read()[PAYLOAD_START + header.meta_offset : PAYLOAD_START + header.payload_length]
+    assert written[:1] != pickle.PROTO and pickle.PROTO + bytes([5]) not in written, "no pickle inside"
+    monkeypatch.setattr(
+        store_module,
+        "metadata_bytes",
+        lambda skeleton, specs: cloudpickle.dumps({"skeleton": skeleton, "tensors": [tuple(s) for s in specs]}),
+    )
+    writer.write(2, state)
+    writer.close()
+    heard, reject = rejections()
+    found = read_newest(buffer_paths(prefix), "job-a", reject)
+    assert found is not None and found.commit == 2 and heard == []
+    assert_same(state, found.tree)
