@@ -21,7 +21,8 @@ Messages:
 - restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}: the registry gives a
   restarted rendezvous the job's round.
 - reset: a new job: no rounds, empty store.
-- kv_set {key} + value frame; kv_get {key} (parked until set) -> value frame.
+- kv_set {key, host} + value frame; kv_get {key} (parked until set) -> value frame. A round's key is set only with
+  the name of the host that holds its rank 0 (its agent sends the round's store address), else `forbidden`.
 
 The key-value store carries what a round needs to bootstrap torch.distributed
 (the address of the round's TCPStore), under the round's prefix; the keys of
@@ -332,6 +333,7 @@ class RendezvousService(Service):
         if len(request.msg.raw) != 1:
             raise RequestError("bad_request", "kv_set needs the value as one raw frame")
         key = self._live_key(request)
+        self._check_round_owner(request, key)
         value = request.msg.raw[0]
         if len(value) > MAX_KV_VALUE_BYTES:
             raise LimitExceeded(
@@ -347,6 +349,18 @@ class RendezvousService(Service):
         for waiter in self._take_waiters(key):
             waiter.reply({}, raw=(value,))
         return {}
+
+    def _check_round_owner(self, request: Request, key: str) -> None:
+        """A round's keys (its store's address) are set only through the agent of the host that holds the round's
+        rank 0 (the agent adds its host's name); anyone else is refused `forbidden`, said once per refusal."""
+        owner = next((r.hosts[0] for r in self.rounds.rounds.values() if r.slots and key.startswith(r.prefix)), None)
+        if owner is None or request.body.get("host") == owner:
+            return
+        caller = request.body.get("host")
+        self.log.warning("forbidden", handler="kv_set", key=key, caller_host=caller, rank0_host=owner)
+        raise RequestError(
+            "forbidden", f"{key!r} is set only by the agent of {owner}, which holds the round's rank 0, not {caller!r}"
+        )
 
     def _log_write(self, write: Callable[[], None]) -> None:
         try:

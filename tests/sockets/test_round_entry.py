@@ -87,7 +87,7 @@ def test_four_workers_of_a_host_enter_in_at_most_two_entries_and_read_the_store_
         # The first worker's ask goes out at once; the others' in the entry that replaces it (when all four wait).
         assert handled("enter_round") - entries <= 2, "the host entered once or twice, not once per worker"
 
-        admin.request("kv_set", {"key": "round/1/store"}, raw=(b"10.0.0.1:29500",))
+        admin.request("kv_set", {"key": "round/1/store", "host": "a"}, raw=(b"10.0.0.1:29500",))
         lookups = handled("kv_get")
         readers = [Client(agent.endpoint, f"reader-{i}", timeout=1.0, deadline=5.0) for i in range(4)]
         try:

@@ -92,7 +92,12 @@ def test_rendezvous_releases_a_round_together_and_refuses_a_round_with_no_previo
         with pytest.raises(ServiceError) as stale:
             admin.request("kv_set", {"key": "round/0/store"}, raw=(b"x",))
         assert stale.value.code == "stale_round"
-        admin.request("kv_set", {"key": "round/1/store"}, raw=(b"127.0.0.1:1",))
+        admin.request("kv_set", {"key": "round/1/store", "host": "a"}, raw=(b"127.0.0.1:1",))
+        assert admin.request("kv_get", {"key": "round/1/store"}).raw == (b"127.0.0.1:1",)
+        for claimed in ({"host": "b"}, {}):  # not the host of rank 0, or no host: the address stays
+            with pytest.raises(ServiceError) as forbidden:
+                admin.request("kv_set", {"key": "round/1/store", **claimed}, raw=(b"10.6.6.6:1",))
+            assert forbidden.value.code == "forbidden" and "agent of a" in forbidden.value.message
         assert admin.request("kv_get", {"key": "round/1/store"}).raw == (b"127.0.0.1:1",)
         with pytest.raises(ServiceError) as too_few:
             admin.request("new_round", {"hosts": [["a", 1]], "min_np": 2, "max_np": None, "hosts_timestamp": 2.0})
