@@ -37,7 +37,7 @@ and `job_finished` stop workers; `hosts_updated` and `abort` are relayed to the 
 The workers' owner-only ipc socket: their requests for a place in the round go to
 the rendezvous as the host's one entry, their lookups of a round's key as one
 lookup (agent/round_entry.py), rank 0's `kv_set` with this host's name; each worker's event channel
-(`subscribe`) receives the relayed events, a standby waits in `standby` for a
+(`subscribe`, a process of its own only) receives the relayed events, a standby waits in `standby` for a
 slot, `script_ended` (sent by libworker at exit) marks a worker whose script
 ended, the snapshot writer reports each commit's duration (`committed`), and
 a torchrun-mode slot's supervisor reports each round's command
@@ -65,7 +65,7 @@ from elastic_control_plane.agent.reports import ExitReports
 from elastic_control_plane.agent.round_entry import HostEntry, RoundKeyLookups
 from elastic_control_plane.agent.signal_wakeup import SignalWakeup
 from elastic_control_plane.agent.wait_watch import WaitWatch
-from elastic_control_plane.agent.workers import HostSettings
+from elastic_control_plane.agent.workers import HostSettings, Worker
 from elastic_control_plane.bus.client import AsyncClient, incarnation_id
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.contract import Event
@@ -107,7 +107,6 @@ class AgentService(Service):
         )
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
-        self.event_routes: dict[int, bytes] = {}
         server = ForkServer(config.fork_server, self.log)
         self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
         self.launcher = Launcher(settings, server, self.wait_watch, self, timing.heartbeat, self.log)
@@ -121,7 +120,7 @@ class AgentService(Service):
             on_warm=self._become_warm,
             log=self.log,
         )
-        self.hung_workers = HungWorkers(host, self.keeper.workers, self.wait_watch, reports, self.log)
+        self.hung_workers = HungWorkers(host, self.keeper.workers, self.log)
         self.host_entry = HostEntry(host, slots, self.rendezvous, self.keeper.workers.keys, self.keeper.slot_entered)
         self.round_keys = RoundKeyLookups(host, self.rendezvous)
         self.events = Subscription(self.ctx, control.events, control.notifier, self.incarnation, security)
@@ -150,7 +149,6 @@ class AgentService(Service):
             self.run()
         finally:
             self.keeper.stop_everything()
-            self.wait_watch.close()
             self.close()
             self.log.info("stopped")
 
@@ -173,7 +171,7 @@ class AgentService(Service):
         self.keeper.escalate_stops()
         self.check_drain()
         self.worker_states.update()
-        self.wait_watch.tick()
+        self.wait_watch.tick(self.keeper.workers.values())
         self.hung_workers.tick()
         self.host_entry.tick()
 
@@ -182,7 +180,7 @@ class AgentService(Service):
         the workers' ping, and their waits to the registry."""
         self.beat_discovery()
         self.ping_workers()
-        self.wait_watch.report()
+        self.wait_watch.report(self.keeper.workers.values())
 
     def beat_discovery(self) -> None:
         late = self.keeper.warm_up_expired()
@@ -193,8 +191,13 @@ class AgentService(Service):
             self.link.beat()
 
     def ping_workers(self) -> None:
-        for route in self.event_routes.values():
-            self.push(route, Message(type="agent.heartbeat", body={}, sender=self.sender_id))
+        self._tell_workers(Message(type="agent.heartbeat", body={}, sender=self.sender_id))
+
+    def _tell_workers(self, message: Message) -> None:
+        """Push `message` to every worker and standby that subscribed."""
+        for worker in self.keeper.processes():
+            if worker.event_route is not None:
+                self.push(worker.event_route, message)
 
     # -- what the discovery link reads of the host and tells it (agent/discovery_link.py's HostSide) --------
     def host_report(self) -> dict[str, Any]:
@@ -208,11 +211,9 @@ class AgentService(Service):
     def host_lost(self) -> None:
         self.keeper.host_lost()
 
-    def _worker_exited(self, worker: Any) -> None:
+    def _worker_exited(self, worker: Worker) -> None:
+        """A reaped worker's record went with it (agent/workers.py); only the host's entry may still carry it."""
         self.host_entry.drop(worker.local_rank, worker.pid)
-        self.event_routes.pop(worker.pid, None)
-        self.wait_watch.forget(worker.pid)
-        self.hung_workers.exited(worker.pid)
 
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
@@ -221,8 +222,7 @@ class AgentService(Service):
             if handler is not None:
                 handler(event.body)
             if event.type in RELAYED_EVENTS:
-                for route in list(self.event_routes.values()):
-                    self.push(route, Message(type=event.type, body=event.body, sender=self.sender_id))
+                self._tell_workers(Message(type=event.type, body=event.body, sender=self.sender_id))
 
     def _on_round(self, body: dict[str, Any]) -> None:
         try:
@@ -286,7 +286,10 @@ class AgentService(Service):
     @handles("subscribe")
     def on_subscribe(self, request: Request) -> dict[str, Any]:
         pid = field(request.body, "pid", int)
-        self.event_routes[pid] = request.route
+        worker = self.keeper.find(pid)
+        if worker is None:
+            raise RequestError("not_a_worker", f"process {pid} is not a worker or standby of host {self.host}")
+        worker.event_route = request.route
         return {"host": self.host, "heartbeat": self.timing.heartbeat}
 
     @handles("standby")

@@ -21,37 +21,20 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elastic_control_plane.agent.intervals import INTERVALS
-from elastic_control_plane.agent.reports import ExitReports
-from elastic_control_plane.agent.wait_watch import WaitWatch
-from elastic_control_plane.agent.workers import Worker
+from elastic_control_plane.agent.workers import StackDump, Worker
 from elastic_control_plane.slot_processes.wait_record import STACK_DUMP_SIGNAL
 
 STACK_KEPT = 64 * 1024
 
 
-@dataclass
-class Dumping:
-    """A worker asked for its stack, which it appends to its stack file from `start`: shown (and, when `kills`,
-    killed) once the dump stops growing, or at `deadline`."""
-
-    worker: Worker
-    reason: str
-    stack_file: str
-    deadline: float
-    kills: bool
-    start: int = 0
-    size: int = -1
-
-
 class HungWorkers:
-    def __init__(self, host: str, workers: dict[int, Worker], watch: WaitWatch, reports: ExitReports, log: Any) -> None:
-        self.host, self.workers, self.watch, self.reports, self.log = host, workers, watch, reports, log
-        self.dumping: dict[int, Dumping] = {}
+    def __init__(self, host: str, workers: dict[int, Worker], log: Any) -> None:
+        """`workers`: the host's workers by slot (the keeper's); a dump under way is kept on its worker."""
+        self.host, self.workers, self.log = host, workers, log
 
     def kill(self, body: dict[str, Any]) -> None:
         """The registry's `kill_worker`, for a worker of this host that still runs."""
@@ -59,7 +42,7 @@ class HungWorkers:
         if worker is None:
             return
         reason = str(body.get("reason") or "registry declared it hung")
-        stack_file = self.watch.stack_file(worker.pid)
+        stack_file = worker.stack_file
         if body.get("dump_stack") is not True or stack_file is None:
             self.log.warning("killing_worker", local_rank=worker.local_rank, pid=worker.pid, reason=reason)
             worker.stop_requested = True
@@ -70,7 +53,7 @@ class HungWorkers:
     def suspect(self, body: dict[str, Any]) -> None:
         """The registry's `worker_suspected`, for a worker of this host that still runs: its stack, and it goes on."""
         worker = self._named_worker(body)
-        stack_file = None if worker is None else self.watch.stack_file(worker.pid)
+        stack_file = None if worker is None else worker.stack_file
         if worker is not None and stack_file is not None:
             self._dump(worker, str(body.get("reason") or "suspected hung"), stack_file, kills=False)
 
@@ -83,7 +66,7 @@ class HungWorkers:
 
     def _dump(self, worker: Worker, reason: str, stack_file: str, kills: bool) -> None:
         """Ask the worker for its stack (a kill asked while a suspect's dump is under way makes that dump kill)."""
-        under_way = self.dumping.get(worker.pid)
+        under_way = worker.stack_dump
         if under_way is not None:
             if kills:
                 under_way.kills, under_way.reason = True, reason
@@ -91,43 +74,43 @@ class HungWorkers:
         event = "dumping_hung_worker" if kills else "dumping_suspected_worker"
         self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid, reason=reason)
         start = max(0, _size(stack_file))
-        self.dumping[worker.pid] = Dumping(
-            worker, reason, stack_file, time.monotonic() + INTERVALS.dump_grace, kills, start
-        )
+        worker.stack_dump = StackDump(reason, time.monotonic() + INTERVALS.dump_grace, kills, start)
         try:
             os.kill(worker.pid, STACK_DUMP_SIGNAL)
         except ProcessLookupError:
-            self.dumping.pop(worker.pid)
+            worker.stack_dump = None
 
     def tick(self) -> None:
-        """Show the stacks whose dump is complete (it stopped growing) or overdue, and kill the hung workers."""
+        """Show the stacks whose dump is complete (it stopped growing) or overdue, and kill the hung workers (a
+        worker that exited meanwhile is gone from the keeper, its dump with it)."""
         now = time.monotonic()
-        for pid, dumping in list(self.dumping.items()):
-            size = _size(dumping.stack_file)
+        for worker in list(self.workers.values()):
+            dumping, stack_file = worker.stack_dump, worker.stack_file
+            if dumping is None or stack_file is None:
+                continue
+            size = _size(stack_file)
             if (size <= dumping.start or size != dumping.size) and now < dumping.deadline:
                 dumping.size = size
                 continue
-            del self.dumping[pid]
-            stack = _read(dumping.stack_file, dumping.start) if size > dumping.start else ""
+            worker.stack_dump = None
+            stack = _read(stack_file, dumping.start) if size > dumping.start else ""
             if dumping.kills:
-                self._kill(dumping, stack)
+                self._kill(worker, dumping, stack)
             else:
-                self._show_suspect(dumping, stack)
+                self._show(worker, dumping, stack, "suspected_worker_stack", "its stack (it runs on):", "")
 
-    def exited(self, pid: int) -> None:
-        self.dumping.pop(pid, None)
+    def _kill(self, worker: Worker, dumping: StackDump, stack: str) -> None:
+        """Kill the hung worker; its exit report will say why, with its stack."""
+        worker.signal(signal.SIGKILL)
+        worker.hang = {"hung": dumping.reason, "stack": stack}
+        self._show(
+            worker, dumping, stack, "killed_hung_worker", "its stack before it was killed:", ": killed without it"
+        )
 
-    def _show_suspect(self, dumping: Dumping, stack: str) -> None:
-        self._show(dumping, stack, "suspected_worker_stack", "its stack (it runs on):", "")
-
-    def _kill(self, dumping: Dumping, stack: str) -> None:
-        dumping.worker.signal(signal.SIGKILL)
-        self._show(dumping, stack, "killed_hung_worker", "its stack before it was killed:", ": killed without it")
-        self.reports.note_hang(dumping.worker.pid, dumping.reason, stack)
-
-    def _show(self, dumping: Dumping, stack: str, event: str, with_stack: str, without_stack: str) -> None:
+    def _show(
+        self, worker: Worker, dumping: StackDump, stack: str, event: str, with_stack: str, without_stack: str
+    ) -> None:
         """Log the dump and put it into the job's output, each line prefixed like the worker's own."""
-        worker = dumping.worker
         self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid, stack_lines=stack.count("\n"))
         if stack:
             lines = [f"{dumping.reason}; {with_stack}", *stack.rstrip("\n").splitlines()]

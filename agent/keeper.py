@@ -14,8 +14,8 @@ It owns the host's slot book (agent/slots.py), the only place that changes it, a
   kept where the fork server serves the job;
 - warm-up: a host joining a running job starts a process for every slot, warm once they all wait for a round;
 - `stop_all` signals every worker; after SIGTERM, `escalate_stops` SIGKILLs those alive after the grace.
-The agent's loop (agent/agent.py) calls its steps: `reap_workers` after SIGCHLD; `restart_due_slots`,
-`start_held_back`, `escalate_stops` every tick.
+A worker lives in one place: its slot (`workers`) or the standby pool; its record is on it (agent/workers.py).
+The agent calls `reap_workers` after SIGCHLD; `restart_due_slots`, `start_held_back` and `escalate_stops` every tick.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from elastic_control_plane.agent.workers import STANDBY, HostSettings, Worker, r
 from elastic_control_plane.bus.service import Request
 from elastic_control_plane.job.assignments import SlotInfo, slots_of
 from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.slot_processes.agent_link import lineage
 from elastic_control_plane.slot_processes.forking import reap_orphans
 
 
@@ -139,9 +140,18 @@ class WorkerKeeper:
         self.book.slot_entered(local_rank)
 
     def script_ended(self, pid: int, uncaught_exception: bool) -> None:
-        for worker in self.workers.values():
-            if worker.pid == pid:
-                worker.script_ended, worker.uncaught_exception = True, uncaught_exception
+        worker = self.find(pid)
+        if worker is not None:
+            worker.script_ended, worker.uncaught_exception = True, uncaught_exception
+
+    def processes(self) -> list[Worker]:
+        """Every worker process of the host: the slots', then the standbys."""
+        return [*self.workers.values(), *self.standbys.processes.values()]
+
+    def find(self, pid: int) -> Worker | None:
+        """The worker or standby whose process is `pid` or its ancestor (a user's `sh -c` that does not exec)."""
+        by_pid = {worker.pid: worker for worker in self.processes()}
+        return next((by_pid[p] for p in lineage(pid) if p in by_pid), None)
 
     def command_failed(self, local_rank: int, pid: int, code: int) -> bool:
         """A torchrun-mode slot's command failed: reported as a worker restarted in place while its supervisor, the
@@ -186,18 +196,18 @@ class WorkerKeeper:
                 self.log.warning(
                     "worker_died_after_its_script_ended", local_rank=worker.local_rank, pid=worker.pid, signal=-code
                 )
-                self.reports.worker_exited(worker.local_rank, worker.pid, code, after_script_end=True)
+                self.reports.worker_exited(worker.local_rank, worker.pid, code, after_script_end=True, **worker.hang)
             elif self.book.is_crash(code, worker.stop_requested):
                 self._restart_in_place(worker, code)
             else:
-                self.reports.worker_exited(worker.local_rank, worker.pid, code)
+                self.reports.worker_exited(worker.local_rank, worker.pid, code, **worker.hang)
             killed_on_request |= worker.stop_requested
         for standby, code in self.standbys.reap():
             self.on_exited(standby)
             if not standby.stop_requested and self.book.may_start_worker():
                 self._replace_standby(code)
         fork_server = self.launcher.children_exited()
-        reap_orphans({*(w.pid for w in self.workers.values()), *self.standbys.processes, *fork_server})
+        reap_orphans({*(w.pid for w in self.processes()), *fork_server})
         if killed_on_request:
             self.ensure_workers()
 
@@ -264,7 +274,7 @@ class WorkerKeeper:
     def _restart_in_place(self, worker: Worker, code: int) -> None:
         """Carry out the book's verdict on a crash: give the slot up, hand it to a standby, or take it down until its
         replacement starts after the back-off."""
-        local_rank, pid = worker.local_rank, worker.pid
+        local_rank, pid, hang = worker.local_rank, worker.pid, worker.hang
         verdict = self.book.crashed(local_rank, standby_waiting=bool(self.standbys.waiting))
         if verdict.remedy is Remedy.GIVE_UP:
             self.log.warning("slot_given_up", local_rank=local_rank, pid=pid, exit_code=code, reason=verdict.reason)
@@ -277,15 +287,16 @@ class WorkerKeeper:
                 then=lambda: self.set_down(self.book.down - {local_rank}),
                 restarting=False,
                 gave_up=verdict.reason,
+                **hang,
             )
         elif verdict.remedy is Remedy.TAKE_STANDBY:
             self.admit_standby(local_rank)
-            self.reports.worker_exited(local_rank, pid, code, restarting=True)
+            self.reports.worker_exited(local_rank, pid, code, restarting=True, **hang)
         else:
             self.log.info("slot_restarting", local_rank=local_rank, pid=pid, exit_code=code, delay_s=verdict.delay)
             self.set_down(
                 self.book.down | {local_rank},
-                then=lambda: self.reports.worker_exited(local_rank, pid, code, restarting=True),
+                then=lambda: self.reports.worker_exited(local_rank, pid, code, restarting=True, **hang),
             )
 
     def set_down(self, down: frozenset[int], then: Any = None) -> None:
@@ -379,7 +390,7 @@ class WorkerKeeper:
         self.launcher.close()
         self.stop_all(signal.SIGKILL)
         self.standbys.signal_all(signal.SIGKILL)
-        for worker in [*self.workers.values(), *self.standbys.processes.values()]:
+        for worker in self.processes():
             worker.process.wait()
         self.reap_workers()
 

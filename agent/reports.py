@@ -2,7 +2,7 @@
 
 The registry hears of every exit at once (with the host's newest snapshot
 commit, and the verdict: restarting in place, given up, died after its script
-ended; for a worker killed as hung, why and its stack: `note_hang`), and again,
+ended; for a worker killed as hung, why and its stack: `Worker.hang`), and again,
 with a backoff, while it answers that it could not save it (`unavailable`: its
 store refused or is out of reach), until it has or the report's deadline
 passes; the rendezvous forgets the worker's round entry, except where the slot's
@@ -34,11 +34,6 @@ class ExitReports:
     ) -> None:
         self.host, self.timing, self.log = host, timing, log
         self.registry, self.rendezvous, self.snapshots = registry, rendezvous, snapshots
-        self.hangs: dict[int, dict[str, str]] = {}
-
-    def note_hang(self, pid: int, reason: str, stack: str) -> None:
-        """The worker `pid` is being killed as hung: its exit report will say why, with its stack."""
-        self.hangs[pid] = {"hung": reason, "stack": stack}
 
     def worker_exited(
         self,
@@ -55,7 +50,6 @@ class ExitReports:
         slot = {"host": self.host, "local_rank": local_rank, "pid": pid}
         newest = self.snapshots.newest()
         verdict["snapshot_commit"] = newest.commit if newest is not None else 0
-        verdict.update(self.hangs.pop(pid, {}))
         said = {"refused": False}
 
         def say_once(refusal: Message) -> None:

@@ -23,15 +23,14 @@ import os
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.gpu_activity import GpuActivity
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.snapshots import remove_orphans, shm_dir
-from elastic_control_plane.agent.workers import STANDBY, Worker
+from elastic_control_plane.agent.workers import STANDBY, Watch, WatchFiles, Worker
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.slot_processes import wait_record
@@ -44,39 +43,10 @@ PROGRESS_IO_BYTES = 256 * 1024
 _FILE_NAME = re.compile(r"^elastic-(?:waits|stack)-(\d+)-")
 
 
-@dataclass(frozen=True)
-class WatchFiles:
-    """A worker's record and stack file, created before it starts."""
-
-    record: str
-    stack: str
-
-    def env(self) -> dict[str, str]:
-        return {wait_record.RECORD_ENV: self.record, wait_record.STACK_ENV: self.stack}
-
-    def remove(self) -> None:
-        for path in (self.record, self.stack):
-            Path(path).unlink(missing_ok=True)
-
-
-@dataclass
-class Watched:
-    """One worker under watch: its files, its record, and what its progress last looked like."""
-
-    worker: Worker
-    files: WatchFiles
-    reader: wait_record.RecordReader
-    used: dict[process_tree.ProcessKey, process_tree.Used] | None = None  # the tree's usage at the last sample
-    sampled_at: float = 0.0
-    progressed_at: float = 0.0
-    reported: dict[str, tuple[float, float]] = field(default_factory=dict)  # quantity: (episode start, value sent)
-
-
 class WaitWatch:
     def __init__(self, host: str, registry: AsyncClient, heartbeat: float, log: Any) -> None:
         self.host, self.registry, self.heartbeat, self.log = host, registry, heartbeat, log
         self.directory = shm_dir()
-        self.watched: dict[int, Watched] = {}
         self.limits: tuple[float, ...] = ()
         self._in_flight = False
         self.gpus = GpuActivity()
@@ -102,54 +72,41 @@ class WaitWatch:
             return None
         return files
 
-    def watch(self, worker: Worker, files: WatchFiles) -> None:
-        self.watched[worker.pid] = Watched(worker, files, wait_record.RecordReader(files.record))
-
-    def stack_file(self, pid: int) -> str | None:
-        watched = self.watched.get(pid)
-        return None if watched is None else watched.files.stack
-
-    def forget(self, pid: int) -> None:
-        """The worker exited: its files go."""
-        watched = self.watched.pop(pid, None)
-        if watched is not None:
-            watched.reader.close()
-            watched.files.remove()
-
-    def close(self) -> None:
-        for pid in list(self.watched):
-            self.forget(pid)
+    @staticmethod
+    def watch(worker: Worker, files: WatchFiles) -> None:
+        """The worker started with `files`: it is watched until it exits (its `Watch` closes with it)."""
+        worker.watch = Watch(files, wait_record.RecordReader(files.record))
 
     # -- reports ---------------------------------------------------------------------------------
-    def tick(self) -> None:
+    def tick(self, workers: Iterable[Worker]) -> None:
         """Every tick: sample the progress of long-busy workers; report at once when a worker crossed a limit."""
-        now = time.monotonic()
-        rows = self._rows(now)
-        if any(self._crossed(watched, row) for watched, row in rows):
-            self.report(rows)
+        rows = self._rows(workers, time.monotonic())
+        if any(self._crossed(watch, row) for watch, row in rows):
+            self._send(rows)
 
-    def report(self, rows: list[tuple[Watched, dict[str, Any]]] | None = None) -> None:
-        """Send the `waits` report (every heartbeat interval, and when a limit is crossed); one at a time."""
-        if self._in_flight:
+    def report(self, workers: Iterable[Worker]) -> None:
+        """Send the `waits` report of the host's workers (every heartbeat interval)."""
+        self._send(self._rows(workers, time.monotonic()))
+
+    def _send(self, rows: list[tuple[Watch, dict[str, Any]]]) -> None:
+        """One report at a time; the registry's reply may excuse the watches it covered."""
+        if self._in_flight or not rows:
             return
-        rows = self._rows(time.monotonic()) if rows is None else rows
-        if not rows:
-            return
-        for watched, row in rows:
+        for watch, row in rows:
             for quantity in ("waiting_s", "busy_s", "stalled_s"):
                 if row[quantity] is not None:
-                    watched.reported[quantity] = (row["_episode"], row[quantity])
+                    watch.reported[quantity] = (row["_episode"], row[quantity])
         self._in_flight = True
         self.registry.send(
             "waits",
             {"host": self.host, "slots": [{k: v for k, v in row.items() if k != "_episode"} for _, row in rows]},
-            on_reply=self._on_reply,
+            on_reply=lambda reply: self._on_reply(reply, [watch for watch, _ in rows]),
             on_timeout=self._on_no_reply,
             timeout=self.heartbeat,
             deadline=self.heartbeat,
         )
 
-    def _on_reply(self, reply: Message) -> None:
+    def _on_reply(self, reply: Message, reported: list[Watch]) -> None:
         self._in_flight = False
         if reply.error:
             return
@@ -161,28 +118,31 @@ class WaitWatch:
         excuse = reply.body.get("excuse_s")
         if isinstance(excuse, (int, float)) and not isinstance(excuse, bool) and excuse > 0:
             until = time.monotonic() + float(excuse)
-            for watched in self.watched.values():
-                watched.reader.excuse(until)
+            for watch in reported:
+                watch.excuse(until)
 
     def _on_no_reply(self) -> None:
         self._in_flight = False
 
-    def _rows(self, now: float) -> list[tuple[Watched, dict[str, Any]]]:
-        """One row per worker of a round (the registry's `waits` format), with the start of the episode it is in."""
+    def _rows(self, workers: Iterable[Worker], now: float) -> list[tuple[Watch, dict[str, Any]]]:
+        """One row per watched worker of a round (the registry's `waits` format), with the start of the episode it is
+        in."""
         rows = []
-        for pid, watched in self.watched.items():
-            local_rank = watched.worker.local_rank
-            state = watched.reader.read()
-            if local_rank == STANDBY or state is None or state.round == 0:
+        for worker in workers:
+            watch, local_rank, pid = worker.watch, worker.local_rank, worker.pid
+            if watch is None or watch.closed or local_rank == STANDBY:
+                continue
+            state = watch.reader.read()
+            if state is None or state.round == 0:
                 continue
             waiting = state.waiting_since > 0
             declared = state.declared_until > now
             busy_since = max(state.busy_since, state.declared_until) if state.busy_since > 0 else 0.0
             busy = not waiting and not declared and busy_since > 0
-            stalled = self._stalled_for(watched, pid, busy_since, now) if busy else None
+            stalled = self._stalled_for(watch, pid, busy_since, now) if busy else None
             rows.append(
                 (
-                    watched,
+                    watch,
                     {
                         "local_rank": local_rank,
                         "pid": pid,
@@ -202,21 +162,21 @@ class WaitWatch:
             )
         return rows
 
-    def _stalled_for(self, watched: Watched, pid: int, busy_since: float, now: float) -> float:
+    def _stalled_for(self, watch: Watch, pid: int, busy_since: float, now: float) -> float:
         """Seconds since the worker's process tree last made progress in this busy stretch (sampled once it has been
         busy `sample_after` seconds, every `sample_every`: agent/intervals.py)."""
-        if watched.progressed_at < busy_since:
-            watched.progressed_at, watched.used = busy_since, None
-        if now - busy_since >= INTERVALS.sample_after and now - watched.sampled_at >= INTERVALS.sample_every:
+        if watch.progressed_at < busy_since:
+            watch.progressed_at, watch.used = busy_since, None
+        if now - busy_since >= INTERVALS.sample_after and now - watch.sampled_at >= INTERVALS.sample_every:
             used = process_tree.tree_used(pid)
             if used is not None:
                 gpu_busy = any(key[0] in self._gpu_busy_pids(now) for key in used)
-                if watched.used is not None and (
-                    gpu_busy or progressed(process_tree.progress(watched.used, used), now - watched.sampled_at)
+                if watch.used is not None and (
+                    gpu_busy or progressed(process_tree.progress(watch.used, used), now - watch.sampled_at)
                 ):
-                    watched.progressed_at = now
-                watched.used, watched.sampled_at = used, now
-        return now - watched.progressed_at
+                    watch.progressed_at = now
+                watch.used, watch.sampled_at = used, now
+        return now - watch.progressed_at
 
     def _gpu_busy_pids(self, now: float) -> set[int]:
         """The processes NVML saw running kernels lately (asked at most every `sample_every`, for every worker)."""
@@ -224,13 +184,13 @@ class WaitWatch:
             self._gpu_busy, self._gpu_sampled_at = self.gpus.busy_pids(), now
         return self._gpu_busy
 
-    def _crossed(self, watched: Watched, row: dict[str, Any]) -> bool:
+    def _crossed(self, watch: Watch, row: dict[str, Any]) -> bool:
         """Did a quantity of this row cross a limit since it was last reported (in the same episode)?"""
         for quantity in ("waiting_s", "busy_s", "stalled_s"):
             value = row[quantity]
             if value is None:
                 continue
-            episode, sent = watched.reported.get(quantity, (None, 0.0))
+            episode, sent = watch.reported.get(quantity, (None, 0.0))
             before = sent if episode == row["_episode"] else 0.0
             if any(before < limit <= value for limit in self.limits):
                 return True

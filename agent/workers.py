@@ -1,4 +1,9 @@
-"""Worker processes of one host: their environment, spawn (dying with the agent), signal, reap.
+"""Worker processes of one host: their environment, spawn (dying with the agent), signal, reap, and each one's record.
+
+Everything the agent keeps of one worker lives on its `Worker` and goes with it when it is reaped: its process and
+output, where its events go (`event_route`, once it subscribed), its wait watch (agent/wait_watch.py), a stack dump
+under way and why it was killed as hung (agent/hung_workers.py). The keeper holds each worker in exactly one place:
+its slot, or the standby pool (agent/keeper.py).
 
 A worker is spawned here or forked by the host's fork server
 (agent/fork_server.py); either way it is this process's child, and its
@@ -17,16 +22,70 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.output import PrefixedPipe
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.job.assignments import SlotInfo
 from elastic_control_plane.job.plan import JobPlan
+from elastic_control_plane.slot_processes import wait_record
 from elastic_control_plane.slot_processes.forking import WorkerProcess
 from elastic_control_plane.slot_processes.rounds import round_environment
 
 STANDBY = -1
+
+
+@dataclass(frozen=True)
+class WatchFiles:
+    """A worker's wait record and stack file, created before it starts."""
+
+    record: str
+    stack: str
+
+    def env(self) -> dict[str, str]:
+        return {wait_record.RECORD_ENV: self.record, wait_record.STACK_ENV: self.stack}
+
+    def remove(self) -> None:
+        for path in (self.record, self.stack):
+            Path(path).unlink(missing_ok=True)
+
+
+@dataclass
+class Watch:
+    """A worker under wait watch: its files, its record, and what its progress last looked like."""
+
+    files: WatchFiles
+    reader: wait_record.RecordReader
+    used: dict[process_tree.ProcessKey, process_tree.Used] | None = None  # the tree's usage at the last sample
+    sampled_at: float = 0.0
+    progressed_at: float = 0.0
+    reported: dict[str, tuple[float, float]] = field(default_factory=dict)  # quantity: (episode start, value sent)
+    closed: bool = False
+
+    def excuse(self, until: float) -> None:
+        if not self.closed:
+            self.reader.excuse(until)
+
+    def close(self) -> None:
+        """The worker exited: its files go."""
+        if not self.closed:
+            self.closed = True
+            self.reader.close()
+            self.files.remove()
+
+
+@dataclass
+class StackDump:
+    """A stack the worker was asked for, appended to its stack file from `start`: shown (and, when `kills`, the
+    worker killed) once the dump stops growing, or at `deadline`."""
+
+    reason: str
+    deadline: float
+    kills: bool
+    start: int = 0
+    size: int = -1
 
 
 @dataclass
@@ -38,6 +97,10 @@ class Worker:
     output: list[PrefixedPipe] = field(default_factory=list)
     script_ended: bool = False
     uncaught_exception: bool = False
+    event_route: bytes | None = None  # where its events and the agent's heartbeats go, once it subscribed
+    watch: Watch | None = None
+    stack_dump: StackDump | None = None
+    hang: dict[str, str] = field(default_factory=dict)  # killed as hung: why, and its stack (for its exit report)
 
     def died_after_its_script(self, code: int) -> bool:
         """Killed by a signal after it told us its script had ended without an exception: a crash in the
@@ -47,6 +110,11 @@ class Worker:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def stack_file(self) -> str | None:
+        """Where it writes its stack when asked (a worker of a job that finds hangs); None otherwise."""
+        return None if self.watch is None or self.watch.closed else self.watch.files.stack
 
     def signal(self, sig: int) -> None:
         try:
@@ -126,11 +194,14 @@ def spawn(command: list[str], env: dict[str, str], cwd: str | None) -> subproces
 
 
 def reap(workers: dict[int, Worker]) -> list[tuple[Worker, int]]:
-    """Remove and return the workers that have exited, with their exit codes (negative: killed by signal)."""
+    """Remove and return the workers that have exited, with their exit codes (negative: killed by signal); their wait
+    files go with them."""
     exited = []
-    for local_rank, worker in list(workers.items()):
+    for key, worker in list(workers.items()):
         code = worker.process.poll()
         if code is not None:
-            del workers[local_rank]
+            del workers[key]
+            if worker.watch is not None:
+                worker.watch.close()
             exited.append((worker, code))
     return exited

@@ -2,23 +2,23 @@
 slot_processes/torchrun_slot.py): requests (any thread, one at a time), events (a daemon thread), and one-way notices
 (`notify`, from the training thread; nothing waits for their replies).
 
-The event thread subscribes once, then hands each event to the listener
-callbacks. It also watches the agent's heartbeat: a worker dies with its agent
-(PR_SET_PDEATHSIG), but an agent that hangs forever cannot stop its workers,
-so a worker whose agent stays silent for `orphan_after` seconds exits. Before
-that, a silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a
-line on stderr naming the agent's endpoint (then one a minute), and the first
-word from the agent after it a line saying so. `link_to_agent` is the link of
-a process its agent started, from the environment the agent gave it.
+The event thread subscribes once (the agent refuses a process that is not one of its workers or standbys, nor runs
+under one: that process then hears no events and no heartbeat), then hands each event to the listener callbacks. It
+also watches the agent's heartbeat: a worker dies with its agent (PR_SET_PDEATHSIG), but an agent that hangs forever
+cannot stop its workers, so a worker whose agent stays silent for `orphan_after` seconds exits. Before that, a
+silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a line on stderr naming the agent's endpoint
+(then one a minute), and the first word from the agent after it a line saying so. `link_to_agent` is the link of a
+process its agent started, from the environment the agent gave it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
@@ -46,22 +46,26 @@ def _parent_of(pid: int) -> int:
         return 0
 
 
+def lineage(pid: int) -> Iterator[int]:
+    """`pid`, then its ancestors nearest first, up to ANCESTORS_SEARCHED of them (init not included)."""
+    yield pid
+    for _ in range(ANCESTORS_SEARCHED):
+        pid = _parent_of(pid)
+        if pid <= 1:
+            return
+        yield pid
+
+
 def worker_pid() -> int:
     """This worker's pid as its agent knows it: the process the agent started, which is this one unless the user's
     command wraps the script in something that does not exec (`sh -c "cd src && python train.py"`); then it is the
     ancestor whose parent is the agent. The agent reports exits by that pid, and the registry matches them to the
     worker that joined the round by it."""
     agent = os.environ.get(WorkerEnv.AGENT_PID, "")
-    pid = os.getpid()
-    if not agent.isdigit():
-        return pid
-    for _ in range(ANCESTORS_SEARCHED):
-        parent = _parent_of(pid)
-        if parent == int(agent):
-            return pid
-        if parent <= 1:
-            break
-        pid = parent
+    if agent.isdigit():
+        for process, parent in itertools.pairwise(lineage(os.getpid())):
+            if parent == int(agent):
+                return process
     return os.getpid()
 
 
@@ -139,6 +143,9 @@ class AgentLink:
                 continue
             self._agent_heard()
             if msg.reply:
+                if msg.error and not self._subscribed.is_set():
+                    why = msg.body.get("message", msg.error)
+                    say(f"the agent at {self.endpoint} refused this process's events: {why}")
                 self._subscribed.set()
                 continue
             for listener in list(self.listeners):

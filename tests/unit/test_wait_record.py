@@ -20,7 +20,7 @@ import structlog
 from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.gpu_activity import GpuActivity
 from elastic_control_plane.agent.wait_watch import WaitWatch, progressed
-from elastic_control_plane.agent.workers import Worker
+from elastic_control_plane.agent.workers import Worker, reap
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.slot_processes import wait_record
 from elastic_control_plane.slot_processes.wait_record import (
@@ -281,11 +281,25 @@ class Registry:
         on_reply(Message(type="waits", body=self.limits))
 
 
+class OneWorker:
+    """The agent's WaitWatch over one worker, as the agent calls it every tick and heartbeat."""
+
+    def __init__(self, watch: WaitWatch, worker: Worker) -> None:
+        self.watch, self.worker = watch, worker
+
+    def tick(self) -> None:
+        self.watch.tick([self.worker])
+
+    def report(self) -> None:
+        self.watch.report([self.worker])
+
+
 @contextlib.contextmanager
 def watched_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limits: dict[str, Any]
-) -> Iterator[tuple[WaitWatch, Registry, WaitRecord]]:
-    """A WaitWatch whose registry answers `limits`, watching one worker (a sleeping process) in round 1."""
+) -> Iterator[tuple[OneWorker, Registry, WaitRecord]]:
+    """A WaitWatch whose registry answers `limits`, watching one worker (a sleeping process) in round 1; the worker
+    is reaped at the end as the keeper reaps it."""
     monkeypatch.setenv("ELASTIC_SHM_DIR", str(tmp_path))
     registry = Registry(limits)
     watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger())  # type: ignore[arg-type]
@@ -296,11 +310,11 @@ def watched_worker(
         watch.watch(worker, files)
         record = WaitRecord(files.record)
         record.begin_round(1)
-        yield watch, registry, record
+        yield OneWorker(watch, worker), registry, record
     finally:
-        watch.forget(worker.pid)
         worker.process.kill()
         worker.process.wait()
+        assert [exited for exited, _ in reap({0: worker})] == [worker]
 
 
 def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
