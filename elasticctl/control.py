@@ -40,6 +40,7 @@ class ControlPlaneUnreachable(CommandError):
 class ControlPlane:
     def __init__(self, endpoints: Endpoints, keys: Path | None = None, timeout: float = 2.0) -> None:
         self.endpoints = endpoints
+        self.keys_dir = keys
         self._sender = incarnation_id("elasticctl")
         self._security = Security(keys_dir=keys)
         self._clients = {

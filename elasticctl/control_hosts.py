@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from elastic_control_plane.replication.election import leader_key
-from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
+from elastic_control_plane.replication.etcd import EtcdError
 from elastic_control_plane.replication.replica import corrupt_key
 from elastic_control_plane.replication.store_choice import StoreChoice
 
@@ -20,7 +20,7 @@ def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
     """One row per control host: `{host, etcd: {member, client_url, healthy, leader, db_size, db_size_in_use} | None,
     replicas: {service: {pid, role}}}`; etcd out of reach gives one row per endpoint, each with `etcd.healthy`
     false."""
-    client = EtcdClient(list(choice.endpoints), deadline=2.0)
+    client = choice.client(deadline=2.0)
     try:
         try:
             members = client.members()
@@ -67,7 +67,7 @@ def gather_control_hosts(choice: StoreChoice) -> list[dict[str, Any]]:
 def gather_corrupt_records(choice: StoreChoice) -> list[dict[str, str]]:
     """The records that keep a service from starting, as its replicas marked them (replication/replica.py):
     `{service, key, reason, replica}` each; none when etcd is out of reach (the control hosts say so)."""
-    client = EtcdClient(list(choice.endpoints), deadline=2.0)
+    client = choice.client(deadline=2.0)
     try:
         marks, _ = client.get_prefix(corrupt_key(choice.prefix, ""))
     except EtcdError:

@@ -21,7 +21,9 @@ address (`--store etcd://...`, replication/replica.py). Nothing is started
 again when it dies: the other replicas are the redundancy.
 
 Private to its user: the services and agents require the run's own keys
-(elasticctl/local_keys.py), and the agents' sockets are in the user's own
+(elasticctl/local_keys.py), the etcd members of `--control-hosts` a
+certificate made for the run beside them (mutual TLS:
+replication/etcd_tls.py), and the agents' sockets are in the user's own
 0700 run directory (ELASTIC_RUN_DIR, checked), so no other user of the
 machine can call them.
 """
@@ -54,6 +56,7 @@ from elastic_control_plane.elasticctl.local_processes import (
 )
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
+from elastic_control_plane.replication.etcd_tls import make_etcd_certs
 
 START_TIMEOUT = 30.0
 AGENT_DRAIN_GRACE = 5.0  # at the end, how long agents may wait for their workers' next commit before stopping them
@@ -66,9 +69,11 @@ def control_addresses(count: int) -> list[str]:
     return [f"127.0.0.{i}" for i in range(1, count + 1)]
 
 
-def etcd_members(addresses: list[str], run_dir: Path) -> list[MemberSpec]:
+def etcd_members(addresses: list[str], run_dir: Path, keys: Path) -> list[MemberSpec]:
+    """The control hosts' etcd members, over mutual TLS with certificates made for this run beside its keys."""
+    tls = make_etcd_certs(keys, ["localhost", *addresses])
     return [
-        MemberSpec(f"control-{i}", host, ETCD_CLIENT_PORT, ETCD_PEER_PORT, run_dir / f"etcd-{i}")
+        MemberSpec(f"control-{i}", host, ETCD_CLIENT_PORT, ETCD_PEER_PORT, run_dir / f"etcd-{i}", tls)
         for i, host in enumerate(addresses, start=1)
     ]
 
@@ -107,7 +112,8 @@ class LocalCluster:
     def _start_etcd(self, members: list[MemberSpec]) -> None:
         for member in members:
             self._start(f"etcd@{member.host}", member_command(member, members), dict(os.environ), log_to_file=True)
-        client = EtcdClient([f"{m.host}:{m.client_port}" for m in members], deadline=1.0)
+        tls = None if members[0].tls is None else members[0].tls.client_context()
+        client = EtcdClient([f"{m.host}:{m.client_port}" for m in members], deadline=1.0, tls=tls)
 
         def answers() -> bool:
             try:
@@ -130,7 +136,7 @@ class LocalCluster:
         }
         if self.control_hosts > 1:
             addresses = control_addresses(self.control_hosts)
-            members = etcd_members(addresses, self.log_dir)
+            members = etcd_members(addresses, self.log_dir, self.keys)
             self._start_etcd(members)
             env["ELASTIC_STORE"] = "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in members)
             for host in addresses:

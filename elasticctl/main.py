@@ -31,6 +31,7 @@ from elastic_control_plane.elasticctl.options import build_spec, job_options
 from elastic_control_plane.elasticctl.status import as_json, gather, render, render_control_plane
 from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
 from elastic_control_plane.elasticctl.watch import watch_status
+from elastic_control_plane.replication.etcd_tls import DEFAULT_HOSTS, make_etcd_certs
 from elastic_control_plane.replication.store_choice import StoreChoice
 
 keys_option = click.option(
@@ -129,6 +130,7 @@ def status(
     if not (math.isfinite(interval) and interval > 0):
         raise CommandError(f"--interval must be a positive number of seconds (got {interval:g})", 2)
     plane = _plane(control, keys)
+    choice = choice.with_keys(plane.keys_dir)
     try:
         if watch:
             sys.exit(watch_status(plane, interval, as_json_flag))
@@ -260,14 +262,23 @@ def torchrun(keys: Path | None, launch: tuple[str, ...]) -> None:
 
 @cli.group()
 def keys() -> None:
-    """CURVE keys for the control plane."""
+    """CURVE keys and etcd certificates for the control plane."""
 
 
 @keys.command("generate")
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
-def keys_generate(directory: Path) -> None:
-    """Write server and client keypairs to DIRECTORY (secrets 0600) and authorise the client key."""
+@click.option(
+    "--etcd-host",
+    "etcd_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="A name or address of an etcd member, for its certificate (repeat; default: localhost, 127.0.0.1).",
+)
+def keys_generate(directory: Path, etcd_hosts: tuple[str, ...]) -> None:
+    """Write server and client keypairs to DIRECTORY (secrets 0600), authorise the client key, and make etcd's CA and
+    its members' and clients' certificates in DIRECTORY/etcd."""
     generate_keys(directory)
+    make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
     click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
 
 

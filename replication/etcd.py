@@ -1,29 +1,21 @@
 """EtcdClient: etcd v3 through its HTTP/JSON gateway, over the standard library, failing over between members.
 
-Every call goes to the member that answered last; a timeout, a lost connection
-or an answer meaning "not now" (gRPC Unavailable or DeadlineExceeded, "too
-many requests": a leader election in progress) moves it to the next member,
-round and round, until the call's deadline: then `EtcdUnavailable`. The first
-round waits `request_timeout` per member (0.3 s: a leader's death stops writes
-for about a second, and a member that lost its leader holds a request for
-seconds), each later round twice as long, so that a slow disk is not taken for
-a dead member; a big request gets `SECONDS_PER_MIB` more per MiB (the gateway
-takes 0.65 s to decode a put of 7 MiB on an idle machine). Any other error
-answer (a request too large, a txn of too many operations) raises
-`EtcdRefused` at once.
+Every call goes to the member that answered last; a timeout, a lost connection or an answer meaning "not now" (gRPC
+Unavailable or DeadlineExceeded, "too many requests": a leader election in progress) moves it to the next member,
+round and round, until the call's deadline: then `EtcdUnavailable`. The first round waits `request_timeout` per
+member (0.3 s: a leader's death stops writes for about a second, and a member that lost its leader holds a request
+for seconds), each later round twice as long, so that a slow disk is not taken for a dead member; a big request gets
+`SECONDS_PER_MIB` more per MiB (the gateway takes 0.65 s to decode a put of 7 MiB on an idle machine). Any other
+error answer (a request too large, a txn of too many operations) raises `EtcdRefused` at once.
 
-How requests and answers are spelled is replication/etcd_wire.py's business;
-its record types and txn builders are imported here, so that callers import
-this module only.
+How requests and answers are spelled is replication/etcd_wire.py's business; its record types and txn builders are
+imported here, so that callers import this module only. Given `tls` (replication/etcd_tls.py), it speaks HTTPS.
 
-A retried request may have been applied by the member that did not answer.
-Callers therefore send requests that are safe to repeat: puts and txns of
-absolute values (a value, never an increment), which applied twice leave what
-applying them once leaves. A txn whose compare holds only once
-(`create_revision_is(key, 0)`) reports failure when its first attempt was
-applied: the caller reads the key to learn whose write it holds. A retried
-`lease_grant` may leave an unused lease behind, which expires; a retried
-`delete` counts 0.
+A retried request may have been applied by the member that did not answer. Callers therefore send requests that
+are safe to repeat: puts and txns of absolute values (a value, never an increment), which applied twice leave what
+applying them once leaves. A txn whose compare holds only once (`create_revision_is(key, 0)`) reports failure when
+its first attempt was applied: the caller reads the key to learn whose write it holds. A retried `lease_grant` may
+leave an unused lease behind, which expires; a retried `delete` counts 0.
 """
 
 from __future__ import annotations
@@ -31,6 +23,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -122,18 +115,32 @@ def _reason(exc: BaseException) -> str:
 class EtcdClient:
     """A client of one etcd cluster. Thread-safe: one request at a time per client; a watch has its own connections."""
 
-    def __init__(self, endpoints: list[str], *, request_timeout: float = 0.3, deadline: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        request_timeout: float = 0.3,
+        deadline: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.endpoints = parse_endpoints(",".join(endpoints))
         self.request_timeout = request_timeout
         self.deadline = deadline
+        self.tls = tls
         self._preferred = 0  # the member that answered last
         self._connections: dict[str, http.client.HTTPConnection] = {}
         self._lock = threading.Lock()
 
+    def _connect(self, endpoint: str, timeout: float) -> http.client.HTTPConnection:
+        host, port = split_endpoint(endpoint)
+        if self.tls is None:
+            return http.client.HTTPConnection(host, port, timeout=timeout)
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=self.tls)
+
     def _post(self, endpoint: str, path: str, body: bytes, timeout: float) -> dict[str, Any]:
         connection = self._connections.get(endpoint)
         if connection is None:
-            connection = http.client.HTTPConnection(*split_endpoint(endpoint), timeout=timeout)
+            connection = self._connect(endpoint, timeout)
             self._connections[endpoint] = connection
         connection.timeout = timeout
         if connection.sock is not None:
@@ -305,7 +312,7 @@ class EtcdClient:
         """{"member_id", "leader", "revision", "db_size", "db_size_in_use"} as that one member sees them (the
         database file's bytes, and those holding live data: the rest a defragmentation gives back); None if it does
         not answer."""
-        connection = http.client.HTTPConnection(*split_endpoint(endpoint), timeout=timeout)
+        connection = self._connect(endpoint, timeout)
         try:
             connection.request("POST", "/v3/maintenance/status", b"{}", _HEADERS)
             response = connection.getresponse()
@@ -347,7 +354,7 @@ class EtcdClient:
         self, endpoint: str, key: bytes, prefix: bool, start: int, stop: threading.Event, idle_timeout: float
     ) -> Iterator[tuple[int, list[WatchEvent]]]:
         request = {"create_request": {**key_range(key, prefix), "start_revision": str(start), "progress_notify": True}}
-        connection = http.client.HTTPConnection(*split_endpoint(endpoint), timeout=self.request_timeout)
+        connection = self._connect(endpoint, self.request_timeout)
         try:
             connection.request("POST", "/v3/watch", json.dumps(request).encode(), _HEADERS)
             if connection.sock is not None:
@@ -380,7 +387,9 @@ class EtcdClient:
     def sibling(self) -> EtcdClient:
         """Another client of the same members, with connections and a lock of its own: its requests never wait
         behind this one's (a lease's keepalives behind a large write)."""
-        return EtcdClient(list(self.endpoints), request_timeout=self.request_timeout, deadline=self.deadline)
+        return EtcdClient(
+            list(self.endpoints), request_timeout=self.request_timeout, deadline=self.deadline, tls=self.tls
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -22,6 +22,8 @@ The flags that matter, and why:
   volume is at least twice its quota: compacted pages are reused, but the file
   only shrinks when defragmented).
 - `--logger zap --log-level warn`: one JSON line per event worth reading.
+- given the certificates (replication/etcd_tls.py): `https://` URLs, and a
+  certificate the CA signed required of every client and peer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from elastic_control_plane.replication.etcd_tls import EtcdTls
 
 HEARTBEAT_MS = 50
 ELECTION_TIMEOUT_MS = 500
@@ -44,14 +48,19 @@ class MemberSpec:
     client_port: int
     peer_port: int
     data_dir: Path
+    tls: EtcdTls | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        return f"{self.scheme}://{self.host}:{self.peer_port}"
 
 
 def initial_cluster(members: list[MemberSpec]) -> str:
@@ -90,6 +99,7 @@ def member_command(
         f"--quota-backend-bytes={quota_bytes}",
         "--logger=zap",
         "--log-level=warn",
+        *(spec.tls.member_flags() if spec.tls is not None else []),
     ]
 
 

@@ -81,7 +81,7 @@ def open_etcd(choice: StoreChoice, outage: Outage | None = None, stop: threading
     """A client of the store, checked: etcd answers and its schema is one this version reads (written if none).
     Unreachable: `StoreUnusable`, or with `outage` (a replica that stepped down), try again until it answers or
     `stop` is set."""
-    client = EtcdClient(list(choice.endpoints))
+    client = choice.client()
     key = f"{choice.prefix}/schema".encode()
     while True:
         try:

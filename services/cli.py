@@ -98,7 +98,9 @@ def service_command(
             )
             choice = StoreChoice.parse(
                 "ELASTIC_STORE" if source("store") is ParameterSource.ENVIRONMENT else "--store", store
-            )
+            ).with_keys(keys)
+            if choice.kind == "etcd" and keys is not None and choice.tls is None:
+                log.warning("etcd_without_tls", reason=f"{keys} has no etcd/ certificates (elasticctl keys generate)")
             security = Security(keys_dir=keys, insecure=insecure)
             address = getattr(bind_to, name)
             if metrics_port is not None:

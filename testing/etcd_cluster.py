@@ -7,6 +7,8 @@ given to an outgoing connection before it restarts. Members are started as
 replication/etcd_member.py says (a leader elected within a second) and die
 with the process that started them; `stop()` kills them and removes their
 data. Each member logs to `<base_dir>/<name>.log`, kept for `dump_logs()`.
+With `tls=True` the members require mutual TLS (replication/etcd_tls.py), with
+certificates made in `<base_dir>/keys/etcd/`; `client()` speaks it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.replication.etcd import EtcdClient
 from elastic_control_plane.replication.etcd_member import QUOTA_BACKEND_BYTES, MemberSpec, member_command
+from elastic_control_plane.replication.etcd_tls import make_etcd_certs
 from testing.harness import free_ports, wait_for
 
 HEALTHY_WITHIN = 30.0  # seconds for members to start and elect a leader, on a loaded machine
@@ -46,18 +50,26 @@ class EtcdCluster:
         base_dir: Path,
         hosts: tuple[str, ...] = ("127.0.0.1", "127.0.0.2", "127.0.0.3"),
         quota_bytes: int = QUOTA_BACKEND_BYTES,
+        tls: bool = False,
     ) -> None:
         self.base_dir = base_dir
         self.quota_bytes = quota_bytes
         base_dir.mkdir(parents=True, exist_ok=True)
+        self.keys_dir = base_dir / "keys"
+        self.tls = make_etcd_certs(self.keys_dir, ("localhost", *hosts)) if tls else None
         client_port, peer_port = _free_port_pair(hosts)
         self.members = [
-            MemberSpec(f"etcd{i}", host, client_port, peer_port, base_dir / f"etcd{i}.data")
+            MemberSpec(f"etcd{i}", host, client_port, peer_port, base_dir / f"etcd{i}.data", self.tls)
             for i, host in enumerate(hosts)
         ]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * len(hosts)
         self._states = ["new"] * len(hosts)  # "existing" for a member that replaced a removed one
-        self._status = EtcdClient(self.client_endpoints)
+        self._status = self.client()
+
+    def client(self, endpoints: list[str] | None = None, **options: Any) -> EtcdClient:
+        """A client of the members (or of `endpoints`), speaking TLS where the members require it."""
+        tls = None if self.tls is None else self.tls.client_context()
+        return EtcdClient(self.client_endpoints if endpoints is None else endpoints, tls=tls, **options)
 
     @property
     def client_endpoints(self) -> list[str]:
@@ -137,7 +149,7 @@ class EtcdCluster:
         spec = self.members[index]
         self.kill(index)
         shutil.rmtree(spec.data_dir, ignore_errors=True)
-        others = EtcdClient([self.client_endpoints[i] for i in self._running_indexes()], deadline=HEALTHY_WITHIN)
+        others = self.client([self.client_endpoints[i] for i in self._running_indexes()], deadline=HEALTHY_WITHIN)
         try:
             for member in others.members():
                 if member.name == spec.name or spec.peer_url in member.peer_urls:

@@ -1,7 +1,8 @@
 """`elasticctl local --control-hosts 3`: three control hosts on 127.0.0.1-3 (an etcd member and a replica of each
 service each), as a user tries the replicated control plane on one machine. `elasticctl status` shows every control
-host; the control host with the most active replicas is lost outright mid-job (its replicas and its etcd member
-SIGKILLed), nothing restarts it, and the job finishes with every commit."""
+host; its etcd members answer only the run's own certificate (a plain client gets nothing); the control host with the
+most active replicas is lost outright mid-job (its replicas and its etcd member SIGKILLed), nothing restarts it, and
+the job finishes with every commit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from elastic_control_plane.elasticctl.local import ETCD_CLIENT_PORT, SERVICES, control_addresses
+from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from testing.harness import REPO, Cluster, processes_with_env, wait_for
 from tests.integration.test_snapshots import assert_finished_exactly, committed
 
@@ -106,6 +110,12 @@ def test_three_control_hosts_on_one_machine_show_in_status_and_a_lost_one_costs_
         assert "control hosts:" in text and text.count("etcd leader") == 1, text
         assert all(row["etcd"]["db_size"] >= row["etcd"]["db_size_in_use"] > 0 for row in rows), rows
         assert text.count(" in use)") == 3, text
+        stranger = EtcdClient(STORE.removeprefix("etcd://").split(","), deadline=2.0)
+        try:  # the members require the run's own certificate: nobody else on the machine reads or writes the job
+            with pytest.raises(EtcdError):
+                stranger.get(b"elastic/registry/state")
+        finally:
+            stranger.close()
 
         counts = {row["host"]: sum(r["role"] == "active" for r in row["replicas"].values()) for row in rows}
         lost = max(counts, key=lambda host: counts[host])
