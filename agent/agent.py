@@ -68,7 +68,7 @@ from elastic_control_plane.agent.wait_watch import WaitWatch
 from elastic_control_plane.agent.workers import HostSettings, Worker
 from elastic_control_plane.bus.client import AsyncClient, incarnation_id
 from elastic_control_plane.bus.config import Endpoints, Timing
-from elastic_control_plane.bus.contract import Event
+from elastic_control_plane.bus.contract import PUBLISH_KEY, Event
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.pubsub import Subscription
 from elastic_control_plane.bus.service import DEFERRED, Request, RequestError, Service, field, handles
@@ -218,6 +218,7 @@ class AgentService(Service):
     # -- events from the control plane ---------------------------------------------------------
     def _on_events(self) -> None:
         for event in self.events.receive():
+            self.log.info("notified", event_type=event.type, seq=event.body.get("seq"), key=event.body.get(PUBLISH_KEY))
             handler = self.event_handlers.get(event.type)
             if handler is not None:
                 handler(event.body)

@@ -3,9 +3,11 @@ of a run without failures when no committed batch is lost or repeated. Every bat
 number, so the parameters end the same on every rank (a reset callback scales the learning rate to the world
 size, as Horovod scripts do). `--crash-at N` makes every rank die at batch N, every time: a job
 that cannot get past a commit. `--mib N` adds an N-MiB buffer (not trained) to the model: a bigger state to
-snapshot, restore and sync."""
+snapshot, restore and sync. `--batches-file F`: once F exists the job ends at the number it holds (a soak that
+ends the job when its faults are done)."""
 
 import argparse
+import os
 import time
 
 import torch
@@ -18,6 +20,9 @@ parser.add_argument("--batches", type=int, default=200)
 parser.add_argument("--step-delay", type=float, default=0.02)
 parser.add_argument("--log-dir")
 parser.add_argument("--crash-at", type=int, default=0, help="Every rank exits 1 on reaching this batch, every time.")
+parser.add_argument(
+    "--batches-file", help="Once this file exists, the number of batches is the one it holds (not --batches)."
+)
 parser.add_argument("--mib", type=int, default=0, help="MiB of extra model state, a buffer the training leaves alone.")
 args = parser.parse_args()
 
@@ -43,10 +48,18 @@ scale_lr()
 state.register_reset_callbacks([scale_lr])
 
 
+def batches() -> int:
+    """The number of batches to train: --batches, until --batches-file exists (every rank reads the same file)."""
+    if args.batches_file and os.path.exists(args.batches_file):
+        with open(args.batches_file) as f:
+            return int(f.read())
+    return args.batches
+
+
 @elastic.run
 def train(state: elastic.TorchState) -> None:
     log.write("enter", batch=state.batch, total=state.total)
-    while state.batch < args.batches:
+    while state.batch < batches():
         data = torch.Generator().manual_seed(state.batch)
         x, y = torch.randn(16, 8, generator=data), torch.randn(16, 1, generator=data)
         optimizer.zero_grad()
