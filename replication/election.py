@@ -11,7 +11,12 @@ holder's lease expired or was revoked). It watches from the revision it read the
 from the key's own revision, which etcd's compaction may have dropped from its history. The
 winner's fence is the election key's create revision: every write it makes is a txn comparing it
 (`fence`), so a replica that lost the role can never write again, whatever
-its clock thinks.
+its clock thinks. Its writes are also ordered: each rewrites the election key and compares the
+revision the previous one left there, so a duplicate of an older write that etcd receives late
+(an attempt the client gave up on, delivered after the retry that succeeded and after newer
+writes) finds the key changed and does nothing: it can never put back an older state. When a
+write's compare fails while the key is still this replica's, an earlier attempt of that same
+write was applied (nothing else writes the key), and the write counts as done.
 
 A replica's leadership is a state machine: NEW -> STANDBY (`register`: the
 lease is granted and kept alive) -> ACTIVE (`campaign` won) -> ENDED. ENDED has
@@ -41,12 +46,15 @@ from typing import Any
 import structlog
 
 from elastic_control_plane.replication.etcd import (
+    MAX_TXN_OPS,
     EtcdClient,
     EtcdError,
     EtcdRefused,
     TxnResult,
     create_revision_is,
+    mod_revision_is,
     put_op,
+    range_op,
     space_exceeded,
 )
 
@@ -56,6 +64,7 @@ KEEPALIVES_PER_TTL = 4
 # of ours resume within a few revisions; a standby watches from what it read).
 COMPACT_EVERY = 10_000
 KEEP_REVISIONS = 1_000
+MAX_WRITE_OPS = MAX_TXN_OPS - 1  # a fenced write's own operations: the last of the txn rewrites the election key
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,7 @@ class Leadership:
         self.state = NEW
         self.lease = 0
         self.revision = 0  # the election key's create revision once this replica won the role; 0 before
+        self.written = 0  # the revision of the election key's last write: the campaign's, then each `write`'s
         self.end_reason = ""
         self._valid_until = 0.0
         self._compacted_at = 0  # the revision of this replica's last compaction
@@ -250,6 +260,7 @@ class Leadership:
                         continue
                     # A retried txn whose first attempt won: the key is this replica's.
                 self.revision = won.revision if won.succeeded else holder.create_revision
+                self.written = won.revision if won.succeeded else holder.mod_revision
                 self.client.put(
                     replica_key(self.prefix, self.service, self.replica), self._record(active=True), lease=self.lease
                 )
@@ -279,9 +290,10 @@ class Leadership:
         finally:
             watching.set()
 
-    def fence(self) -> dict[str, Any]:
-        """The compare every write of the active replica carries: the election key is still the one it created."""
-        return create_revision_is(self.key, self.revision)
+    def fence(self) -> list[dict[str, Any]]:
+        """The compares every write of the active replica carries: the election key is still the one it created, as
+        its previous write left it."""
+        return [create_revision_is(self.key, self.revision), mod_revision_is(self.key, self.written)]
 
     def write(self, ops: list[dict[str, Any]]) -> int:
         """Apply `ops` in one txn fenced by this replica's role; the revision it made. A refused fence ends the
@@ -295,16 +307,27 @@ class Leadership:
                 raise
             self._reclaim_space(exc)
             result = self._fenced(ops)
-        if not result.succeeded:
+        if result.succeeded:
+            self.written = result.revision
+        elif self._applied_before(result):
+            self.written = result.responses[0]["response_range"]["kvs"][0].mod_revision
+        else:
             self.end("another replica holds the role: a write was refused")
             raise LostRole(f"{self.service}: another replica holds the role; this one stepped down")
-        if result.revision - self._compacted_at >= COMPACT_EVERY:
-            self._compact(result.revision)
-        return result.revision
+        if self.written - self._compacted_at >= COMPACT_EVERY:
+            self._compact(self.written)
+        return self.written
 
     def _fenced(self, ops: list[dict[str, Any]]) -> TxnResult:
+        """The write, ordered after this replica's previous one; refused, it reads the election key."""
         deadline = max(self.timing.least_write_s, self._valid_until - self.clock())
-        return self.client.txn([self.fence()], ops, [], deadline=deadline)
+        rewrite = put_op(self.key, self._record(), lease=self.lease)
+        return self.client.txn(self.fence(), [*ops, rewrite], [range_op(self.key)], deadline=deadline)
+
+    def _applied_before(self, refused: TxnResult) -> bool:
+        """A refused write whose election key is still this replica's: an earlier attempt of it was applied."""
+        kvs = refused.responses[0]["response_range"]["kvs"] if refused.responses else []
+        return bool(kvs) and kvs[0].create_revision == self.revision and kvs[0].mod_revision > self.written
 
     def _reclaim_space(self, refusal: EtcdRefused) -> None:
         """etcd refused the write for space: compact, defragment and disarm (EtcdClient.reclaim_space), said once

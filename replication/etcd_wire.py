@@ -98,6 +98,11 @@ def create_revision_is(key: bytes, revision: int) -> dict[str, Any]:
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(revision)}
 
 
+def mod_revision_is(key: bytes, revision: int) -> dict[str, Any]:
+    """Compare: `key` was last written at `revision`."""
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
 def value_is(key: bytes, value: bytes) -> dict[str, Any]:
     return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
 

@@ -9,8 +9,8 @@ loads them all. Without etcd the rendezvous keeps its store in memory only.
 
 from __future__ import annotations
 
-from elastic_control_plane.replication.election import LostRole
-from elastic_control_plane.replication.etcd import MAX_TXN_OPS, EtcdError, delete_op, put_op
+from elastic_control_plane.replication.election import MAX_WRITE_OPS, LostRole
+from elastic_control_plane.replication.etcd import EtcdError, delete_op, put_op
 from elastic_control_plane.replication.replica import CorruptRecord, Replica
 
 
@@ -44,10 +44,10 @@ class KvLog:
 
     def drop_prefixes(self, prefixes: list[str]) -> None:
         """Delete every key under each of `prefixes` (the rounds that are over): one range delete each, in txns of
-        at most MAX_TXN_OPS operations."""
+        at most MAX_WRITE_OPS operations."""
         ops = [delete_op(self._prefix + prefix.encode(), prefix=True) for prefix in prefixes]
-        for start in range(0, len(ops), MAX_TXN_OPS):
-            self._write(ops[start : start + MAX_TXN_OPS])
+        for start in range(0, len(ops), MAX_WRITE_OPS):
+            self._write(ops[start : start + MAX_WRITE_OPS])
 
     def clear(self) -> None:
         self._write([delete_op(self._prefix, prefix=True)])
