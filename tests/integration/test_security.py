@@ -35,6 +35,17 @@ def test_generated_secret_keys_are_owner_only(keys: Path) -> None:
     for secret in keys.glob("*.key_secret"):
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert (keys / "authorized" / "client.key").exists()
+    etcd = keys / "etcd"  # etcd's CA, its members' and its clients' certificates
+    assert sorted(p.name for p in etcd.iterdir()) == [
+        "ca.crt",
+        "ca.key",
+        "client.crt",
+        "client.key",
+        "server.crt",
+        "server.key",
+    ]
+    assert all(stat.S_IMODE((etcd / f"{name}.key").stat().st_mode) == 0o600 for name in ("ca", "client", "server"))
+    assert stat.S_IMODE(etcd.stat().st_mode) == 0o700
 
 
 def test_only_an_authorised_key_gets_an_answer(tmp_path: Path, keys: Path) -> None:
