@@ -109,16 +109,24 @@ def replica_key(prefix: str, service: str, replica: str) -> bytes:
 
 
 class Outage:
-    """Says once that etcd is out of reach (`etcd_unreachable`), and once that it answers again."""
+    """Says once that etcd is out of reach (`etcd_unreachable`), and once that it answers again. A refusal for space
+    is not waited out: the replica reclaims it (`EtcdClient.reclaim_space`), whatever its state, since while etcd is
+    full no replica can register or campaign, and none may be active to do it."""
 
     def __init__(self, log: structlog.stdlib.BoundLogger) -> None:
         self.log = log
         self.since: float | None = None
 
-    def failed(self, exc: Exception) -> None:
+    def failed(self, exc: Exception, client: EtcdClient | None = None) -> None:
         if self.since is None:
             self.since = time.monotonic()
             self.log.warning("etcd_unreachable", reason=str(exc))
+        if client is not None and space_exceeded(exc):
+            try:
+                before, after = client.reclaim_space()
+                self.log.warning("etcd_space_reclaimed", backend_bytes_before=before, backend_bytes_after=after)
+            except EtcdError as failure:
+                self.log.warning("etcd_space_not_reclaimed", reason=str(failure))
 
     def ended(self) -> None:
         if self.since is not None:
@@ -173,7 +181,7 @@ class Leadership:
                 self.client.put(replica_key(self.prefix, self.service, self.replica), self._record(), lease=self.lease)
                 break
             except EtcdError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, self.client)
                 stop.wait(self.timing.retry_s)
         else:
             return False
@@ -269,7 +277,7 @@ class Leadership:
                 self._enter(ACTIVE)
                 return True
             except EtcdError as exc:
-                self.outage.failed(exc)
+                self.outage.failed(exc, self.client)
                 stop.wait(self.timing.retry_s)
         return False
 

@@ -85,16 +85,18 @@ def open_etcd(choice: StoreChoice, outage: Outage | None = None, stop: threading
     key = f"{choice.prefix}/schema".encode()
     while True:
         try:
-            client.txn(
-                [create_revision_is(key, 0)], [put_op(key, str(STORE_SCHEMA).encode())], [], deadline=START_DEADLINE
-            )
-            found = client.get(key, deadline=START_DEADLINE)
+            found = client.get(key, deadline=START_DEADLINE)  # read first: a full etcd still answers reads
+            if found is None:
+                client.txn(
+                    [create_revision_is(key, 0)], [put_op(key, str(STORE_SCHEMA).encode())], [], deadline=START_DEADLINE
+                )
+                found = client.get(key, deadline=START_DEADLINE)
             break
         except EtcdError as exc:
             if outage is None or stop is None or stop.is_set():
                 client.close()
                 raise StoreUnusable(f"etcd at {','.join(choice.endpoints)} cannot be used: {exc}") from None
-            outage.failed(exc)
+            outage.failed(exc, client)
     schema = found.value.decode() if found is not None else ""
     if not schema.isdigit() or int(schema) > STORE_SCHEMA:
         client.close()

@@ -123,3 +123,17 @@ def test_the_registrys_state_is_saved_compressed_and_an_older_plain_one_still_lo
         replica.leadership.end("the test ends", revoke=True)
     finally:
         client.close()
+
+
+def test_a_standby_reclaims_a_full_etcd_itself_when_no_replica_is_active_to_do_it(etcd: EtcdCluster) -> None:
+    """Found by the decisions soak: with etcd full, every replica that stepped down failed to register again (a lease
+    grant is refused for space too), so none became active to reclaim the space and the control plane stayed down."""
+    client, said = EtcdClient(etcd.client_endpoints, deadline=30.0), RecordingLog()
+    try:
+        fill_until_refused(client)
+        role = active(client, said)  # registers and campaigns on the full etcd
+        assert "etcd_space_reclaimed" in dict(said.events)
+        role.write([put_op(b"space/registry/state", b"the job")])
+        role.end("the test ends", revoke=True)
+    finally:
+        client.close()
