@@ -18,6 +18,7 @@ from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
 from elastic_control_plane.bus.logs import setup_logging
+from elastic_control_plane.bus.roles import AGENT
 from elastic_control_plane.bus.sockets import Security, SecurityError
 
 
@@ -107,7 +108,7 @@ def main(
             fork_server=not no_fork_server and fork_server_enabled(os.environ),
             drain_timeout=drain_timeout,
         )
-        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys), log=log)
+        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT), log=log)
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)
         sys.exit(2)

@@ -1,6 +1,8 @@
 """The Service base: one ROUTER loop, a handler per message type, deferred replies, timers.
 
-A subclass marks methods with `@handles("type")`. A handler receives a `Request`
+A subclass marks methods with `@handles("type")`, or `@handles("type", roles=...)`
+for a handler only some callers may use (bus/roles.py: anyone else gets
+`forbidden`). A handler receives a `Request`
 and returns the reply body (a dict), or `DEFERRED` to park the request and
 answer it later with `request.reply(...)`. `RequestError` becomes an error
 reply; any other exception is logged and becomes an `internal` error reply, so
@@ -27,7 +29,7 @@ import ctypes
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import structlog
@@ -36,6 +38,7 @@ import zmq
 from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.envelope import Message, WireError, decode, encode, error_body, reply_to
 from elastic_control_plane.bus.kept_requests import ParkingLot, ReplyCache
+from elastic_control_plane.bus.roles import ANY_ROLE, CallerRoles
 from elastic_control_plane.bus.sockets import Security, server_socket, stop_authenticator
 
 DEFERRED = object()
@@ -68,9 +71,10 @@ def field(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def handles(msg_type: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def handles(msg_type: str, roles: Collection[str] = ANY_ROLE) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn._handles = msg_type  # type: ignore[attr-defined]
+        fn._roles = roles if roles is ANY_ROLE else frozenset(roles)  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -154,11 +158,18 @@ class Service:
         self.router = server_socket(self.ctx, zmq.ROUTER, endpoint, security)
         self.sender_id = self.name
         self._handlers: dict[str, Callable[[Request], Any]] = {}
+        self._roles: dict[str, Collection[str]] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
             msg_type = getattr(fn, "_handles", None)
             if msg_type:
                 self._handlers[msg_type] = getattr(self, attr)
+                self._roles[msg_type] = fn._roles  # type: ignore[union-attr]
+        self._callers = CallerRoles(security.keys_dir)
+        if security.keys_dir is not None and not self._callers.enforced:
+            self.log.warning(
+                "keys_without_roles", keys=str(security.keys_dir), effect="every key may call every handler"
+            )
         self._sockets: dict[zmq.Socket, Callable[[], None]] = {self.router: self._on_router}
         self._timers: list[list[Any]] = []
         self._replied = ReplyCache()
@@ -247,13 +258,14 @@ class Service:
             if not self.may_serve():
                 return
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                received = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            frames = [frame.bytes for frame in received]
             self.count_traffic(sum(len(f) for f in frames))
-            self._dispatch(frames[0], frames[1:])
+            self._dispatch(frames[0], frames[1:], _user_id(received[-1]))
 
-    def _dispatch(self, route: bytes, payload: list[bytes]) -> None:
+    def _dispatch(self, route: bytes, payload: list[bytes], user_id: str | None = None) -> None:
         try:
             msg = decode(payload)
         except WireError as exc:
@@ -268,6 +280,10 @@ class Service:
             return
         if msg.reply:
             self.log.warning("unexpected_reply", type=msg.type, sender=msg.sender)
+            return
+        roles = self._roles.get(msg.type, ANY_ROLE)
+        if not self._callers.allows(user_id, roles):
+            self._forbid(route, msg, self._callers.role_of(user_id) or "unknown", roles)
             return
         key = (msg.sender, msg.id) if msg.sender and msg.id else None
         cached = self._replied.get(key) if key is not None else None
@@ -306,6 +322,13 @@ class Service:
                 self._park(request)
         elif not request.answered:
             request.reply(result)
+
+    def _forbid(self, route: bytes, msg: Message, role: str, roles: Collection[str]) -> None:
+        """A caller whose role may not call this handler: `forbidden`, and one log line naming the role."""
+        metrics.count_message(self.name, msg.type, metrics.REFUSED)
+        self.log.warning("forbidden", handler=msg.type, role=role, allowed=sorted(roles), sender=msg.sender)
+        message = f"{self.name} answers {msg.type!r} only to the {' or '.join(sorted(roles))} role, not to {role}"
+        self._send(route, encode(reply_to(msg, error_body("forbidden", message), self.sender_id)))
 
     def _check_room_to_park(self, request: Request) -> None:
         """Refuse a request of a type that parks when its sender, or the service, has the most parked already."""
@@ -347,3 +370,11 @@ class Service:
     def push(self, route: bytes, msg: Message) -> None:
         """Send an unsolicited message to a connected peer (used by the agent to reach its workers)."""
         self._send(route, encode(msg))
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The key a caller authenticated with over CURVE (its ZAP User-Id); None on a socket without CURVE."""
+    try:
+        return frame.get("User-Id")  # type: ignore[no-any-return]
+    except zmq.ZMQError:
+        return None

@@ -4,7 +4,8 @@ A socket gets LINGER 0 (closing never blocks), bounded high-water marks, a hard
 maximum inbound frame size (a peer sending more is disconnected by libzmq;
 smaller oversized messages are refused politely by `envelope.decode`), and, when
 keys are configured, CURVE: servers require an authorised client key (checked by
-a ZAP authenticator, Ironhouse pattern), clients present theirs.
+a ZAP authenticator, Ironhouse pattern), clients present their role's
+(bus/roles.py).
 
 A client socket connects to every endpoint of an endpoint list (bus/config.py): a service replicated over the
 control hosts is bound by its active replica only. A DEALER given several endpoints queues a message only to a
@@ -31,6 +32,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from elastic_control_plane.bus.config import endpoint_list, is_loopback
 from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES
+from elastic_control_plane.bus.roles import AUTHORIZED_DIR, KEY_OF_ROLE, OPERATOR
 
 # A client may queue this many requests: an agent relays those of all its workers.
 HIGH_WATER_MARK = 10_000
@@ -43,8 +45,6 @@ SERVER_HIGH_WATER_MARK = 100
 # frame is not read at all: libzmq drops its peer.
 HARD_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 1024 * 1024
 SERVER_KEY = "server"
-CLIENT_KEY = "client"
-AUTHORIZED_DIR = "authorized"
 # A client socket with several endpoints pings each connection this often, and closes one that sent nothing for
 # LIST_HEARTBEAT_TIMEOUT_MS after a ping (libzmq then connects again).
 LIST_HEARTBEAT_IVL_MS = 500
@@ -57,10 +57,12 @@ class SecurityError(RuntimeError):
 
 @dataclass(frozen=True)
 class Security:
-    """Where the CURVE keys live (None: no encryption) and whether a non-loopback bind without keys is allowed."""
+    """Where the CURVE keys live (None: no encryption), whether a non-loopback bind without keys is allowed, and the
+    role whose key this process presents as a client (bus/roles.py)."""
 
     keys_dir: Path | None = None
     insecure: bool = False
+    role: str = OPERATOR
 
     def check_bind(self, endpoint: str) -> None:
         if self.keys_dir is not None or self.insecure or not endpoint.startswith("tcp://"):
@@ -80,6 +82,14 @@ class Security:
         except (OSError, ValueError) as exc:
             raise SecurityError(f"cannot load key {secret_file}: {exc}") from None
 
+    def client_keypair(self) -> tuple[bytes, bytes]:
+        """This role's keypair; the operator's in a keys directory made before roles."""
+        assert self.keys_dir is not None
+        name = KEY_OF_ROLE[self.role]
+        if not (self.keys_dir / f"{name}.key_secret").exists():
+            name = KEY_OF_ROLE[OPERATOR]
+        return self.keypair(name)
+
     def server_public_key(self) -> bytes:
         assert self.keys_dir is not None
         public, _ = zmq.auth.load_certificate(self.keys_dir / f"{SERVER_KEY}.key")
@@ -87,21 +97,24 @@ class Security:
 
 
 def generate_keys(keys_dir: Path) -> None:
-    """Write a server and a client keypair (secret files 0600 from creation) and authorise the client."""
+    """Write the server's keypair and one client keypair per role (secret files 0600 from creation), and authorise
+    each role's."""
     keys_dir.mkdir(parents=True, exist_ok=True)
     authorized = keys_dir / AUTHORIZED_DIR
     authorized.mkdir(exist_ok=True)
+    names = (SERVER_KEY, *KEY_OF_ROLE.values())
     old_umask = os.umask(0o077)
     try:
-        for name in (SERVER_KEY, CLIENT_KEY):
+        for name in names:
             for suffix in (".key", ".key_secret"):
                 (keys_dir / f"{name}{suffix}").unlink(missing_ok=True)
             zmq.auth.create_certificates(str(keys_dir), name)
     finally:
         os.umask(old_umask)
-    for name in (SERVER_KEY, CLIENT_KEY):
+    for name in names:
         os.chmod(keys_dir / f"{name}.key_secret", stat.S_IRUSR | stat.S_IWUSR)
-    (authorized / f"{CLIENT_KEY}.key").write_bytes((keys_dir / f"{CLIENT_KEY}.key").read_bytes())
+    for name in KEY_OF_ROLE.values():
+        (authorized / f"{name}.key").write_bytes((keys_dir / f"{name}.key").read_bytes())
 
 
 class _RefusalLog(logging.Logger):
@@ -215,7 +228,7 @@ def client_socket(ctx: zmq.Context, kind: int, endpoints: str, security: Securit
     sock = ctx.socket(kind)
     _limits(sock)
     if security.keys_dir is not None and any(address.startswith("tcp://") for address in addresses):
-        public, secret = security.keypair(CLIENT_KEY)
+        public, secret = security.client_keypair()
         sock.curve_publickey = public
         sock.curve_secretkey = secret
         sock.curve_serverkey = security.server_public_key()

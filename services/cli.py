@@ -30,6 +30,7 @@ from elastic_control_plane.bus.config import (
     tcp_endpoint,
 )
 from elastic_control_plane.bus.logs import setup_logging
+from elastic_control_plane.bus.roles import SERVICE
 from elastic_control_plane.bus.service import Service
 from elastic_control_plane.bus.sockets import Security, SecurityError, private_dir
 from elastic_control_plane.replication.election import ElectionTiming
@@ -101,7 +102,7 @@ def service_command(
             ).with_keys(keys)
             if choice.kind == "etcd" and keys is not None and choice.tls is None:
                 log.warning("etcd_without_tls", reason=f"{keys} has no etcd/ certificates (elasticctl keys generate)")
-            security = Security(keys_dir=keys, insecure=insecure)
+            security = Security(keys_dir=keys, insecure=insecure, role=SERVICE)
             address = getattr(bind_to, name)
             if metrics_port is not None:
                 metrics.serve(

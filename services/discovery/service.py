@@ -61,6 +61,7 @@ from elastic_control_plane.bus.client import incarnation_id
 from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox
+from elastic_control_plane.bus.roles import AGENT, OPERATOR, SERVICE
 from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
 from elastic_control_plane.services.discovery import bodies, metrics
@@ -123,7 +124,7 @@ class DiscoveryService(Service):
             pods.start()
 
     # -- agents --------------------------------------------------------------------------------
-    @handles("register")
+    @handles("register", roles=(AGENT,))
     def on_register(self, request: Request) -> dict[str, Any]:
         host, slots = field(request.body, "host", str), field(request.body, "slots", int)
         if not 1 <= slots <= MAX_SLOTS_PER_HOST:
@@ -144,7 +145,7 @@ class DiscoveryService(Service):
         self._changed()
         return {"heartbeat": self.timing.heartbeat}
 
-    @handles("slots")
+    @handles("slots", roles=(AGENT,))
     def on_slots(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
         down, version = bodies.down_slots(request.body)
@@ -154,7 +155,7 @@ class DiscoveryService(Service):
             self._changed()
         return {"status": status}
 
-    @handles("heartbeat")
+    @handles("heartbeat", roles=(AGENT,))
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
         """The hot path (4,096 hosts: 4,096 a second): a lookup, a move to the end of the silence order, and reports
         checked and copied only when they differ from the host's last ones; nothing scans the host set or logs."""
@@ -176,7 +177,7 @@ class DiscoveryService(Service):
             self._changed()
         return {"status": status}
 
-    @handles("unregister")
+    @handles("unregister", roles=(AGENT,))
     def on_unregister(self, request: Request) -> dict[str, Any]:
         host = field(request.body, "host", str)
         gone = self.hostset.unregister(host, field(request.body, "incarnation", str))
@@ -223,7 +224,7 @@ class DiscoveryService(Service):
         self._changed()
 
     # -- queries and commands ------------------------------------------------------------------
-    @handles("hosts")
+    @handles("hosts", roles=(SERVICE, OPERATOR))
     def on_hosts(self, request: Request) -> dict[str, Any]:
         self._publish_change()
         available = self.hostset.available()
@@ -248,7 +249,7 @@ class DiscoveryService(Service):
             "all": self.hostset.describe(self.clock()),
         }
 
-    @handles("snapshots")
+    @handles("snapshots", roles=(SERVICE, OPERATOR))
     def on_snapshots(self, request: Request) -> dict[str, Any]:
         records = self.hostset.hosts.values()
         live = [r for r in records if self.hostset.state(r) != LOST]
@@ -266,11 +267,11 @@ class DiscoveryService(Service):
             )
         return host
 
-    @handles("drain")
+    @handles("drain", roles=(AGENT, OPERATOR))
     def on_drain(self, request: Request) -> dict[str, Any]:
         return self._set_draining(request, True)
 
-    @handles("undrain")
+    @handles("undrain", roles=(OPERATOR,))
     def on_undrain(self, request: Request) -> dict[str, Any]:
         return self._set_draining(request, False)
 
@@ -282,7 +283,7 @@ class DiscoveryService(Service):
         self._changed()
         return {"host": host, "state": self.hostset.state(self.hostset.hosts[host])}
 
-    @handles("blacklist")
+    @handles("blacklist", roles=(SERVICE,))
     def on_blacklist(self, request: Request) -> dict[str, Any]:
         host = self._known(request)
         with marks_saved(self.hostset, self.marks_log, self.clock):
@@ -293,7 +294,7 @@ class DiscoveryService(Service):
         self._changed()
         return {"host": host, "cooldown": None if until is None else until - self.clock()}
 
-    @handles("configure")
+    @handles("configure", roles=(SERVICE,))
     def on_configure(self, request: Request) -> dict[str, Any]:
         settings = self._checked_settings(request.body)
         with marks_saved(self.hostset, self.marks_log, self.clock):
@@ -306,7 +307,7 @@ class DiscoveryService(Service):
         self._set_published(effective(self.hostset.available(), self.max_np))
         return {"incarnation": self.incarnation}
 
-    @handles("restore")
+    @handles("restore", roles=(SERVICE,))
     def on_restore(self, request: Request) -> dict[str, Any]:
         marks, expected = (
             bodies.marks(request.body.get("marks"), self.clock(), time.time()),

@@ -31,6 +31,7 @@ from typing import Any
 
 from elastic_control_plane.bus.contract import PUBLISH_KEY
 from elastic_control_plane.bus.pubsub import HEARTBEAT, Publisher, encode_event
+from elastic_control_plane.bus.roles import SERVICE
 from elastic_control_plane.bus.service import LimitExceeded, Request, RequestError, Service, handles
 from elastic_control_plane.bus.sockets import Security
 from elastic_control_plane.services.notifier.event_log import EventLog, EventLogError
@@ -141,7 +142,7 @@ class NotifierService(Service):
     def _heartbeat(self) -> None:
         self.events.send(encode_event(HEARTBEAT, {"seq": self.seq, "incarnation": self.incarnation}, self.name))
 
-    @handles("publish")
+    @handles("publish", roles=(SERVICE,))
     def on_publish(self, request: Request) -> dict[str, Any]:
         event, data, key = request.body.get("event"), request.body.get("data", {}), request.body.get("key")
         if not isinstance(event, str) or not event or not isinstance(data, dict):

@@ -55,6 +55,7 @@ from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnat
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox, QueuedEvent
+from elastic_control_plane.bus.roles import AGENT, OPERATOR
 from elastic_control_plane.bus.service import Request, RequestError, Service, handles
 from elastic_control_plane.job.spec import JobSpec, SpecError
 from elastic_control_plane.services.registry import metrics
@@ -140,7 +141,7 @@ class RegistryService(Service):
             self.stop()
 
     # -- requests ------------------------------------------------------------------------------
-    @handles("submit")
+    @handles("submit", roles=(OPERATOR,))
     def on_submit(self, request: Request) -> dict[str, Any]:
         if self.job.active:
             raise RequestError("job_running", f"job {self.job.job_id} is still {self.job.state}; one job at a time")
@@ -164,18 +165,18 @@ class RegistryService(Service):
         self._persist(now)
         return {"job": job.job_id}
 
-    @handles("cancel")
+    @handles("cancel", roles=(OPERATOR,))
     def on_cancel(self, request: Request) -> dict[str, Any]:
         if self.job.active:
             self.driver.finish(FAILED, str(request.body.get("reason") or "cancelled"), 130)
             self._persist(self._now())
         return self.job.summary()
 
-    @handles("job")
+    @handles("job", roles=(AGENT, OPERATOR))
     def on_job(self, request: Request) -> dict[str, Any]:
         return self.job.summary()
 
-    @handles("status")
+    @handles("status", roles=(OPERATOR,))
     def on_status(self, request: Request) -> dict[str, Any]:
         return {
             **self.job.summary(),
@@ -184,14 +185,14 @@ class RegistryService(Service):
             "waits": self.waits.summary(self.job, self._now().local),
         }
 
-    @handles("worker_exited")
+    @handles("worker_exited", roles=(AGENT,))
     def on_worker_exited(self, request: Request) -> dict[str, Any]:
         exited, now = WorkerExit.parse(request.body), self._now()
         recorded = self.driver.record_exit(exited, now.local)
         self._persist(now)
         return {"recorded": recorded}
 
-    @handles("waits")
+    @handles("waits", roles=(AGENT,))
     def on_waits(self, request: Request) -> dict[str, Any]:
         host, rows = parse_waits(request.body)
         now = self._now()

@@ -45,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from elastic_control_plane.bus.roles import AGENT, OPERATOR, SERVICE
 from elastic_control_plane.bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST, NotEnoughSlots, get_host_assignments, round_hosts
 from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
@@ -103,7 +104,7 @@ class RendezvousService(Service):
         self.host_slot_counts: dict[str, int] = {}  # the hosts' slot counts, from the latest round's host list
 
     # -- rounds --------------------------------------------------------------------------------
-    @handles("reset")
+    @handles("reset", roles=(SERVICE,))
     def on_reset(self, request: Request) -> dict[str, Any]:
         """A new job: the keys' clear is written first (refused: `unavailable`, nothing changed), then the rounds,
         the parked entries and the key lookups of the old job end."""
@@ -117,7 +118,7 @@ class RendezvousService(Service):
         self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
         return {}
 
-    @handles("new_round")
+    @handles("new_round", roles=(SERVICE,))
     def on_new_round(self, request: Request) -> dict[str, Any] | None:
         """A round on `hosts`; the registry hears of it before the joins it completes are answered."""
         hosts = _parse_hosts(request.body.get("hosts"))
@@ -172,7 +173,7 @@ class RendezvousService(Service):
             "hosts_timestamp": created.hosts_timestamp,
         }
 
-    @handles("restore_round")
+    @handles("restore_round", roles=(SERVICE,))
     def on_restore_round(self, request: Request) -> dict[str, Any]:
         body = request.body
         number = field(body, "round", int)
@@ -198,7 +199,7 @@ class RendezvousService(Service):
         self._settle()
         return {"round": number}
 
-    @handles("enter_round")
+    @handles("enter_round", roles=(AGENT,))
     def on_enter_round(self, request: Request) -> Any:
         """A host's one entry for the slots whose processes wait for a round (a newer entry of the host replaces the
         one still parked: that one is answered with what is due, nothing)."""
@@ -252,7 +253,7 @@ class RendezvousService(Service):
             if join is not None and join.ticket[0] is request:
                 self.rounds.forget(slot, join.pid)
 
-    @handles("forget")
+    @handles("forget", roles=(AGENT,))
     def on_forget(self, request: Request) -> dict[str, Any]:
         """Drop the parked join of a worker that exited (its agent no longer sends it)."""
         join = self.rounds.forget(
@@ -260,7 +261,7 @@ class RendezvousService(Service):
         )
         return {"forgotten": join is not None}
 
-    @handles("status")
+    @handles("status", roles=(SERVICE, OPERATOR))
     def on_status(self, request: Request) -> dict[str, Any]:
         """Counts, and the rejoins logged since the caller's cursor (`round`, `rejoins_from`): a cursor of another
         round than the latest is answered from the log's start."""
@@ -328,7 +329,7 @@ class RendezvousService(Service):
             )
         return key
 
-    @handles("kv_set")
+    @handles("kv_set", roles=(AGENT,))
     def on_kv_set(self, request: Request) -> dict[str, Any]:
         if len(request.msg.raw) != 1:
             raise RequestError("bad_request", "kv_set needs the value as one raw frame")
@@ -368,7 +369,7 @@ class RendezvousService(Service):
         except KvLogError as exc:
             raise RequestError("unavailable", str(exc)) from None
 
-    @handles("kv_get")
+    @handles("kv_get", roles=(AGENT,))
     def on_kv_get(self, request: Request) -> Any:
         key = self._live_key(request)
         if key in self.kv:

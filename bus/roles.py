@@ -1,0 +1,58 @@
+"""Who calls the control plane: one CURVE identity per role, and each handler's allowed roles.
+
+`elasticctl keys generate DIR` writes one client keypair per role, and
+authorises each under `DIR/authorized/<key>.key`:
+- `service` (`service.key`): the control plane's services calling each other
+  (the registry publishing, configuring discovery, starting rounds);
+- `agent` (`agent.key`): the agents (register, heartbeats, rounds, exit
+  reports); the workers reach the control plane only through their agent;
+- `operator` (`client.key`): `elasticctl` (submit, cancel, drain, status).
+
+A service maps the key a caller authenticated with (its ZAP User-Id: the key,
+z85) to the role whose authorised key it is (`CallerRoles`), and a handler
+marked `@handles(type, roles=...)` answers only those roles; anyone else gets
+`forbidden` and the service logs one line naming the role and the handler. A
+keys directory made before roles (no `agent` or `service` key) authorises
+every key for every handler, as before, and the service says so at start.
+Without keys (loopback, `--insecure`) and on the agents' owner-only ipc
+sockets nobody is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+import zmq.auth
+
+SERVICE, AGENT, OPERATOR = "service", "agent", "operator"
+KEY_OF_ROLE = {SERVICE: "service", AGENT: "agent", OPERATOR: "client"}  # the operator's is the first release's key
+ANY_ROLE: frozenset[str] = frozenset(KEY_OF_ROLE)
+AUTHORIZED_DIR = "authorized"
+
+
+class CallerRoles:
+    """The role of each authorised key of a keys directory; `enforced` False for a directory made before roles."""
+
+    def __init__(self, keys_dir: Path | None) -> None:
+        self.by_key: dict[str, str] = {}
+        if keys_dir is None:
+            return
+        for role, name in KEY_OF_ROLE.items():
+            public = keys_dir / AUTHORIZED_DIR / f"{name}.key"
+            if public.is_file():
+                key, _ = zmq.auth.load_certificate(public)
+                self.by_key[key.decode()] = role
+
+    @property
+    def enforced(self) -> bool:
+        return set(self.by_key.values()) == set(KEY_OF_ROLE)
+
+    def role_of(self, user_id: str | None) -> str | None:
+        return None if user_id is None else self.by_key.get(user_id)
+
+    def allows(self, user_id: str | None, roles: Collection[str]) -> bool:
+        """May the caller that authenticated as `user_id` (None: not over CURVE) call a handler open to `roles`?"""
+        if not self.enforced or user_id is None or roles is ANY_ROLE:
+            return True
+        return self.role_of(user_id) in roles
