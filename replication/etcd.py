@@ -280,12 +280,15 @@ class EtcdClient:
         self.compact(revision)
         for endpoint in self.endpoints:
             self._call_member(endpoint, "/v3/maintenance/defragment", {}, member_timeout)
-        answer = self._call("/v3/maintenance/alarm", {"action": "GET"}, None)
-        for alarm in answer.get("alarms") or []:
+        for alarm in self.alarms():
             if alarm.get("alarm") == "NOSPACE":
                 request = {"action": "DEACTIVATE", "memberID": str(alarm.get("memberID", 0)), "alarm": "NOSPACE"}
                 self._call("/v3/maintenance/alarm", request, None)
         return before, self._largest_backend()
+
+    def alarms(self, *, deadline: float | None = None) -> list[dict[str, Any]]:
+        """The alarms raised on the members, as etcd lists them: {"memberID", "alarm"} (NOSPACE: a backend at quota)."""
+        return self._call("/v3/maintenance/alarm", {"action": "GET"}, deadline).get("alarms") or []
 
     def _largest_backend(self) -> int:
         sizes = [status["db_size"] for endpoint in self.endpoints if (status := self.endpoint_status(endpoint))]
