@@ -40,6 +40,7 @@ if __package__ in (None, ""):
 
 from bench.scale import PhaseFailed, ScaleRun, _stop
 from bench.scale_agents import host_name, raise_fd_limit
+from elastic_control_plane.bus.client import ServiceError
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from elastic_control_plane.replication.store_choice import DEFAULT_PREFIX
 from testing.etcd_cluster import EtcdCluster
@@ -71,6 +72,7 @@ class SizeReport:
     first: Sample | None = None  # after the warmup
     events: dict[str, int] = field(default_factory=dict)
     alarms: int = 0
+    refused: int = 0  # drains and undrains discovery refused (etcd slow to answer), asked again
     seconds: float = 0.0
 
     @property
@@ -176,6 +178,21 @@ def space_events(run: ScaleRun) -> dict[str, int]:
     return found
 
 
+def mark(run: ScaleRun, op: str, host: str) -> int:
+    """Drain or undrain `host`, asking again while discovery refuses because etcd did not answer in time (a loaded
+    machine); how many times it was refused."""
+    deadline = time.monotonic() + run.deadline
+    refused = 0
+    while True:
+        try:
+            run.cluster.call("discovery", op, {"host": host}, timeout=30)
+            return refused
+        except ServiceError as exc:
+            if time.monotonic() > deadline:
+                raise PhaseFailed(f"discovery refused to {op} {host} for {run.deadline:g}s: {exc}") from None
+            refused += 1
+
+
 def drive(run: ScaleRun, etcd: EtcdCluster, report: SizeReport, every: int) -> None:
     """The job's first round, then `report.resets` resets (a host drained, then undrained), sampling etcd's size."""
     run.start_job()
@@ -200,7 +217,7 @@ def drive(run: ScaleRun, etcd: EtcdCluster, report: SizeReport, every: int) -> N
         started = time.monotonic()
         for reset in range(1, report.resets + 1):
             drained = reset % 2 == 1
-            run.cluster.call("discovery", "drain" if drained else "undrain", {"host": host}, timeout=30)
+            report.refused += mark(run, "drain" if drained else "undrain", host)
             expected = workers - slots if drained else workers
             run.wait_new_round(expected, f"{expected} workers to hold a rank after reset {reset}")
             if reset % every == 0 or reset in (report.warmup, report.resets):
@@ -250,7 +267,8 @@ def run_bench(
         f"{report.per_reset('revision'):.1f}; db after the warmup ({report.warmup} resets) "
         f"{report.first.db_bytes if report.first else 0}, at the end {report.end.db_bytes} "
         f"(x{report.growth:.2f}; goal <= x{GOAL_GROWTH:g}); space events "
-        f"{report.events}, NOSPACE alarms raised at the end {report.alarms}",
+        f"{report.events}, NOSPACE alarms raised at the end {report.alarms}; drains refused and asked again "
+        f"{report.refused}",
         flush=True,
     )
     print(report.line(), flush=True)
