@@ -38,7 +38,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.scale import PhaseFailed, ScaleRun, _stop
+from bench.scale import PhaseFailed, ScaleRun
 from bench.scale_agents import host_name, raise_fd_limit
 from elastic_control_plane.bus.client import ServiceError
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
@@ -50,6 +50,10 @@ STATUS_TIMEOUT = 5.0  # a member's answer to a sample, on a loaded machine
 GOAL_GROWTH = 2.0  # the size at the end over the size after the warmup (the first 10 % of resets by default)
 LARGEST_KEYS = 5  # the largest keys said at the end: what the live data is made of
 SPACE_EVENTS = ("etcd_space_exceeded", "etcd_space_reclaimed", "etcd_not_compacted")
+
+
+def _stop(*_: object) -> None:
+    raise SystemExit("etcd size benchmark terminated")
 
 
 @dataclass
