@@ -364,6 +364,17 @@ class ScaleRun:
             f"hosts_updated received before the submit: {early})"
         )
 
+    def start_job(self) -> None:
+        """The services, the agents and a job on every slot, up to its first round (a hook for benches that go on
+        from there, as bench/etcd_size.py does)."""
+        self._start()
+        self._first_round()
+
+    def wait_new_round(self, expected: int, what: str) -> None:
+        """Wait until `expected` workers hold a rank in a round newer than the last one seen; that round is then the
+        last one seen."""
+        self.round = self._wait_ranks(self.round, expected, what)["round"]
+
     def _state_total(self, key: str) -> int:
         return self.simulators.total("state", key)
 

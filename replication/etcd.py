@@ -1,12 +1,11 @@
 """EtcdClient: etcd v3 through its HTTP/JSON gateway, over the standard library, failing over between members.
 
 Every call goes to the member that answered last; a timeout, a lost connection or an answer meaning "not now" (gRPC
-Unavailable or DeadlineExceeded, "too many requests": a leader election in progress) moves it to the next member,
-round and round, until the call's deadline: then `EtcdUnavailable`. The first round waits `request_timeout` per
-member (0.3 s: a leader's death stops writes for about a second, and a member that lost its leader holds a request
-for seconds), each later round twice as long, so that a slow disk is not taken for a dead member; a big request gets
-`SECONDS_PER_MIB` more per MiB (the gateway takes 0.65 s to decode a put of 7 MiB on an idle machine). Any other
-error answer (a request too large, a txn of too many operations) raises `EtcdRefused` at once.
+Unavailable or DeadlineExceeded, "too many requests": an election) moves it to the next member, round and round,
+until the call's deadline: then `EtcdUnavailable`. The first round waits `request_timeout` per member (0.3 s: a
+leader's death stops writes for about a second, and a member without a leader holds a request for seconds), each
+later round twice as long, so a slow disk is not taken for a dead member; a big request gets `SECONDS_PER_MIB` more
+per MiB (the gateway decodes a 7 MiB put in 0.65 s on an idle machine). Any other error answer raises `EtcdRefused`.
 
 How requests and answers are spelled is replication/etcd_wire.py's business; its record types and txn builders are
 imported here, so that callers import this module only. Given `tls` (replication/etcd_tls.py), it speaks HTTPS.
@@ -97,8 +96,7 @@ class EtcdRefused(EtcdError):
 
     def __init__(self, endpoint: str, path: str, code: int, message: str) -> None:
         super().__init__(f"etcd {endpoint} refused {path}: {message} (gRPC code {code})")
-        self.code = code
-        self.message = message
+        self.code, self.message = code, message
 
 
 def space_exceeded(exc: BaseException) -> bool:
@@ -285,16 +283,18 @@ class EtcdClient:
         current one, defragment the members one at a time (a member defragmenting answers nothing), and disarm their
         NOSPACE alarms. The largest backend before and after, in bytes. EtcdError when a step fails."""
         before = self._largest_backend()
-        _, revision = self.get_at(b"\0")
-        self.compact(revision)
+        self.compact(self.get_at(b"\0")[1])
         for endpoint in self.endpoints:
             self._call_member(endpoint, "/v3/maintenance/defragment", {}, member_timeout)
-        answer = self._call("/v3/maintenance/alarm", {"action": "GET"}, None)
-        for alarm in answer.get("alarms") or []:
+        for alarm in self.alarms():
             if alarm.get("alarm") == "NOSPACE":
                 request = {"action": "DEACTIVATE", "memberID": str(alarm.get("memberID", 0)), "alarm": "NOSPACE"}
                 self._call("/v3/maintenance/alarm", request, None)
         return before, self._largest_backend()
+
+    def alarms(self, *, deadline: float | None = None) -> list[dict[str, Any]]:
+        """The alarms raised on the members, as etcd lists them: {"memberID", "alarm"} (NOSPACE: a backend at quota)."""
+        return self._call("/v3/maintenance/alarm", {"action": "GET"}, deadline).get("alarms") or []
 
     def _largest_backend(self) -> int:
         sizes = [status["db_size"] for endpoint in self.endpoints if (status := self.endpoint_status(endpoint))]
