@@ -144,7 +144,7 @@ def recovered(cluster: ReplicatedCluster, commits: CommitTail, killed: dict[str,
 def exit_reported(cluster: ReplicatedCluster, killed: dict[str, Any]) -> bool:
     """Is the killed worker's exit in the registry's decision for its round?"""
     said = f"on {killed['host']} exited with code -9"
-    history = cluster.call("registry", "status")["history"]
+    history = wait_for(lambda: cluster.call("registry", "status")["history"], RECOVERY_S, "the registry's status")
     return any(entry["round"] == killed["round"] and said in entry["reason"] for entry in history)
 
 
@@ -226,7 +226,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         exit_code = cluster.wait_job_end(run, 300)
         done = [e for e in read_events(commits.log_dir) if e["event"] == "done"]
         every_commit = len(done) == len(HOSTS) and {(e["batch"], e["total"]) for e in done} == {(end, sum(range(end)))}
-        latest = cluster.call("notifier", "since", {"seq": -1})["latest"]
+        latest = wait_for(lambda: cluster.call("notifier", "since", {"seq": -1})["latest"], RECOVERY_S, "the notifier")
         wait_for(lambda: witness.seqs and witness.seqs[-1] >= latest, 30, "the witness to see the last event")
         for host in HOSTS:
             wait_for(
