@@ -5,7 +5,8 @@ A `Subscription` subscribes first, then learns the latest sequence number;
 afterwards it delivers events in order, exactly once: duplicates (seq <= last)
 are dropped, and a gap (seen from an event or from the notifier's heartbeat)
 is filled from the notifier's bounded history before anything newer is
-delivered. A new notifier incarnation restarts the count from its history.
+delivered; while the notifier does not answer (a failover), nothing newer is
+delivered, and the next event or heartbeat tries again. A new notifier incarnation restarts the count from its history.
 
 A `Publisher` is an XPUB socket in a zmq context of its own. A peer that sends it a frame larger than
 `EVENTS_MAX_FRAME_BYTES` is dropped by libzmq; anything a peer sends that is not a subscription (an XSUB may send
@@ -156,8 +157,8 @@ class Subscription:
         if seq <= self.last_seq:
             return []
         missed = self._fill_gap() if seq > self.last_seq + 1 else []
-        if self.last_seq >= seq:
-            return missed
+        if self.last_seq >= seq or self.last_seq + 1 < seq:
+            return missed  # the history held it; or the gap is still open: the next event or heartbeat fills it
         self.last_seq = seq
         return [*missed, msg]
 
