@@ -16,10 +16,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.replication.election import ElectionTiming, Leadership
 from elastic_control_plane.replication.etcd import EtcdClient
 from elastic_control_plane.replication.etcd_member import QUOTA_BACKEND_BYTES, MemberSpec, member_command
 from elastic_control_plane.replication.etcd_tls import make_etcd_certs
@@ -177,3 +179,11 @@ class EtcdCluster:
             lines = path.read_text(errors="replace").splitlines() if path.exists() else []
             parts.append(f"----- {member.name} {member.client_url} (last 40 lines) -----\n" + "\n".join(lines[-40:]))
         return "\n".join(parts)
+
+
+def active_role(client: EtcdClient, prefix: str, log: Any, replica: str = "a") -> Leadership:
+    """A registry replica under `prefix` that registered and won the role (a 2 s lease), as a service's would."""
+    role = Leadership(client, prefix, "registry", replica, f"tcp://{replica}:1", timing=ElectionTiming(2), log=log)
+    never = threading.Event()
+    assert role.register(never) and role.campaign(never)
+    return role

@@ -14,12 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from elastic_control_plane.replication import election
-from elastic_control_plane.replication.election import ElectionTiming, Leadership
+from elastic_control_plane.replication.election import Leadership
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdRefused, put_op, space_exceeded
 from elastic_control_plane.replication.replica import Replica
 from elastic_control_plane.replication.store_metrics import EtcdSizeCollector
 from elastic_control_plane.services.registry.etcd_store import EtcdJobStore
-from testing.etcd_cluster import EtcdCluster
+from testing.etcd_cluster import EtcdCluster, active_role
 from testing.recording_log import RecordingLog
 
 QUOTA = 32 * 1024 * 1024
@@ -36,10 +36,7 @@ def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
 
 
 def active(client: EtcdClient, said: RecordingLog) -> Leadership:
-    role = Leadership(client, "space", "registry", "a", "tcp://a:1", timing=ElectionTiming(2), log=said)  # type: ignore[arg-type]
-    never = threading.Event()
-    assert role.register(never) and role.campaign(never)
-    return role
+    return active_role(client, "space", said)
 
 
 def fill_until_refused(client: EtcdClient) -> EtcdRefused:

@@ -10,16 +10,14 @@ control plane's."""
 from __future__ import annotations
 
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from elastic_control_plane.replication.election import ElectionTiming, Leadership
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 from elastic_control_plane.replication.etcd_tls import make_etcd_certs
-from testing.etcd_cluster import EtcdCluster
+from testing.etcd_cluster import EtcdCluster, active_role
 from testing.recording_log import RecordingLog
 
 STATE, LEADER = b"tls/registry/state", b"tls/leader/registry"
@@ -54,9 +52,7 @@ def _strangers(etcd: EtcdCluster, tmp_path: Path) -> dict[str, EtcdClient]:
 def test_the_control_plane_holds_a_leader_key_and_writes_under_its_fence_over_tls(etcd: EtcdCluster) -> None:
     client = etcd.client()
     try:
-        role = Leadership(client, "tls", "registry", "a", "tcp://a:1", timing=ElectionTiming(2), log=RecordingLog())  # type: ignore[arg-type]
-        never = threading.Event()
-        assert role.register(never) and role.campaign(never)
+        role = active_role(client, "tls", RecordingLog())
         role.write([put_op(STATE, b"the job")])
         assert client.get(STATE).value == b"the job"  # type: ignore[union-attr]
         role.end("the test ends", revoke=True)

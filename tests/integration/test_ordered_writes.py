@@ -8,14 +8,13 @@ first attempt was applied unanswered still counts as done when its retry finds t
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from elastic_control_plane.replication.election import ElectionTiming, Leadership, LostRole
+from elastic_control_plane.replication.election import Leadership, LostRole
 from elastic_control_plane.replication.etcd import put_op
-from testing.etcd_cluster import EtcdCluster
+from testing.etcd_cluster import EtcdCluster, active_role
 from testing.recording_log import RecordingLog
 
 STATE = b"ordered/registry/state"
@@ -32,12 +31,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
 
 
 def active(etcd: EtcdCluster, name: str) -> Leadership:
-    role = Leadership(
-        etcd.client(), "ordered", "registry", name, f"tcp://{name}:1", timing=ElectionTiming(2), log=RecordingLog()
-    )  # type: ignore[arg-type]
-    never = threading.Event()
-    assert role.register(never) and role.campaign(never)
-    return role
+    return active_role(etcd.client(), "ordered", RecordingLog(), name)
 
 
 def test_a_late_duplicate_of_an_older_write_never_puts_back_an_older_state(etcd: EtcdCluster) -> None:
