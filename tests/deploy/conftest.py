@@ -42,11 +42,14 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+# The chart's defaults with the one value they lack, the keys' Secret (what deploy/k8s/elastic.yaml holds).
+DEFAULTS = CHART / "ci" / "defaults-values.yaml"
+
+
 @functools.cache
 def render_text(values: str | None = None, *sets: str) -> str:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    if values:
-        args += ["-f", values]
+    """`helm template` with a values file (None: DEFAULTS) and --set items."""
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", values or str(DEFAULTS)]
     for item in sets:
         args += ["--set", item]
     return helm(*args).stdout
@@ -56,16 +59,12 @@ def render(values: str | None = None, *sets: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(render_text(values, *sets)) if doc]
 
 
-# Each ci values file, and the chart's own defaults (what deploy/k8s/elastic.yaml holds).
-RENDERED = [*CI_VALUES, CHART / "values.yaml"]
-
-
-@pytest.fixture(params=[str(path) for path in RENDERED], ids=[path.name for path in RENDERED])
+@pytest.fixture(params=[str(path) for path in CI_VALUES], ids=[path.name for path in CI_VALUES])
 def ci_values(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
 def assert_ci_values_found() -> None:
     names = {path.name for path in CI_VALUES}
-    expected = {f"{name}-values.yaml" for name in ("cpu", "gpu", "single-host", "replicated", "daemonset")}
+    expected = {f"{name}-values.yaml" for name in ("cpu", "gpu", "single-host", "replicated", "daemonset", "defaults")}
     assert expected <= names, f"missing ci values files: {sorted(expected - names)}"

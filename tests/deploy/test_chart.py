@@ -73,8 +73,18 @@ def test_the_committed_manifests_equal_a_fresh_render(tmp_path: Path) -> None:
         (["controlPlane.layout=replicated", "controlPlane.replicas=1"], "the replicated layout needs at least 2"),
         (["agents.slots=4", "agents.gpus=2"], "agents.gpus 2 does not match agents.slots 4"),
         (["agents.slots=4", "agents.resources.limits.nvidia\\.com/gpu=8"], "nvidia.com/gpu 8 does not match"),
+        ([], "security.keysSecret is empty: make the keys with `elasticctl keys generate DIR`"),
+        (["controlPlane.layout=replicated", "security.keysSecret=k"], "security.etcdTlsSecret is empty"),
     ],
-    ids=["slots-0", "single-with-2-replicas", "replicated-with-1", "gpus-not-slots", "gpu-limit-not-slots"],
+    ids=[
+        "slots-0",
+        "single-with-2-replicas",
+        "replicated-with-1",
+        "gpus-not-slots",
+        "gpu-limit-not-slots",
+        "no-keys",
+        "replicated-without-etcd-tls",
+    ],
 )
 def test_values_that_make_no_sense_fail_with_one_line(sets: list[str], message: str) -> None:
     args = ["template", "elastic", str(CHART)]

@@ -29,7 +29,10 @@ def test_discovery_from_the_api_follows_ready_deleted_and_vanished_pods_through_
 ) -> None:
     values = tmp_path / "values.yaml"
     job = [sys.executable, "tests/workers/counter.py", "--batches", str(BATCHES), "--step-delay", "0.02"]
-    values.write_text(f"job: {{enabled: true, minNp: 1, command: {job + ['--log-dir', str(tmp_path / 'train')]}}}\n")
+    values.write_text(
+        "security: {insecure: true}\n"  # this test is about discovery; the keys' test is test_chart_local's
+        f"job: {{enabled: true, minNp: 1, command: {job + ['--log-dir', str(tmp_path / 'train')]}}}\n"
+    )
     objects = render(str(values))
     ports = {DEFAULT_PORTS[name]: int(e.rpartition(":")[2]) for name, e in vars(cluster.endpoints).items()}
     by_component: dict[str, tuple[dict[str, Any], dict[str, str], dict[str, str]]] = {}

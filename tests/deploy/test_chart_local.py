@@ -1,6 +1,7 @@
 """The rendered pods run for real, without a cluster: the chart's control-plane containers, two agent pods and the
 Job, each started as a local process from its rendered command and environment ($(POD_NAME) and $(POD_IP)
-substituted, host names and ports moved to 127.0.0.1 and free ports), gated on the rendered readiness probes; the
+substituted, host names and ports moved to 127.0.0.1 and free ports) with CURVE keys: each pod holds only the key files
+its role's volume maps, as in a cluster; gated on the rendered readiness probes; the
 job trains to its end, through the deletion of an agent pod (SIGTERM: the agent drains)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from elastic_control_plane.bus.config import DEFAULT_PORTS
 from testing.harness import Cluster, free_ports, wait_for
 from tests.deploy.conftest import render
+from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
 from tests.deploy.test_chart_objects import component, containers, environment
 
 COMMANDS = {"python": [sys.executable], "elastic-agent": [sys.executable, "-m", "elastic_control_plane.agent.main"]}
@@ -72,29 +74,40 @@ def local_env(
 def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Cluster, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(
+        "security: {keysSecret: elastic-keys}\n"
         "job: {enabled: true, minNp: 1, command: [python, examples/train.py, --epochs, '30', --samples, '512']}\n"
     )
     objects = render(str(values))
+    secrets = make_secrets(tmp_path / "secrets", ["127.0.0.1"])
+    cluster.env["ELASTIC_KEYS"] = str(secrets[KEYS_SECRET])  # the test's own calls, as an operator
     ports = {
         DEFAULT_PORTS[name]: int(endpoint.rpartition(":")[2]) for name, endpoint in vars(cluster.endpoints).items()
     }
-    by_component: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+    by_component: dict[str, tuple[dict[str, Any], dict[str, str], dict[str, Any]]] = {}
     for workload, container in containers(objects):
-        by_component[component(workload)] = (container, environment(container))
+        by_component[component(workload)] = (container, environment(container), workload["spec"]["template"]["spec"])
+
+    def pod_env(name: str, pod: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """A pod's environment here, its keys volume the files the chart maps for its role and nothing more."""
+        container, rendered, spec = by_component[name]
+        mounts = mount_secrets(spec, container, secrets, tmp_path / "mounts" / pod)
+        rendered = {key: on_this_machine(value, mounts) for key, value in {**rendered, **(extra or {})}.items()}
+        return local_env(cluster, rendered, ports, tmp_path)
+
     for name in ("notifier", "discovery", "rendezvous", "registry"):
-        container, rendered = by_component[name]
-        env = local_env(cluster, rendered, ports, tmp_path)
+        container = by_component[name][0]
+        env = pod_env(name, f"elastic-{name}-0")
         cluster.spawn(name, local(container["command"], env, ports), env=env)
         probe = local(container["readinessProbe"]["exec"]["command"], env, ports)
         wait_for(lambda: subprocess.run(probe, env=env, capture_output=True).returncode == 0, 30, f"{name} ready")
-    container, rendered = by_component["agent"]
+    container = by_component["agent"][0]
     for pod in ("elastic-agent-0", "elastic-agent-1"):
-        env = local_env(cluster, {**rendered, "POD_NAME": pod, "POD_IP": "127.0.0.1"}, ports, tmp_path)
+        env = pod_env("agent", pod, {"POD_NAME": pod, "POD_IP": "127.0.0.1"})
         cluster.spawn(f"agent-{pod}", local(container["command"], env, ports), env=env)
     hosts = lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}  # noqa: E731
     wait_for(lambda: hosts() == {"elastic-agent-0", "elastic-agent-1"}, 30, "both agent pods registered")
-    container, rendered = by_component["job"]
-    env = local_env(cluster, rendered, ports, tmp_path)
+    container = by_component["job"][0]
+    env = pod_env("job", "elastic-job")
     job = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)
     wait_for(lambda: cluster.job()["state"] == "running" and cluster.job()["size"] == 2, 60, "the job on both pods")
     # Deleting a pod sends SIGTERM: the agent drains at a commit and the job goes on with the other pod.

@@ -198,18 +198,6 @@ def test_agents_drain_within_their_grace_period_with_shm_in_memory(ci_values: st
         assert c["resources"]["requests"], f"{w['metadata']['name']}: resources requested"
 
 
-def test_keys_come_from_the_secret_else_insecure_is_said() -> None:
-    secure = render(str(REPO / "deploy/helm/elastic/ci/cpu-values.yaml"))
-    for workload, container in containers(secure):
-        env = environment(container)
-        assert env["ELASTIC_KEYS"] == "/keys" and "ELASTIC_INSECURE" not in env
-        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
-        paths = {item["path"] for item in volumes["keys"]["secret"]["items"]}
-        assert volumes["keys"]["secret"]["secretName"] == "elastic-keys" and "authorized/client.key" in paths
-    for _, container in containers(render()):
-        assert environment(container)["ELASTIC_INSECURE"] == "1"
-
-
 def test_discovery_watches_exactly_the_agents_pods(ci_values: str) -> None:
     objects = render(ci_values)
     (discovery,) = [c for w, c in containers(objects) if component(w) == "discovery"]
@@ -244,9 +232,9 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
     members = [f"elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2379" for i in range(3)]
     (control,) = [c for w, c in containers(objects) if component(w) == "registry"]
     assert environment(control)["ELASTIC_STORE"] == "etcd://" + ",".join(members)
-    flags = dict(arg.split("=", 1) for arg in etcd["spec"]["template"]["spec"]["containers"][0]["command"][1:])
+    flags = dict(arg.partition("=")[::2] for arg in etcd["spec"]["template"]["spec"]["containers"][0]["command"][1:])
     assert flags["--initial-cluster"] == ",".join(
-        f"elastic-etcd-{i}=http://elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2380" for i in range(3)
+        f"elastic-etcd-{i}=https://elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2380" for i in range(3)
     )
     assert flags["--auto-compaction-mode"] == "periodic" and flags["--auto-compaction-retention"] == "10m"
     (claim,) = etcd["spec"]["volumeClaimTemplates"]
@@ -259,7 +247,7 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
         f"elastic-{name}": 1 for name in ("etcd", *SERVICES)
     }, "a drain takes one member or replica at a time"
     compose = yaml.safe_load((REPO / "docker-compose.replicated.yml").read_text())
-    compose_flags = {arg.split("=", 1)[0] for arg in compose["services"]["etcd-1"]["command"][1:]}
+    compose_flags = {arg.partition("=")[0] for arg in compose["services"]["etcd-1"]["command"][1:]}
     assert set(flags) == compose_flags, "the same etcd flags as docker-compose.replicated.yml"
 
 

@@ -1,8 +1,9 @@
 """The replicated layout's rendered pods run for real, without a cluster: the 3 etcd members from their rendered
-command (this machine's etcd; member i on 127.0.0.(i+1)), and both replicas of each service from theirs (replica j on
-127.0.0.(j+1), named by its pod name as a StatefulSet pod's host name names it). Each service answers through its
-rendered endpoint list, the readiness probe answers on the standbys too (so a rolling update never waits on one),
-and when the active registry pod is killed the other takes over."""
+command (this machine's etcd; member i on 127.0.0.(i+1); TLS with the certificates their Secret maps), and both replicas
+of each service from theirs (replica j on 127.0.0.(j+1), named by its pod name as a StatefulSet pod's host name names
+it; CURVE and etcd's client certificate from the files their keys volume maps, nothing more). Each service answers
+through its rendered endpoint list, the readiness probes answer (the standbys' too, so a rolling update never waits on
+one; etcd's without a certificate), and when the active registry pod is killed the other takes over."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.replication.etcd_member import etcd_binary
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
+from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
 from tests.deploy.test_chart_objects import SERVICES, environment
 from tests.integration.test_compose import ping, stop
 from tests.integration.test_compose_replicated import registry_takes_over
@@ -29,23 +31,21 @@ from tests.integration.test_compose_replicated import registry_takes_over
 CHART_VALUES = REPO / "deploy/helm/elastic/ci/daemonset-values.yaml"  # the replicated layout, 2 replicas
 
 
-def pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """(StatefulSet name, pod name, container) of every pod of the control plane's StatefulSets."""
+def pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(StatefulSet name, pod name, pod spec, container) of every pod of the control plane's StatefulSets."""
     for obj in objects:
         if obj["kind"] == "StatefulSet" and obj["metadata"]["name"] != "elastic-agent":
+            spec = obj["spec"]["template"]["spec"]
             for i in range(obj["spec"]["replicas"]):
-                yield (
-                    obj["metadata"]["name"],
-                    f"{obj['metadata']['name']}-{i}",
-                    obj["spec"]["template"]["spec"]["containers"][0],
-                )
+                yield obj["metadata"]["name"], f"{obj['metadata']['name']}-{i}", spec, spec["containers"][0]
 
 
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
     objects = render(str(CHART_VALUES))
-    client_port, peer_port, *service_ports = free_ports(2 + len(DEFAULT_PORTS))
-    ports = {2379: client_port, 2380: peer_port, **dict(zip(DEFAULT_PORTS.values(), service_ports))}
+    client_port, peer_port, metrics_port, *service_ports = free_ports(3 + len(DEFAULT_PORTS))
+    ports = {2379: client_port, 2380: peer_port, 2381: metrics_port, **dict(zip(DEFAULT_PORTS.values(), service_ports))}
+    secrets = make_secrets(tmp_path / "secrets", ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
 
     def local(text: str, pod: str) -> str:
         """A rendered argument or value on this machine: pods' stable names on loopback addresses, free ports."""
@@ -57,14 +57,20 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
     processes: dict[str, subprocess.Popen[bytes]] = {}
     metrics: dict[str, str] = {}
     try:
-        for owner, pod, container in pods(objects):
-            argv = [local(arg, pod) for arg in container["command"]]
+        for owner, pod, spec, container in pods(objects):
+            mounts = mount_secrets(spec, container, secrets, tmp_path / "mounts" / pod)
+            argv = [on_this_machine(local(arg, pod), mounts) for arg in container["command"]]
             env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
             if owner == "elastic-etcd":
                 argv = [etcd_binary(), *(a for a in argv[1:] if not a.startswith("--data-dir="))]
                 argv.append(f"--data-dir={tmp_path / pod}")
+                probe = container["readinessProbe"]["httpGet"]  # /health on the metrics port, without a certificate
+                assert probe["port"] == "metrics"
+                metrics[pod] = f"http://127.0.0.{int(pod.rpartition('-')[2]) + 1}:{metrics_port}{probe['path']}"
             else:
-                env.update({name: local(value, pod) for name, value in environment(container).items()})
+                env.update(
+                    {name: on_this_machine(local(value, pod), mounts) for name, value in environment(container).items()}
+                )
                 env.pop("ELASTIC_KUBERNETES_SELECTOR", None)  # no API server here: discovery from heartbeats
                 env["ELASTIC_REPLICA"] = pod  # a StatefulSet pod's host name, which names it when it binds 0.0.0.0
                 argv = [sys.executable if arg == "python" else arg for arg in argv]
@@ -77,8 +83,9 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 processes[pod] = subprocess.Popen(
                     argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent()
                 )
-        registry = next(c for owner, _, c in pods(objects) if owner == "elastic-registry")
+        registry = next(c for owner, _, _, c in pods(objects) if owner == "elastic-registry")
         yield {
+            "keys": secrets[KEYS_SECRET],
             "processes": processes,
             "metrics": metrics,
             "endpoints": {name: local(value, "x-0") for name, value in environment(registry).items()},
@@ -100,7 +107,8 @@ def ready(url: str) -> bool:
 def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes_over(plane: dict[str, Any]) -> None:
     endpoints = plane["endpoints"]
     for name in SERVICES:
-        assert ping(endpoints[f"ELASTIC_{name.upper()}_ENDPOINT"], time.monotonic() + 60)["service"] == name
+        answer = ping(endpoints[f"ELASTIC_{name.upper()}_ENDPOINT"], time.monotonic() + 60, plane["keys"])
+        assert answer["service"] == name
     for pod, url in plane["metrics"].items():
         wait_for(lambda url=url: ready(url), 20, f"{pod}'s readiness probe")
     registry_takes_over(
@@ -108,4 +116,5 @@ def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes
         plane["processes"],
         ("elastic-registry-0", "elastic-registry-1"),
         endpoints["ELASTIC_REGISTRY_ENDPOINT"],
+        plane["keys"],
     )

@@ -28,6 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_control_plane.bus.client import Client, Unreachable, incarnation_id
+from elastic_control_plane.bus.sockets import Security
 from testing.harness import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,9 +160,11 @@ def dependencies(service: dict[str, Any]) -> dict[str, str]:
     return {d: spec.get("condition", "service_started") for d, spec in deps.items()}
 
 
-def ping(endpoint: str, deadline: float) -> dict[str, Any]:
-    """Ping `endpoint` until it answers or `deadline` (monotonic) passes."""
-    client = Client(endpoint, incarnation_id("test-compose"), timeout=0.25, deadline=0.25)
+def ping(endpoint: str, deadline: float, keys: Path | None = None) -> dict[str, Any]:
+    """Ping `endpoint` (as an operator, with the keys in `keys` if any) until it answers or `deadline` (monotonic)
+    passes."""
+    security = Security(keys_dir=keys)
+    client = Client(endpoint, incarnation_id("test-compose"), security=security, timeout=0.25, deadline=0.25)
     try:
         while True:
             try:
@@ -216,9 +219,12 @@ def test_ports_published(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         service = compose["services"][name]
         assert published_ports(service) == PUBLISHED[name], name
+        insecure = environment_of(service).get("ELASTIC_INSECURE") == "1"
         for entry in service["ports"]:
-            host, _, container = str(entry).rpartition(":")
+            address, host, container = str(entry).split(":")
             assert host == container, f"{name}: publish {entry!r} on the same host port"
+            # Without keys, nothing beyond the Docker host itself may reach a port that runs code on every agent.
+            assert address == "127.0.0.1" or not insecure, f"{name}: {entry!r} published beyond loopback without keys"
     every = set().union(*(published_ports(s) for s in compose["services"].values()))
     assert every == {5550, 5551, 5552, 5553, 5554, 9550, 9551, 9552, 9553}
 

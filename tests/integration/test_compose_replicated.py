@@ -25,9 +25,11 @@ import pytest
 import yaml
 
 from elastic_control_plane.bus.lifetime import die_with_parent
+from elastic_control_plane.bus.sockets import generate_keys
 from elastic_control_plane.replication.election import leader_key
-from elastic_control_plane.replication.etcd import EtcdClient
 from elastic_control_plane.replication.etcd_member import etcd_binary
+from elastic_control_plane.replication.etcd_tls import ETCD_DIR, make_etcd_certs
+from elastic_control_plane.replication.store_choice import StoreChoice
 from testing.harness import free_ports, wait_for
 from tests.integration.test_compose import (
     REPO,
@@ -57,13 +59,20 @@ def test_three_members_that_name_each_other_and_two_replicas_of_each_service(com
     replicas = {f"{name}-{replica}" for name in SERVICES for replica in REPLICAS}
     assert set(services) == set(MEMBERS) | replicas
     clusters = {next(a for a in services[m]["command"] if a.startswith("--initial-cluster=")) for m in MEMBERS}
-    assert clusters == {"--initial-cluster=" + ",".join(f"{m}=http://{m}:2380" for m in MEMBERS)}
+    assert clusters == {"--initial-cluster=" + ",".join(f"{m}=https://{m}:2380" for m in MEMBERS)}
+    for member in MEMBERS:
+        flags = set(services[member]["command"])
+        assert {"--client-cert-auth", "--peer-client-cert-auth", "--trusted-ca-file=/tls/ca.crt"} <= flags
+        assert "./keys/etcd:/tls:ro" in services[member]["volumes"]
+        assert not services[member].get("ports"), "etcd's client port stays on the compose network"
     for name in SERVICES:
         for replica in REPLICAS:
             service = services[f"{name}-{replica}"]
             assert service["hostname"] == f"{name}-{replica}"
             assert service["command"][:3] == ["python", "-m", f"elastic_control_plane.services.{name}"]
             env = environment_of(service)
+            assert env["ELASTIC_KEYS"] == "/keys" and "ELASTIC_INSECURE" not in env
+            assert service["volumes"] == ["./keys:/keys:ro"]
             assert env["ELASTIC_STORE"] == "etcd://" + ",".join(f"{m}:2379" for m in MEMBERS)
             for peer, port in SERVICE_PORTS.items():
                 owner = "notifier" if peer == "events" else peer
@@ -81,8 +90,16 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
     client_port, peer_port, *service_ports = free_ports(2 + len(SERVICE_PORTS))
     ports = dict(zip(SERVICE_PORTS, service_ports))
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    # What the compose file's header has the operator make beside it (`elasticctl keys generate ./keys --etcd-host
+    # ...`), for the members' addresses here; the containers' /keys and /tls are this directory and its etcd/.
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    make_etcd_certs(keys, [*member_hosts.values(), *MEMBERS])
 
     def local(text: str, host: str | None = None) -> str:
+        text = text.replace("/tls/", f"{keys / ETCD_DIR}/")
+        if text.endswith(":2381"):  # a member's metrics: a free port of its own
+            text = text.replace(":2381", f":{free_ports(1)[0]}")
         text = text.replace(":2379", f":{client_port}").replace(":2380", f":{peer_port}")
         for member, address in member_hosts.items():
             text = text.replace(f"//{member}:", f"//{address}:").replace(
@@ -109,6 +126,7 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
             for replica, host in REPLICAS.items():
                 compose_name = f"{name}-{replica}"
                 env = {**environment_of(services[compose_name]), **endpoints, "ELASTIC_STORE": store}
+                env["ELASTIC_KEYS"] = str(keys)
                 env.update(ELASTIC_BIND=host, ELASTIC_REPLICA=services[compose_name]["hostname"], PYTHONPATH=str(REPO))
                 metrics = free_ports(1)[0]
                 argv = local_argv(services[compose_name]["command"])
@@ -127,6 +145,7 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
             "endpoints": endpoints,
             "etcd": [f"{host}:{client_port}" for host in member_hosts.values()],
             "logs": tmp_path,
+            "keys": keys,
         }
     finally:
         for process in processes.values():
@@ -134,11 +153,15 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
 
 
 def registry_takes_over(
-    etcd: list[str], processes: dict[str, subprocess.Popen[bytes]], replicas: tuple[str, str], endpoint: str
+    etcd: list[str],
+    processes: dict[str, subprocess.Popen[bytes]],
+    replicas: tuple[str, str],
+    endpoint: str,
+    keys: Path,
 ) -> None:
     """SIGKILL the active one of the registry's two `replicas` (their names in etcd): the other takes over and
-    answers through the registry's endpoint list."""
-    client = EtcdClient(etcd)
+    answers through the registry's endpoint list. `keys`: the keys directory, with etcd's client certificate."""
+    client = StoreChoice.parse("etcd", "etcd://" + ",".join(etcd)).with_keys(keys).client()
     try:
 
         def holder() -> str | None:
@@ -150,7 +173,7 @@ def registry_takes_over(
         processes[active].send_signal(signal.SIGKILL)
         (other,) = set(replicas) - {active}
         wait_for(lambda: holder() == other, 30, f"{other} to take over")
-        assert ping(endpoint, time.monotonic() + 30)["service"] == "registry"
+        assert ping(endpoint, time.monotonic() + 30, keys)["service"] == "registry"
     finally:
         client.close()
 
@@ -160,10 +183,12 @@ def test_its_commands_run_one_active_replica_of_each_service_and_the_other_takes
 ) -> None:
     endpoints = replicated_compose["endpoints"]
     for name in SERVICES:
-        assert ping(endpoints[ENDPOINT_VAR[name]], time.monotonic() + 60)["service"] == name
+        answer = ping(endpoints[ENDPOINT_VAR[name]], time.monotonic() + 60, replicated_compose["keys"])
+        assert answer["service"] == name
     registry_takes_over(
         replicated_compose["etcd"],
         replicated_compose["processes"],
         ("registry-a", "registry-b"),
         endpoints["ELASTIC_REGISTRY_ENDPOINT"],
+        replicated_compose["keys"],
     )

@@ -61,6 +61,12 @@ notifier: {port: 5553, metrics: 9553, events: 5554}
 {{- if and (not (kindIs "invalid" $limit)) (ne (int $limit) (int $a.slots)) -}}
 {{- fail (printf "agents.resources.limits nvidia.com/gpu %v does not match agents.slots %v" $limit $a.slots) -}}
 {{- end -}}
+{{- if and (not .Values.security.keysSecret) (not .Values.security.insecure) -}}
+{{- fail "security.keysSecret is empty: make the keys with `elasticctl keys generate DIR` and a Secret from them (docs/security.md), or set security.insecure=true to run without authentication, where anyone who reaches the pods can run code on every agent" -}}
+{{- end -}}
+{{- if and (eq $cp.layout "replicated") .Values.security.keysSecret (not .Values.security.etcdTlsSecret) (not .Values.security.insecure) -}}
+{{- fail "security.etcdTlsSecret is empty: the replicated layout's etcd needs its certificates (elasticctl keys generate DIR --etcd-host ...; docs/security.md), or set security.insecure=true for plain HTTP, where anyone who reaches etcd can rewrite the job" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* GPUs per agent pod: 0, or agents.slots. */}}
@@ -123,8 +129,12 @@ security settings. */}}
       fieldPath: metadata.name
 {{- end -}}
 
+{{/* The keys a pod of `role` holds, mounted at /keys: (dict "root" $ "role" service|agent|operator). Each role gets
+the server's public key and its own keypair (bus/roles.py); only the control plane's services get the server's secret
+key, the authorised public keys of every role, the operator's keypair (so that `kubectl exec` into a control-plane pod
+can run elasticctl) and etcd's client certificate. */}}
 {{- define "elastic.keysMount" -}}
-{{- if .Values.security.keysSecret }}
+{{- if .root.Values.security.keysSecret }}
 - name: keys
   mountPath: /keys
   readOnly: true
@@ -132,17 +142,35 @@ security settings. */}}
 {{- end -}}
 
 {{- define "elastic.keysVolume" -}}
-{{- if .Values.security.keysSecret }}
+{{- $security := .root.Values.security -}}
+{{- if $security.keysSecret }}
+{{- $own := dict "service" (list "service" "client") "agent" (list "agent") "operator" (list "client") }}
 - name: keys
-  secret:
-    secretName: {{ .Values.security.keysSecret }}
+  projected:
     defaultMode: 0440
-    items:
-      - {key: server.key, path: server.key}
-      - {key: server.key_secret, path: server.key_secret}
-      - {key: client.key, path: client.key}
-      - {key: client.key_secret, path: client.key_secret}
-      - {key: client.key, path: authorized/client.key}
+    sources:
+      - secret:
+          name: {{ $security.keysSecret }}
+          items:
+            - {key: server.key, path: server.key}
+            {{- if eq .role "service" }}
+            - {key: server.key_secret, path: server.key_secret}
+            {{- range $name := list "service" "agent" "client" }}
+            - {key: {{ $name }}.key, path: authorized/{{ $name }}.key}
+            {{- end }}
+            {{- end }}
+            {{- range $name := get $own .role }}
+            - {key: {{ $name }}.key, path: {{ $name }}.key}
+            - {key: {{ $name }}.key_secret, path: {{ $name }}.key_secret}
+            {{- end }}
+      {{- if and (eq .role "service") (eq .root.Values.controlPlane.layout "replicated") $security.etcdTlsSecret }}
+      - secret:
+          name: {{ $security.etcdTlsSecret }}
+          items:
+            - {key: ca.crt, path: etcd/ca.crt}
+            - {key: client.crt, path: etcd/client.crt}
+            - {key: client.key, path: etcd/client.key}
+      {{- end }}
 {{- end }}
 {{- end -}}
 
