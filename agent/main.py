@@ -108,7 +108,7 @@ def main(
             fork_server=not no_fork_server and fork_server_enabled(os.environ),
             drain_timeout=drain_timeout,
         )
-        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT), log=log)
+        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT, host=host), log=log)
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)
         sys.exit(2)

@@ -283,7 +283,15 @@ class Service:
             return
         roles = self._roles.get(msg.type, ANY_ROLE)
         if not self._callers.allows(user_id, roles):
-            self._forbid(route, msg, self._callers.role_of(user_id) or "unknown", roles)
+            role = self._callers.role_of(user_id) or "unknown"
+            why = f"{self.name} answers {msg.type!r} only to the {' or '.join(sorted(roles))} role, not to {role}"
+            self._forbid(route, msg, why, role=role, allowed=sorted(roles))
+            return
+        bound = self._callers.host_of(user_id)
+        if bound is not None and isinstance(msg.body, dict) and msg.body.get("host", bound) != bound:
+            named = msg.body.get("host")
+            why = f"the key of host {bound!r} speaks only for that host, not for {named!r}"
+            self._forbid(route, msg, why, role="agent", key_host=bound, named_host=str(named))
             return
         key = (msg.sender, msg.id) if msg.sender and msg.id else None
         cached = self._replied.get(key) if key is not None else None
@@ -323,12 +331,12 @@ class Service:
         elif not request.answered:
             request.reply(result)
 
-    def _forbid(self, route: bytes, msg: Message, role: str, roles: Collection[str]) -> None:
-        """A caller whose role may not call this handler: `forbidden`, and one log line naming the role."""
+    def _forbid(self, route: bytes, msg: Message, why: str, **who: Any) -> None:
+        """A caller this handler does not answer (its role, or a host its key does not speak for): `forbidden`, and
+        one log line naming the handler and `who`."""
         metrics.count_message(self.name, msg.type, metrics.REFUSED)
-        self.log.warning("forbidden", handler=msg.type, role=role, allowed=sorted(roles), sender=msg.sender)
-        message = f"{self.name} answers {msg.type!r} only to the {' or '.join(sorted(roles))} role, not to {role}"
-        self._send(route, encode(reply_to(msg, error_body("forbidden", message), self.sender_id)))
+        self.log.warning("forbidden", handler=msg.type, sender=msg.sender, **who)
+        self._send(route, encode(reply_to(msg, error_body("forbidden", why), self.sender_id)))
 
     def _check_room_to_park(self, request: Request) -> None:
         """Refuse a request of a type that parks when its sender, or the service, has the most parked already."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from elastic_control_plane.bus.config import endpoint_list, is_loopback
 from elastic_control_plane.bus.envelope import MAX_MESSAGE_BYTES
-from elastic_control_plane.bus.roles import AUTHORIZED_DIR, KEY_OF_ROLE, OPERATOR
+from elastic_control_plane.bus.roles import AGENT, AGENTS_DIR, AUTHORIZED_DIR, KEY_OF_ROLE, OPERATOR, check_host_name
 
 # A client may queue this many requests: an agent relays those of all its workers.
 HIGH_WATER_MARK = 10_000
@@ -63,6 +64,7 @@ class Security:
     keys_dir: Path | None = None
     insecure: bool = False
     role: str = OPERATOR
+    host: str | None = None  # an agent's host: its own key, where the directory holds one per host
 
     def check_bind(self, endpoint: str) -> None:
         if self.keys_dir is not None or self.insecure or not endpoint.startswith("tcp://"):
@@ -83,9 +85,17 @@ class Security:
             raise SecurityError(f"cannot load key {secret_file}: {exc}") from None
 
     def client_keypair(self) -> tuple[bytes, bytes]:
-        """This role's keypair; the operator's in a keys directory made before roles."""
+        """This role's keypair (an agent's host's own where the directory holds one per host); the operator's in a
+        keys directory made before roles."""
         assert self.keys_dir is not None
+        hosts = self.keys_dir / AGENTS_DIR
+        if self.role == AGENT and self.host is not None and (hosts / f"{self.host}.key_secret").exists():
+            return self.keypair(f"{AGENTS_DIR}/{self.host}")
         name = KEY_OF_ROLE[self.role]
+        if self.role == AGENT and hosts.is_dir() and not (self.keys_dir / f"{name}.key_secret").exists():
+            raise SecurityError(
+                f"{hosts} holds no key for host {self.host!r}: elasticctl keys generate DIR --agent-host {self.host}"
+            )
         if not (self.keys_dir / f"{name}.key_secret").exists():
             name = KEY_OF_ROLE[OPERATOR]
         return self.keypair(name)
@@ -96,24 +106,36 @@ class Security:
         return public
 
 
-def generate_keys(keys_dir: Path) -> None:
+def generate_keys(keys_dir: Path, agent_hosts: Sequence[str] = ()) -> None:
     """Write the server's keypair and one client keypair per role (secret files 0600 from creation), and authorise
-    each role's."""
+    each role's. With `agent_hosts`, the agents get one keypair per host (`agents/HOST.key`) and no shared one."""
+    hosts = [check_host_name(host) for host in agent_hosts]
     keys_dir.mkdir(parents=True, exist_ok=True)
     authorized = keys_dir / AUTHORIZED_DIR
-    authorized.mkdir(exist_ok=True)
-    names = (SERVER_KEY, *KEY_OF_ROLE.values())
+    for folder in (
+        authorized / AGENTS_DIR,
+        keys_dir / AGENTS_DIR,
+    ):  # what an earlier run wrote; keys added by hand stay
+        shutil.rmtree(folder, ignore_errors=True)
+    roles = [name for role, name in KEY_OF_ROLE.items() if not (hosts and role == AGENT)]
+    names = [SERVER_KEY, *roles, *(f"{AGENTS_DIR}/{host}" for host in hosts)]
     old_umask = os.umask(0o077)
     try:
-        for name in names:
+        (authorized / AGENTS_DIR if hosts else authorized).mkdir(parents=True, exist_ok=True)
+        if hosts:
+            (keys_dir / AGENTS_DIR).mkdir()
+        for name in (SERVER_KEY, *KEY_OF_ROLE.values()):
+            (authorized / f"{name}.key").unlink(missing_ok=True)
             for suffix in (".key", ".key_secret"):
                 (keys_dir / f"{name}{suffix}").unlink(missing_ok=True)
-            zmq.auth.create_certificates(str(keys_dir), name)
+        for name in names:
+            folder, _, base = name.rpartition("/")
+            zmq.auth.create_certificates(str(keys_dir / folder), base)
     finally:
         os.umask(old_umask)
     for name in names:
         os.chmod(keys_dir / f"{name}.key_secret", stat.S_IRUSR | stat.S_IWUSR)
-    for name in KEY_OF_ROLE.values():
+    for name in names[1:]:
         (authorized / f"{name}.key").write_bytes((keys_dir / f"{name}.key").read_bytes())
 
 
@@ -138,7 +160,10 @@ def _start_authenticator(ctx: zmq.Context, security: Security) -> None:
     assert security.keys_dir is not None
     auth = ThreadAuthenticator(ctx, log=_RefusalLog())
     auth.start()
-    auth.configure_curve(domain="*", location=str(security.keys_dir / AUTHORIZED_DIR))
+    authorized = security.keys_dir / AUTHORIZED_DIR
+    auth.configure_curve(domain="*", location=str(authorized))
+    if (authorized / AGENTS_DIR).is_dir():  # each host's own agent key (bus/roles.py)
+        auth.certs["*"].update(zmq.auth.load_certificates(str(authorized / AGENTS_DIR)))
     _authenticators[id(ctx)] = auth
 
 

@@ -274,10 +274,21 @@ def keys() -> None:
     metavar="HOST",
     help="A name or address of an etcd member, for its certificate (repeat; default: localhost, 127.0.0.1).",
 )
-def keys_generate(directory: Path, etcd_hosts: tuple[str, ...]) -> None:
+@click.option(
+    "--agent-host",
+    "agent_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Give this host's agent a key of its own, which may speak only for it (repeat; default: one key all agents "
+    "share). Each host then gets DIRECTORY without the other hosts' agents/HOST.key_secret.",
+)
+def keys_generate(directory: Path, etcd_hosts: tuple[str, ...], agent_hosts: tuple[str, ...]) -> None:
     """Write server and client keypairs to DIRECTORY (secrets 0600), authorise the client key, and make etcd's CA and
     its members' and clients' certificates in DIRECTORY/etcd."""
-    generate_keys(directory)
+    try:
+        generate_keys(directory, agent_hosts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
     click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
 

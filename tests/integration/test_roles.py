@@ -122,3 +122,67 @@ def test_keys_made_before_roles_still_work_for_every_handler_and_the_services_sa
         assert "keys_without_roles" in cluster.output("registry")
     finally:
         cluster.close()
+
+
+HOST_ATTACKS = [  # host-1's key, speaking for host-2
+    ("discovery", "register", {"host": "host-2", "slots": 8, "incarnation": "x"}),
+    ("discovery", "heartbeat", {"host": "host-2", "incarnation": "x"}),
+    ("discovery", "drain", {"host": "host-2"}),
+    ("registry", "worker_exited", {"host": "host-2", "local_rank": 0, "pid": 1, "exit_code": 1}),
+    ("rendezvous", "kv_set", {"host": "host-2", "key": "round/1/store", "value": "tcp://evil:1"}),
+]
+
+
+def test_a_hosts_own_agent_key_speaks_for_that_host_only(tmp_path: Path) -> None:
+    """Keys made with --agent-host: each agent uses its host's own key and a job trains on both hosts; host-1's key
+    naming host-2 (register, heartbeat, drain, an exit report, a round's store address) gets `forbidden`, logged
+    with both hosts, and nothing changes; an agent whose host has no key stops at once with one line."""
+    keys = tmp_path / "keys"
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "keys", "generate", str(keys)]
+        + ["--agent-host", "host-1", "--agent-host", "host-2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (keys / "agent.key_secret").exists(), "no key all agents share"
+    cluster = Cluster(tmp_path, {"ELASTIC_KEYS": str(keys)})
+    try:
+        cluster.start_services()
+        cluster.start_agent("host-1", 1)
+        cluster.start_agent("host-2", 1)
+        script = "import libworker as e, time; e.init(); e.barrier(); time.sleep(30)"
+        job = cluster.submit("--min-np", "2", "--", sys.executable, "-c", script)
+        running = lambda: (cluster.job().get("state"), cluster.job().get("size")) == ("running", 2)  # noqa: E731
+        wait_for(running, 60, "the job on both hosts")
+        before = _world(cluster)
+        for service, msg_type, body in HOST_ATTACKS:
+            security = Security(keys, role=AGENT, host="host-1")
+            client = Client(getattr(cluster.endpoints, service), "host-1-agent", security=security, timeout=2)
+            try:
+                with pytest.raises(ServiceError) as refused:
+                    client.request(msg_type, body)
+            finally:
+                client.close()
+            assert refused.value.code == "forbidden", (msg_type, refused.value.message)
+            assert "key of host 'host-1' speaks only for that host, not for 'host-2'" in refused.value.message
+            assert any(
+                '"forbidden"' in line and f'"handler": "{msg_type}"' in line and '"named_host": "host-2"' in line
+                for line in cluster.output(service).splitlines()
+            ), f"{service} logs the handler and both hosts"
+        assert _world(cluster) == before, "an attack changed the job, its events or its hosts"
+        stranger = subprocess.run(
+            [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "host-3", "--slots", "1"],
+            env=cluster.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stranger.returncode == 2
+        assert stranger.stderr.strip().endswith("--agent-host host-3"), stranger.stderr
+        cluster.call("registry", "cancel", {"reason": "the test ends"})
+        assert cluster.wait_job_end(job, 60) != 0
+    finally:
+        cluster.close()
