@@ -58,6 +58,7 @@ import msgpack
 import zmq
 
 from bench.scale_agents import host_name, raise_fd_limit
+from elastic_control_plane.bus.sockets import generate_keys
 from elastic_control_plane.elasticctl.local_processes import service_argv
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for
@@ -234,7 +235,15 @@ class ScaleRun:
     """One size: fresh services, simulators, the phases, and the numbers."""
 
     def __init__(
-        self, workdir: Path, hosts: int, slots: int, procs: int, heartbeat: float, store_url: str | None = None
+        self,
+        workdir: Path,
+        hosts: int,
+        slots: int,
+        procs: int,
+        heartbeat: float,
+        store: str = "sqlite",
+        store_url: str | None = None,
+        keys: Path | None = None,
     ) -> None:
         timing = {
             "ELASTIC_HEARTBEAT": str(heartbeat),
@@ -242,13 +251,14 @@ class ScaleRun:
             "ELASTIC_DISCOVERY_POLL": "1.0",
             "ELASTIC_DRIVER_TICK": "0.1",
             **({"ELASTIC_STORE": store_url} if store_url else {}),
+            **({"ELASTIC_KEYS": str(keys)} if keys else {}),
         }
         self.cluster = Cluster(workdir, timing)
         self.simulators = Simulators(self.cluster, hosts, slots, procs)
         self.hosts, self.slots, self.heartbeat = hosts, slots, heartbeat
         self.workers = hosts * slots
         self.deadline = deadline_for(self.workers)
-        self.result = SizeResult(hosts, slots, "etcd" if store_url else "sqlite")
+        self.result = SizeResult(hosts, slots, store)
         self.drained, self.lost = hosts - 1, hosts - 2
         self.round = 0
         self._phase_name = "start"
@@ -583,14 +593,22 @@ def keep_logs(workdir: Path, into: Path, hosts: int, slots: int) -> None:
         shutil.copy(log, target / log.name)
 
 
-def run_size(hosts: int, slots: int, procs: int, heartbeat: float, logs: Path | None, store: str) -> SizeResult:
-    """One size on fresh services; with `store` etcd, their hard state in a fresh 3-member etcd on loopback."""
+def run_size(
+    hosts: int, slots: int, procs: int, heartbeat: float, logs: Path | None, store: str, curve: bool = False
+) -> SizeResult:
+    """One size on fresh services; with `store` etcd, their hard state in a fresh 3-member etcd on loopback (etcd-tls:
+    over mutual TLS). `curve`: every socket with CURVE keys (a fresh keys directory)."""
     with tempfile.TemporaryDirectory(prefix="elastic-scale-") as tmp:
-        etcd = EtcdCluster(Path(tmp) / "etcd") if store == "etcd" else None
+        etcd = EtcdCluster(Path(tmp) / "etcd", tls=store == "etcd-tls") if store.startswith("etcd") else None
+        keys = None
+        if curve:  # beside the etcd certificates, where there are some: the services then speak TLS to etcd
+            keys = etcd.keys_dir if etcd is not None and etcd.tls is not None else Path(tmp) / "keys"
+            generate_keys(keys)
         try:
             if etcd is not None:
                 etcd.start()
-            run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat, etcd.store_url if etcd else None)
+            store_url = etcd.store_url if etcd else None
+            run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat, store, store_url, keys)
             try:
                 return run.run()
             finally:
@@ -616,20 +634,32 @@ def sizes(text: str) -> list[int]:
     return values
 
 
+def stores(text: str) -> list[str]:
+    chosen = [part for part in text.split(",") if part]
+    unknown = sorted(set(chosen) - {"sqlite", "etcd", "etcd-tls"})
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"{text!r}: stores are sqlite, etcd and etcd-tls")
+    return chosen
+
+
 def results(args: argparse.Namespace) -> Iterator[SizeResult]:
     previous: SizeResult | None = None
     for hosts in args.hosts:
         by_store = {}
+        curve = "etcd-tls" in args.store  # the same sockets in every arm: the ratio is TLS's alone
         for store in args.store:
-            by_store[store] = result = run_size(hosts, args.slots, args.procs, args.heartbeat, args.keep_logs, store)
-        if len(by_store) == 2:
-            sqlite, etcd = by_store["sqlite"].numbers, by_store["etcd"].numbers
-            print(
-                f"STORE hosts={hosts} slots={args.slots} etcd/sqlite: "
-                f"round_s x{etcd['round_s'] / sqlite['round_s']:.2f} "
-                f"reset_s x{etcd['reset_s'] / sqlite['reset_s']:.2f}",
-                flush=True,
+            by_store[store] = result = run_size(
+                hosts, args.slots, args.procs, args.heartbeat, args.keep_logs, store, curve
             )
+        for label, pair in (("STORE", ("sqlite", "etcd")), ("TLS", ("etcd", "etcd-tls"))):
+            if set(pair) <= set(by_store):
+                base, other = by_store[pair[0]].numbers, by_store[pair[1]].numbers
+                print(
+                    f"{label} hosts={hosts} slots={args.slots} {pair[1]}/{pair[0]}: "
+                    f"round_s x{other['round_s'] / base['round_s']:.2f} "
+                    f"reset_s x{other['reset_s'] / base['reset_s']:.2f}",
+                    flush=True,
+                )
         if previous is not None:
             cpu_ratio = result.services_cpu("first round") / max(previous.services_cpu("first round"), 1e-9)
             print(
@@ -652,10 +682,11 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=8, help="Slots (workers) per host.")
     parser.add_argument(
         "--store",
-        type=lambda text: text.split(","),
+        type=stores,
         default=["sqlite"],
-        help="sqlite, etcd or sqlite,etcd: where the services keep their state (etcd: a fresh 3-member etcd on "
-        "127.0.0.1-3 per size); with both, each size runs on each and a STORE line compares them.",
+        help="sqlite, etcd, etcd-tls, or a comma list: where the services keep their state (etcd: a fresh 3-member "
+        "etcd on 127.0.0.1-3 per size; etcd-tls: over mutual TLS, and then every arm with CURVE keys); each size "
+        "runs on each, a STORE line compares etcd with sqlite and a TLS line etcd-tls with etcd.",
     )
     parser.add_argument("--procs", type=int, default=2, help="Simulator processes the agents are spread over.")
     parser.add_argument(

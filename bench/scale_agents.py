@@ -30,6 +30,7 @@ closed). The process runs until it is killed.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import itertools
 import os
@@ -41,6 +42,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -49,7 +51,8 @@ import zmq
 from elastic_control_plane.bus.config import Endpoints, Timing
 from elastic_control_plane.bus.envelope import Message, WireError, decode, encode
 from elastic_control_plane.bus.pubsub import HEARTBEAT as NOTIFIER_HEARTBEAT
-from elastic_control_plane.bus.sockets import HARD_MAX_MESSAGE_BYTES, HIGH_WATER_MARK
+from elastic_control_plane.bus.roles import AGENT
+from elastic_control_plane.bus.sockets import HARD_MAX_MESSAGE_BYTES, HIGH_WATER_MARK, Security
 from elastic_control_plane.job.assignments import get_host_assignments
 
 JOIN_RESEND = 5.0  # the agent forwards a worker's parked join with this timeout (agent/agent.py `_forward`)
@@ -60,13 +63,27 @@ REJOIN_EVENTS = ("hosts_updated", "abort")
 MAX_SOCKETS = 65536  # the context's limit (libzmq's default is 1023); three sockets an agent
 
 
+@functools.cache
+def agent_curve_keys() -> tuple[bytes, bytes, bytes] | None:
+    """(public, secret, server's public) of the agents' key in ELASTIC_KEYS, or None without keys."""
+    keys = os.environ.get("ELASTIC_KEYS")
+    if not keys:
+        return None
+    security = Security(keys_dir=Path(keys), role=AGENT)
+    return (*security.client_keypair(), security.server_public_key())
+
+
 def unconnected_client_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
-    """A client socket with the limits of bus.sockets.client_socket, connected later: the sockets of thousands of
-    agents are made before the services listen, and none of them retries a connection meanwhile."""
+    """A client socket with the limits and the security (an agent's CURVE key, with ELASTIC_KEYS) of
+    bus.sockets.client_socket, connected later: the sockets of thousands of agents are made before the services
+    listen, and none of them retries a connection meanwhile."""
     sock = ctx.socket(kind)
     sock.linger = 0
     sock.sndhwm = sock.rcvhwm = HIGH_WATER_MARK
     sock.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE_BYTES)
+    curve = agent_curve_keys()
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
     if kind == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
     return sock
