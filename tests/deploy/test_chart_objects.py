@@ -244,8 +244,8 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
     )
     budgets = {obj["metadata"]["name"]: obj["spec"] for obj in objects if obj["kind"] == "PodDisruptionBudget"}
     assert {name: spec["maxUnavailable"] for name, spec in budgets.items()} == {
-        f"elastic-{name}": 1 for name in ("etcd", *SERVICES)
-    }, "a drain takes one member or replica at a time"
+        f"elastic-{name}": 1 for name in ("etcd", "agent", *SERVICES)
+    }, "a drain takes one member, replica or agent at a time"
     compose = yaml.safe_load((REPO / "docker-compose.replicated.yml").read_text())
     compose_flags = {arg.partition("=")[0] for arg in compose["services"]["etcd-1"]["command"][1:]}
     assert set(flags) == compose_flags, "the same etcd flags as docker-compose.replicated.yml"

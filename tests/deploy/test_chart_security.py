@@ -200,3 +200,61 @@ def test_the_policies_can_be_turned_off() -> None:
     objects = render(str(CI / "single-host-values.yaml"))
     assert not [obj for obj in objects if obj["kind"] == "NetworkPolicy"]
     assert admits(objects, Pod("other"), release_pods(objects)["registry"], 5552)
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim"}
+RESTRICTED_VOLUMES |= {"projected", "secret"}
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What the `restricted` Pod Security Standard (Kubernetes 1.25+) refuses in a pod spec, one line each."""
+    found = []
+    pod_security = pod.get("securityContext", {})
+    for name in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(name):
+            found.append(f"{name} is set")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            found.append(f"volume {volume['name']} is of type {sorted(kinds)}")
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        security, name = container.get("securityContext", {}), container["name"]
+
+        def setting(key: str, security: dict[str, Any] = security) -> Any:
+            return security.get(key, pod_security.get(key))
+
+        if security.get("privileged"):
+            found.append(f"{name} is privileged")
+        if security.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name} does not set allowPrivilegeEscalation: false")
+        if setting("runAsNonRoot") is not True or setting("runAsUser") == 0:
+            found.append(f"{name} may run as root")
+        if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name} has no RuntimeDefault or Localhost seccomp profile")
+        capabilities = security.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{name} does not drop ALL capabilities")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name} adds capabilities {sorted(capabilities['add'])}")
+        if any("hostPort" in port for port in container.get("ports", [])):
+            found.append(f"{name} uses a hostPort")
+    return found
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(w["metadata"]["name"], w["spec"]["template"]["spec"]) for w in workloads(objects)]
+
+
+def test_every_rendered_pod_passes_the_restricted_pod_security_standard(ci_values: str) -> None:
+    for name, pod in pod_specs(render(ci_values)):
+        assert restricted_violations(pod) == [], name
+
+
+def test_the_restricted_check_catches_what_a_values_file_can_ask_beyond_it() -> None:
+    """The check above is a real one: an agent given IPC_LOCK and the node's network is refused, the others not."""
+    objects = render(None, "agents.capabilities={IPC_LOCK}", "agents.hostNetwork=true")
+    found = {name: restricted_violations(pod) for name, pod in pod_specs(objects)}
+    assert found.pop("elastic-agent") == ["hostNetwork is set", "agent adds capabilities ['IPC_LOCK']"]
+    assert not any(found.values()), found
+    (agent,) = [pod for name, pod in pod_specs(objects) if name == "elastic-agent"]
+    assert agent["dnsPolicy"] == "ClusterFirstWithHostNet"

@@ -174,13 +174,16 @@ can run elasticctl) and etcd's client certificate. */}}
 {{- end }}
 {{- end -}}
 
-{{/* Pod-level security: the image's user (uid 10001), which owns the mounted volumes through fsGroup. */}}
+{{/* Pod-level security: the image's user (uid 10001), which owns the mounted volumes through fsGroup, and the
+runtime's seccomp profile. */}}
 {{- define "elastic.podSecurity" -}}
 securityContext:
   runAsNonRoot: true
   runAsUser: 10001
   runAsGroup: 10001
   fsGroup: 10001
+  seccompProfile:
+    type: RuntimeDefault
 {{- end -}}
 
 {{- define "elastic.image" -}}
@@ -216,4 +219,68 @@ affinity:
 {{- $members = append $members (printf "%s-etcd-%d.%s-etcd.%s.svc:2379" $full $i $full $.Release.Namespace) -}}
 {{- end -}}
 etcd://{{ join "," $members }}
+{{- end -}}
+
+{{/* A pod template's labels: the selector's, who manages it and the values' own (pod.labels); no chart or app
+version, so that a chart upgrade changes no pod template and restarts nothing: (dict "root" $ "component" NAME
+"pod" VALUES.pod). */}}
+{{- define "elastic.podLabels" -}}
+{{ include "elastic.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .pod.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod template's metadata: (dict "root" $ "component" NAME "pod" VALUES.pod). */}}
+{{- define "elastic.podMetadata" -}}
+metadata:
+  labels:
+    {{- include "elastic.podLabels" . | nindent 4 }}
+  {{- with .pod.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* What a values `pod` block adds to a pod spec beside the containers: its scheduling and runtime settings, init
+containers and resource claims. */}}
+{{- define "elastic.podExtras" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .initContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .resourceClaims }}
+resourceClaims:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A container's security context, as the `restricted` Pod Security Standard asks: no privilege escalation, every
+capability dropped (`add`: the few a values file asks back, e.g. IPC_LOCK for RDMA), the runtime's seccomp profile, a
+non-root user and, where the process writes only to its volumes, a read-only root filesystem: (dict "readOnly" BOOL
+"add" LIST). */}}
+{{- define "elastic.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop: [ALL]
+    {{- with .add }}
+    add:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+  readOnlyRootFilesystem: {{ .readOnly }}
+  runAsNonRoot: true
+  seccompProfile:
+    type: RuntimeDefault
 {{- end -}}
