@@ -52,10 +52,16 @@ class Interrupts:
         self.announced = False
 
 
-def submit_and_follow(plane: ControlPlane, spec: dict[str, Any]) -> int:
+def submit_and_follow(plane: ControlPlane, spec: dict[str, Any], run_id: str | None = None) -> int:
+    """Submit `spec` (as run `run_id`: the registry's job, if it is that run already, is followed instead) and follow
+    it to its end."""
     spec = {**spec, "cwd": spec.get("cwd") or os.getcwd()}
-    job_id = plane.call("registry", "submit", {"spec": spec})["job"]
-    _say(f"[elasticctl] job {job_id} submitted: {' '.join(spec['command'])}")
+    submitted = plane.call("registry", "submit", {"spec": spec, **({"run_id": run_id} if run_id else {})})
+    job_id = submitted["job"]
+    if submitted.get("attached"):
+        _say(f"[elasticctl] job {job_id} is run {run_id} already: following it")
+    else:
+        _say(f"[elasticctl] job {job_id} submitted: {' '.join(spec['command'])}")
     interrupts = Interrupts()
     previous = signal.signal(signal.SIGINT, interrupts.press)
     try:

@@ -79,12 +79,20 @@ def cli() -> None:
 )
 @control_option
 @keys_option
+@click.option(
+    "--attach",
+    "run_id",
+    default=None,
+    metavar="RUN",
+    help="Name this submission RUN: if the registry's job is already RUN (a submitter started again: a Kubernetes "
+    "Job's new pod), follow it, running or ended, instead of submitting it again.",
+)
 @job_options
-def run(control: str | None, keys: Path | None, **options: Any) -> None:
+def run(control: str | None, keys: Path | None, run_id: str | None, **options: Any) -> None:
     spec = build_spec(options)
     plane = _plane(control, keys)
     try:
-        sys.exit(submit_and_follow(plane, spec))
+        sys.exit(submit_and_follow(plane, spec, run_id))
     finally:
         plane.close()
 

@@ -77,6 +77,7 @@ class Job:
     spec: JobSpec | None = None
     job_id: int = 0
     job_key: str = ""  # handed to the agents with every round: a host's snapshot of another job is never restored
+    run_id: str = ""  # the name its submitter gave it (elasticctl run --attach): a new submitter of it follows it
     state: str = NO_JOB
     exit_code: int | None = None
     reason: str = ""
@@ -102,8 +103,9 @@ class Job:
         self._round_unsaved = True  # the round part changed since it was last saved
 
     @classmethod
-    def submitted(cls, spec: JobSpec, job_id: int, now: float) -> Job:
-        return cls(spec=spec, job_id=job_id, job_key=uuid.uuid4().hex[:16], state=WAITING, waiting_since=now)
+    def submitted(cls, spec: JobSpec, job_id: int, now: float, run_id: str = "") -> Job:
+        job_key = uuid.uuid4().hex[:16]
+        return cls(spec=spec, job_id=job_id, job_key=job_key, run_id=run_id, state=WAITING, waiting_since=now)
 
     @property
     def active(self) -> bool:
@@ -121,6 +123,7 @@ class Job:
             "reason": self.reason,
             "spec": self.spec.to_dict() if self.spec else None,
             "job_key": self.job_key,
+            "run_id": self.run_id,
             "resumed_from": self.resumed_from,
         }
 

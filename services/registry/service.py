@@ -1,7 +1,8 @@
 """RegistryService: holds the job and drives it (Horovod's ElasticDriver and WorkerStateRegistry).
 
 Messages:
-  submit {spec}                       -> {job}        a new job (refused while one runs)
+  submit {spec, run_id?}              -> {job, attached?}  a new job (refused while one runs); with the run_id of the
+                                      registry's job (running or ended), that job, attached: not submitted again
   job                                 -> {state, round, size, resets, exit_code, reason}
   status                              -> job + every worker of the current round + waits {limit_s, kill_s, upper_s,
                                          ranks, suspected, declared}
@@ -69,6 +70,8 @@ from elastic_control_plane.services.registry.reports import PENDING
 from elastic_control_plane.services.registry.store import JobStore, StoreError
 from elastic_control_plane.services.registry.wait_rows import parse_waits
 from elastic_control_plane.services.registry.waits import FRESH_HEARTBEATS, Seen, WaitBoard
+
+RUN_ID_MAX = 128  # a submitter's name for its run (elasticctl run --attach)
 
 
 class RegistryService(Service):
@@ -143,6 +146,11 @@ class RegistryService(Service):
     # -- requests ------------------------------------------------------------------------------
     @handles("submit", roles=(OPERATOR,))
     def on_submit(self, request: Request) -> dict[str, Any]:
+        run_id = request.body.get("run_id") or ""
+        if not isinstance(run_id, str) or len(run_id) > RUN_ID_MAX:
+            raise RequestError("bad_request", f"run_id must be a string of at most {RUN_ID_MAX} characters")
+        if run_id and run_id == self.job.run_id:  # its submitter again: it follows the run, running or ended
+            return {"job": self.job.job_id, "attached": True}
         if self.job.active:
             raise RequestError("job_running", f"job {self.job.job_id} is still {self.job.state}; one job at a time")
         try:
@@ -156,7 +164,7 @@ class RegistryService(Service):
             raise RequestError("unavailable", f"cannot prepare the job: {exc}") from None
         now = self._now()
         self.last_job_id += 1
-        job = Job.submitted(spec, self.last_job_id, now.local)
+        job = Job.submitted(spec, self.last_job_id, now.local, run_id)
         job.reports.replaces(self.job.reports)  # the old job's rows go with the new job's first save
         self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
         self.discovery_incarnation = configured.get("incarnation")

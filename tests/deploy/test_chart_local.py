@@ -2,7 +2,8 @@
 Job, each started as a local process from its rendered command and environment ($(POD_NAME) and $(POD_IP)
 substituted, host names and ports moved to 127.0.0.1 and free ports) with CURVE keys: each pod holds only the key files
 its role's volume maps, as in a cluster; gated on the rendered readiness probes; the
-job trains to its end, through the deletion of an agent pod (SIGTERM: the agent drains)."""
+job trains to its end, through the eviction of the Job's pod (its new pod attaches to the run) and the deletion of an
+agent pod (SIGTERM: the agent drains)."""
 
 from __future__ import annotations
 
@@ -108,10 +109,16 @@ def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Clus
     wait_for(lambda: hosts() == {"elastic-agent-0", "elastic-agent-1"}, 30, "both agent pods registered")
     container = by_component["job"][0]
     env = pod_env("job", "elastic-job")
-    job = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)
+    evicted = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)
     wait_for(lambda: cluster.job()["state"] == "running" and cluster.job()["size"] == 2, 60, "the job on both pods")
+    first = cluster.job()
+    # The Job's pod is evicted (SIGKILL: no cancel) and its new pod runs the same command: it attaches to the run.
+    assert cluster.stop("elasticctl-run", signal.SIGKILL, timeout=10) == -signal.SIGKILL and evicted.poll() is not None
+    job = cluster.spawn("elasticctl-run-2", local(container["command"], env, ports), env=env)
+    wait_for(lambda: "already: following it" in cluster.output("elasticctl-run-2"), 30, "the new pod to attach")
     # Deleting a pod sends SIGTERM: the agent drains at a commit and the job goes on with the other pod.
     assert cluster.stop("agent-elastic-agent-1", signal.SIGTERM, timeout=30) == 0
-    assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run")
+    assert cluster.wait_job_end(job, 120) == 0, cluster.output("elasticctl-run-2")
     ended = cluster.job()
     assert ended["state"] == "succeeded" and ended["round"] >= 2 and ended["size"] == 1, "it finished on one pod"
+    assert ended["job"] == first["job"], "the new submitter followed the job, it did not submit another"
