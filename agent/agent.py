@@ -277,6 +277,13 @@ class AgentService(Service):
             return
         self.keeper.warm_up(plan)
 
+    def readiness(self) -> str | None:
+        """None when this host may be given work: registered with discovery, its workers' interpreter warm; else why
+        not (read by the metrics thread for /readyz: plain attributes only)."""
+        if not self.link.registered:
+            return "not registered with discovery"
+        return None if self.link.warm else "the workers' interpreter is not warm yet"
+
     def _become_warm(self) -> None:
         if self.link.warm:
             return

@@ -15,7 +15,7 @@ from elastic_control_plane.agent.fork_server import enabled as fork_server_enabl
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
 from elastic_control_plane.agent.host_options import AgentConfig, host_options
 from elastic_control_plane.agent.intervals import INTERVALS
-from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus import health, metrics
 from elastic_control_plane.bus.config import Endpoints, Timing, control_hosts, default_run_dir, is_loopback
 from elastic_control_plane.bus.logs import setup_logging
 from elastic_control_plane.bus.roles import AGENT
@@ -95,6 +95,7 @@ def main(
         if standby is not None:
             check_standby(standby, slots)
         if metrics_port is not None:
+            health.ready_when(lambda: "starting")
             metrics.serve("--metrics-port", advertise_addr, metrics.metrics_port("--metrics-port", metrics_port))
         timing = Timing.from_env()
         INTERVALS.check(timing)
@@ -109,6 +110,7 @@ def main(
             drain_timeout=drain_timeout,
         )
         agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT, host=host), log=log)
+        health.ready_when(agent.readiness)
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)
         sys.exit(2)

@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 import zmq
 
-from elastic_control_plane.bus import metrics
+from elastic_control_plane.bus import health, metrics
 from elastic_control_plane.bus.envelope import Message, WireError, decode, encode, error_body, reply_to
 from elastic_control_plane.bus.kept_requests import ParkingLot, ReplyCache
 from elastic_control_plane.bus.roles import ANY_ROLE, CallerRoles
@@ -210,7 +210,14 @@ class Service:
             self.log.info("stopped")
 
     def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            health.loop_stopped()  # a replica that steps down and stands by again is not a stuck one
+
+    def _loop(self) -> None:
         while not self._stopping.is_set():
+            health.loop_turned()
             now = time.monotonic()
             due = min((t[0] for t in self._timers), default=now + 0.5)
             timeout_ms = max(0, min(500, int((due - now) * 1000)))

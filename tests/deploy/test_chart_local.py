@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,15 @@ def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[s
         if argv[i - 1] == "--metrics-port":
             (argv[i],) = map(str, free_ports(1))
     return argv
+
+
+def answers(url: str) -> bool:
+    """Does a probe's GET of `url` succeed (HTTP 200)?"""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 def local_env(
@@ -102,11 +112,17 @@ def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Clus
         probe = local(container["readinessProbe"]["exec"]["command"], env, ports)
         wait_for(lambda: subprocess.run(probe, env=env, capture_output=True).returncode == 0, 30, f"{name} ready")
     container = by_component["agent"][0]
+    readiness, liveness = (container[probe]["httpGet"] for probe in ("readinessProbe", "livenessProbe"))
+    assert readiness["port"] == liveness["port"] == "metrics"
     for pod in ("elastic-agent-0", "elastic-agent-1"):
         env = pod_env("agent", pod, {"POD_NAME": pod, "POD_IP": "127.0.0.1"})
-        cluster.spawn(f"agent-{pod}", local(container["command"], env, ports), env=env)
+        argv = local(container["command"], env, ports)
+        cluster.spawn(f"agent-{pod}", argv, env=env)
+        metrics = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}"
+        wait_for(lambda: answers(metrics + readiness["path"]), 60, f"{pod}'s readiness probe")
+        assert answers(metrics + liveness["path"])
     hosts = lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}  # noqa: E731
-    wait_for(lambda: hosts() == {"elastic-agent-0", "elastic-agent-1"}, 30, "both agent pods registered")
+    assert hosts() == {"elastic-agent-0", "elastic-agent-1"}, "a Ready agent pod is registered"
     container = by_component["job"][0]
     env = pod_env("job", "elastic-job")
     evicted = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)
