@@ -18,7 +18,7 @@ Per loss it prints, and at the end the worst and the median of:
 - `recovery_s`: worker SIGKILL -> the job back at full size, training (the survivors' first commit in the new
   round with every rank), and its ratio to the baseline's.
 
-    python -m bench.control_plane_ha [--losses 50] [--lease-ttl 1]
+    python -m bench.control_plane_ha [--losses 50] [--lease-ttl 1] [--tls]
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import zmq
 
 from elastic_control_plane.bus.client import incarnation_id
 from elastic_control_plane.bus.pubsub import Subscription
+from elastic_control_plane.bus.roles import AGENT
+from elastic_control_plane.bus.sockets import Security, generate_keys
 from testing.control_hosts import ReplicatedCluster
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for, worker_pid
@@ -52,10 +54,14 @@ class EventWitness:
     """Follows the notifier's events through every loss (a subscriber like an agent) and counts what went wrong:
     a number missed or repeated, an incarnation changed."""
 
-    def __init__(self, cluster: ReplicatedCluster) -> None:
+    def __init__(self, cluster: ReplicatedCluster, keys: Path | None) -> None:
         self.ctx = zmq.Context()
         self.subscription = Subscription(
-            self.ctx, cluster.endpoints.events, cluster.endpoints.notifier, incarnation_id("bench-witness")
+            self.ctx,
+            cluster.endpoints.events,
+            cluster.endpoints.notifier,
+            incarnation_id("bench-witness"),
+            security=Security(keys_dir=keys, role=AGENT),
         )
         self.subscription.start()
         self.incarnation = self.subscription.incarnation
@@ -208,17 +214,26 @@ def main() -> None:
     parser.add_argument(
         "--lease-ttl", type=int, default=None, help="The replicas' lease in seconds (ELASTIC_LEASE_TTL; default 1)."
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="etcd over mutual TLS and CURVE keys on every socket (both stores' runs), as a secure deployment runs.",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="elastic-bench-ha-"))
-    etcd = EtcdCluster(workdir / "etcd")
+    etcd = EtcdCluster(workdir / "etcd", tls=args.tls)
+    keys = etcd.keys_dir if args.tls else None
+    if keys is not None:  # beside etcd's certificates: the services then speak TLS to etcd
+        generate_keys(keys)
+    secure = {"ELASTIC_KEYS": str(keys)} if keys is not None else {}
     cluster: ReplicatedCluster | None = None
     witness: EventWitness | None = None
     finished = False
     try:
         etcd.start()
         lease = {"ELASTIC_LEASE_TTL": str(args.lease_ttl)} if args.lease_ttl else {}
-        cluster = ReplicatedCluster(workdir / "cluster", etcd, lease)
-        sqlite = Cluster(workdir / "sqlite")
+        cluster = ReplicatedCluster(workdir / "cluster", etcd, {**lease, **secure})
+        sqlite = Cluster(workdir / "sqlite", secure)
         try:
             sqlite.start_services()
             sqlite_faults = worker_faults(sqlite, CommitTail(workdir / "sqlite-train"), args.faults)
@@ -227,7 +242,7 @@ def main() -> None:
         cluster.start_services()
         commits = CommitTail(workdir / "train")
         etcd_faults = worker_faults(cluster, commits, args.faults)
-        witness = EventWitness(cluster)
+        witness = EventWitness(cluster, keys)
         baseline = statistics.median(etcd_faults)
         print(
             f"STORE worker fault, {args.faults} each: recovery_s median sqlite={statistics.median(sqlite_faults):.3f} "

@@ -19,7 +19,6 @@ from pathlib import Path
 from elastic_control_plane.bus.config import Endpoints
 from elastic_control_plane.elasticctl.local_processes import service_argv
 from elastic_control_plane.replication.election import leader_key
-from elastic_control_plane.replication.etcd import EtcdClient
 from testing.etcd_cluster import EtcdCluster
 from testing.harness import SERVICES, Cluster, wait_for
 
@@ -39,7 +38,7 @@ class ReplicatedCluster(Cluster):
         self.endpoints = Endpoints(*(",".join(f"tcp://{host}:{port}" for host in self.control_hosts) for port in ports))
         self.env.update(self.endpoints.as_env())
         self.env["ELASTIC_STORE"] = etcd.store_url
-        self._etcd_client = EtcdClient(etcd.client_endpoints)
+        self._etcd_client = etcd.client()
 
     def start_replicas(self, host: str, services: tuple[str, ...] = SERVICES) -> None:
         for service in services:
