@@ -36,7 +36,7 @@ from elastic_control_plane.bus.service import Service
 from elastic_control_plane.replication.election import ElectionTiming, Leadership, Outage
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
 from elastic_control_plane.replication.store_choice import StoreChoice
-from elastic_control_plane.replication.store_metrics import EtcdSizeCollector
+from elastic_control_plane.replication.store_metrics import REPLICA_ACTIVE, EtcdSizeCollector
 
 STORE_SCHEMA = 1
 # How long a service waits for etcd when it starts before it says so and exits.
@@ -140,6 +140,7 @@ def serve_replica(
         leadership.outage = outage
     if not leadership.register(stopping):
         return
+    REPLICA_ACTIVE.labels(name).set(0)
     log.info("standby", replica=replica_name, store=",".join(choice.endpoints))
     waited = time.monotonic()
     if not leadership.campaign(stopping):
@@ -147,6 +148,7 @@ def serve_replica(
             leadership.end("stopped", revoke=True)
             return
         step_down(leadership, module, log)
+    REPLICA_ACTIVE.labels(name).set(1)
     log.info("active", replica=replica_name, fence=leadership.revision, waited_s=round(time.monotonic() - waited, 3))
     try:
         service = build(Replica(client, choice.prefix, leadership))

@@ -1,4 +1,8 @@
-"""etcd's database size as Prometheus metrics of every replicated service: read from each member when scraped.
+"""A replicated service's own Prometheus metrics: its role, and etcd's database size read from each member when
+scraped.
+
+`elastic_replica_active{service}` is 1 while this replica holds its service's role, 0 while it stands by (the alert
+ElasticServiceWithoutActiveReplica fires when every replica of a service that reports stands by).
 
 `elastic_etcd_db_bytes{member}` is the size of a member's database file,
 what etcd's `--quota-backend-bytes` caps (at the quota etcd refuses every
@@ -13,12 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client import Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_control_plane.replication.etcd import EtcdClient
 
 STATUS_TIMEOUT = 0.5  # each member's answer, at each scrape
+REPLICA_ACTIVE = Gauge(
+    "elastic_replica_active",
+    "1 while this replica holds its service's role (active), 0 while it stands by.",
+    ["service"],
+)
 
 
 class EtcdSizeCollector(Collector):

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 
 from tests.deploy.conftest import CHART, REPO, assert_ci_values_found, helm, render, render_text
 
 # Two versions the installed kubernetes-validate (>=1.33, pyproject.toml) ships schemas for: an older and a recent one.
 KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
+OPERATOR_API = "monitoring.coreos.com/"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "elastic.json"
 
 
@@ -39,6 +42,8 @@ def test_every_rendered_object_validates_strictly(ci_values: str, version: str) 
     objects = render(ci_values)
     assert len(objects) >= 10
     for obj in objects:
+        if obj["apiVersion"].startswith(OPERATOR_API):  # the Prometheus Operator's CRDs: checked below
+            continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -184,3 +189,27 @@ def test_the_dashboard_is_provisioned_as_a_configmap_for_grafanas_sidecar() -> N
     (config_map,) = [obj for obj in render(None, "grafana.dashboard=true") if obj["kind"] == "ConfigMap"]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["elastic.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_the_prometheus_operators_objects_scrape_every_pod_and_carry_the_checked_alerts(tmp_path: Path) -> None:
+    """Asked for (gpu-values.yaml): a PodMonitor whose selector takes every pod of the release and scrapes the port
+    named `metrics` each serving pod has, and a PrometheusRule whose groups are deploy/prometheus/alerts.yml's,
+    which promtool checks as rules; not asked for (the defaults), neither is rendered."""
+    objects = render(str(CHART / "ci" / "gpu-values.yaml"))
+    (monitor,) = [obj for obj in objects if obj["kind"] == "PodMonitor"]
+    assert monitor["apiVersion"] == OPERATOR_API + "v1" and monitor["metadata"]["labels"]["release"]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for workload in (obj for obj in objects if obj["kind"] in ("StatefulSet", "DaemonSet")):
+        template = workload["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items(), workload["metadata"]["name"]
+        ports = {port["name"] for c in template["spec"]["containers"] for port in c.get("ports", [])}
+        assert "metrics" in ports, workload["metadata"]["name"]
+    (rule,) = [obj for obj in objects if obj["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    assert (CHART / "alerts" / "alerts.yml").read_text() == ALERTS.read_text(), "the chart's copy is stale"
+    rendered = tmp_path / "rules.yml"
+    rendered.write_text(yaml.safe_dump(rule["spec"]))
+    checked = subprocess.run(["promtool", "check", "rules", str(rendered)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS: 6 rules found" in checked.stdout, checked.stdout + checked.stderr
+    assert not [obj for obj in render() if obj["apiVersion"].startswith(OPERATOR_API)]

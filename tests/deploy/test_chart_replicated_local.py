@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_control_plane.bus.config import DEFAULT_PORTS
 from elastic_control_plane.bus.lifetime import die_with_parent
@@ -96,6 +97,17 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
             stop(process)
 
 
+def active_gauge(url: str, service: str) -> float | None:
+    """elastic_replica_active{service} as a replica's /metrics says it."""
+    with urllib.request.urlopen(url, timeout=2) as answer:
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "elastic_replica_active" and sample.labels.get("service") == service:
+                return sample.value
+    return None
+
+
 def ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as answer:
@@ -111,6 +123,9 @@ def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes
         assert answer["service"] == name
     for pod, url in plane["metrics"].items():
         wait_for(lambda url=url: ready(url), 20, f"{pod}'s readiness probe")
+    for name in SERVICES:  # what the alert on a service without an active replica reads: one active, one standby
+        roles = [active_gauge(url, name) for pod, url in plane["metrics"].items() if pod.startswith(f"elastic-{name}-")]
+        assert sorted(roles) == [0.0, 1.0], (name, roles)
     registry_takes_over(
         plane["etcd"],
         plane["processes"],
