@@ -57,6 +57,7 @@ from elastic_control_plane.replication.etcd import (
     range_op,
     space_exceeded,
 )
+from elastic_control_plane.replication.space import RECLAIMS
 
 # Keepalives per lease: one every TTL/KEEPALIVES_PER_TTL; two may be lost before the lease is in danger.
 KEEPALIVES_PER_TTL = 4
@@ -114,8 +115,8 @@ def replica_key(prefix: str, service: str, replica: str) -> bytes:
 
 class Outage:
     """Says once that etcd is out of reach (`etcd_unreachable`), and once that it answers again. A refusal for space
-    is not waited out: the replica reclaims it (`EtcdClient.reclaim_space`), whatever its state, since while etcd is
-    full no replica can register or campaign, and none may be active to do it."""
+    is not waited out: the replica reclaims it (`SpaceReclaims`), whatever its state, since while etcd is full no
+    replica can register or campaign, and none may be active to do it."""
 
     def __init__(self, log: structlog.stdlib.BoundLogger) -> None:
         self.log = log
@@ -127,8 +128,7 @@ class Outage:
             self.log.warning("etcd_unreachable", reason=str(exc))
         if client is not None and space_exceeded(exc):
             try:
-                before, after = client.reclaim_space()
-                self.log.warning("etcd_space_reclaimed", backend_bytes_before=before, backend_bytes_after=after)
+                RECLAIMS.reclaim(client, self.log)
             except EtcdError as failure:
                 self.log.warning("etcd_space_not_reclaimed", reason=str(failure))
 
@@ -344,12 +344,13 @@ class Leadership:
         return bool(kvs) and kvs[0].create_revision == self.revision and kvs[0].mod_revision > self.written
 
     def _reclaim_space(self, refusal: EtcdRefused) -> None:
-        """etcd refused the write for space: compact, defragment and disarm (EtcdClient.reclaim_space), said once
-        each time, then the write goes once more (an EtcdError if etcd still refuses it)."""
+        """etcd refused the write for space: compact, defragment and disarm (SpaceReclaims), said once each time,
+        then the write goes once more (an EtcdError if etcd still refuses it); within the backoff after a reclaim
+        that freed nothing, the refusal stands."""
         self.log.warning("etcd_space_exceeded", reason=refusal.message)
-        before, after = self.client.reclaim_space()
+        if not RECLAIMS.reclaim(self.client, self.log):
+            raise refusal
         self._compacted_at = 0
-        self.log.warning("etcd_space_reclaimed", backend_bytes_before=before, backend_bytes_after=after)
 
     def _compact(self, revision: int) -> None:
         """Keep etcd's history bounded whoever started its members (those we start also compact every 10 minutes):
