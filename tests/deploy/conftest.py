@@ -66,5 +66,8 @@ def ci_values(request: pytest.FixtureRequest) -> str:
 
 def assert_ci_values_found() -> None:
     names = {path.name for path in CI_VALUES}
-    expected = {f"{name}-values.yaml" for name in ("cpu", "gpu", "single-host", "replicated", "daemonset", "defaults")}
+    expected = {
+        f"{name}-values.yaml"
+        for name in ("cpu", "gpu", "single-host", "replicated", "daemonset", "defaults", "gke", "eks")
+    }
     assert expected <= names, f"missing ci values files: {sorted(expected - names)}"

@@ -1,13 +1,26 @@
 {{/* The chart's name, the release's full name, and the labels every object carries. */}}
 {{- define "elastic.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Objects' names begin with this (at most 40 characters: the longest suffix keeps each name within 63). */}}
 {{- define "elastic.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains (include "elastic.name" .) .Release.Name -}}
 {{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "elastic.name" .) | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount discovery runs as: rbac.serviceAccountName (one made by the cluster's admins), else the
+chart's own (rbac.create); empty: none. */}}
+{{- define "elastic.discoveryServiceAccount" -}}
+{{- if .Values.rbac.serviceAccountName -}}
+{{- .Values.rbac.serviceAccountName -}}
+{{- else if .Values.rbac.create -}}
+{{- include "elastic.fullname" . }}-discovery
 {{- end -}}
 {{- end -}}
 
