@@ -15,6 +15,7 @@ import pytest
 from elastic_control_plane.bus.client import Client, ServiceError
 from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource
+from elastic_control_plane.services.discovery.kubernetes_retry import Backoff, RetryPolicy
 from elastic_control_plane.services.discovery.service import DiscoveryService
 from elastic_control_plane.services.notifier.service import NotifierService
 from testing.harness import free_ports, serve_in_thread, wait_for
@@ -24,6 +25,7 @@ NAMESPACE = "ml"
 SELECTOR = "app=elastic,tier=worker"
 LABELS = {"app": "elastic", "tier": "worker"}
 EVENT_TO_ROUND = 1.0  # seconds from a pod's event to its host in the job's next round (issue 34)
+FAST_RETRY = RetryPolicy(first=0.05, cap=0.2)
 
 
 class RecordedLog:
@@ -54,9 +56,24 @@ def log() -> RecordedLog:
     return RecordedLog()
 
 
-def pod_source(api: KubeApiServer, log: RecordedLog, selector: str = SELECTOR, url: str = "") -> PodSource:
+def pod_source(
+    api: KubeApiServer,
+    log: RecordedLog,
+    selector: str = SELECTOR,
+    url: str = "",
+    backoff: Backoff | None = None,
+    watch_seconds: tuple[int, int] = (2, 3),
+    read_timeout: float = 4.0,
+) -> PodSource:
+    """A pod source of quick watches and retries (`backoff`: FAST_RETRY's unless given)."""
     return PodSource(
-        ApiServer(url or api.url), NAMESPACE, selector, log, watch_seconds=2, read_timeout=3.0, retry=(0.05, 0.2)
+        ApiServer(url or api.url),
+        NAMESPACE,
+        selector,
+        log,
+        watch_seconds=watch_seconds,
+        read_timeout=read_timeout,
+        backoff=backoff or Backoff(FAST_RETRY),
     )
 
 
@@ -168,7 +185,7 @@ def test_bookmarks_carry_the_resource_version_past_events_of_other_pods(api: Kub
 
 def test_a_silent_watch_is_watched_again_from_where_it_was(api: KubeApiServer, log: RecordedLog) -> None:
     api.bookmark_every = None
-    source = PodSource(ApiServer(api.url), NAMESPACE, SELECTOR, log, watch_seconds=60, read_timeout=0.2)
+    source = pod_source(api, log, watch_seconds=(60, 60), read_timeout=0.2)
     api.add_pod("worker-0", LABELS)
     api.set_ready("worker-0", True)
     source.start()
@@ -205,7 +222,7 @@ def test_a_410_lists_again_and_the_hosts_are_those_of_the_new_list(
     assert log.said("kubernetes_forbidden") == log.said("kubernetes_unreachable") == []
 
 
-def test_a_forbidden_api_is_said_once_naming_the_verb_and_retried(
+def test_a_forbidden_watch_is_said_once_naming_the_verb_and_watched_again_from_where_it_was(
     api: KubeApiServer, agent: Client, log: RecordedLog
 ) -> None:
     register(agent, "worker-0")
@@ -214,11 +231,12 @@ def test_a_forbidden_api_is_said_once_naming_the_verb_and_retried(
     within(agent, {"worker-0": [0, 1, 2, 3]})
     api.fail(403, times=None)
     api.cut_streams()
-    wait_for(lambda: [call.verb for call in api.calls[-3:]] == ["list"] * 3, 5, "three refused lists", interval=0.01)
+    wait_for(lambda: [call.verb for call in api.calls[-4:]] == ["watch"] * 4, 5, "refused watches", interval=0.01)
     assert [fields["reason"] for fields in log.said("kubernetes_forbidden")] == [
         f"the service account may not watch pods in namespace {NAMESPACE} (RBAC: pods get, list, watch)"
     ], "one line per outage, naming the verb"
     assert available(agent) == {"worker-0": [0, 1, 2, 3]}, "the last hosts listed stay in force"
+    assert api.count("list") == 1, "a list would be refused as the watch is: watched again, not listed"
     api.delete_pod("worker-0")
     api.heal()
     within(agent, {}, seconds=2.0)
