@@ -1,7 +1,9 @@
 """A Kubernetes API server on loopback for the pods of one namespace, speaking the real protocol as far as discovery
 uses it (none can be installed here): list and watch, for tests of services/discovery/kubernetes.py.
 
-- `GET /api/v1/namespaces/NS/pods?labelSelector=S`: a PodList of the matching pods, metadata.resourceVersion set.
+- `GET /api/v1/namespaces/NS/pods?labelSelector=S[&limit=N][&continue=TOKEN]`: a PodList of the matching pods in
+  name order, metadata.resourceVersion set; with `limit`, a page of at most N, and `metadata.continue` (with
+  remainingItemCount) where more follow: the token asks for the rest as of the first page's resourceVersion.
   Selectors: equality terms (`k=v`, `k==v`, `k!=v`), comma-joined.
 - the same with `watch=1&resourceVersion=RV[&allowWatchBookmarks=true][&timeoutSeconds=N]`: a chunked stream of JSON
   lines {type: ADDED | MODIFIED | DELETED | BOOKMARK | ERROR, object}, from the events after RV; an RV older than
@@ -9,23 +11,68 @@ uses it (none can be installed here): list and watch, for tests of services/disc
   `compact()` drops the history: every RV up to then is too old, and each open watch ends as one that can no
   longer be served (the ERROR event; with `gone_over_http`, broken off, to find the 410 when it resumes).
   BOOKMARKs go out every `bookmark_every` seconds to watches that asked for them.
-- `forbid(True)`: every request answered 403, as to a service account without the verbs.
+- `fail(status, times, verbs, retry_after)`: the next `times` requests of those verbs (None: every one, until
+  `heal()`) answered with that HTTP status and the API's Status object: 401 (a token not accepted), 403 (a verb the
+  Role lacks), 410 (a continue token expired, a resourceVersion too old), 429 and 503 (with a Retry-After where
+  asked), 500, 504.
 
-Tests change pods with add_pod, set_ready, mark_deleting, delete_pod, and cut every open watch with cut_streams.
-`calls` records each request as (verb, resourceVersion asked for).
+Tests change pods with add_pod, set_ready, mark_deleting, delete_pod; they end every open watch as the API does at
+its timeoutSeconds with end_streams, and break them off with cut_streams. `calls` records each request (a `Call`:
+its verb, list, continue or watch, its query and when it came); `count(verb)` counts them.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 Pod = dict[str, Any]
+VERBS = ("list", "continue", "watch")  # continue: a later page of a list
+REFUSALS = {  # an HTTP status the API answers: its Status reason and message ({verb}, {namespace} filled in)
+    401: ("Unauthorized", "Unauthorized"),
+    403: (
+        "Forbidden",
+        'pods is forbidden: User "system:serviceaccount:{namespace}:discovery" cannot {verb} resource "pods" in API '
+        'group "" in the namespace "{namespace}"',
+    ),
+    410: (
+        "Expired",
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list "
+        "without the continue parameter.",
+    ),
+    429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
+    500: ("InternalError", "Internal error occurred: etcdserver: request timed out"),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing"),
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A request the API server got: `verb` list (a list's first page), continue (a later page) or watch."""
+
+    verb: str
+    query: dict[str, str]
+    at: float  # time.monotonic() when it came
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.query.get("resourceVersion")
+
+
+@dataclass
+class _Failure:
+    status: int
+    times: int | None  # None: until heal()
+    verbs: tuple[str, ...]
+    retry_after: int | None
 
 
 def selector_matches(selector: str, labels: dict[str, str]) -> bool:
@@ -48,14 +95,15 @@ class KubeApiServer:
         self.namespace = namespace
         self.bookmark_every = bookmark_every
         self.gone_over_http = False
-        self.calls: list[tuple[str, str | None]] = []
+        self.calls: list[Call] = []
         self._pods: dict[str, Pod] = {}
         self._version = 100
         self._history: deque[tuple[int, str, Pod]] = deque(maxlen=history)
         self._too_old = 0  # a watch from this resourceVersion or an older one gets 410 Gone
         self._compactions = 0
-        self._forbidden = False
+        self._failures: list[_Failure] = []
         self._cuts = 0
+        self._endings = 0
         self._closing = False
         self._changed = threading.Condition()
         handler = type("Handler", (_Handler,), {"api": self})
@@ -108,13 +156,31 @@ class KubeApiServer:
             self._compactions += 1
             self._changed.notify_all()
 
-    def forbid(self, forbidden: bool) -> None:
-        self._forbidden = forbidden
+    def fail(
+        self, status: int, times: int | None = 1, verbs: tuple[str, ...] = VERBS, retry_after: int | None = None
+    ) -> None:
+        """Answer the next `times` requests of `verbs` (None: every one, until `heal()`) with HTTP `status` (one of
+        REFUSALS), and a Retry-After of `retry_after` seconds where given."""
+        with self._changed:
+            self._failures.append(_Failure(status, times, verbs, retry_after))
+
+    def heal(self) -> None:
+        with self._changed:
+            self._failures.clear()
+
+    def count(self, verb: str) -> int:
+        return [call.verb for call in list(self.calls)].count(verb)
 
     def cut_streams(self) -> None:
         """End every open watch abruptly, as a connection that breaks."""
         with self._changed:
             self._cuts += 1
+            self._changed.notify_all()
+
+    def end_streams(self) -> None:
+        """End every open watch as the API does at its timeoutSeconds: the stream's last chunk."""
+        with self._changed:
+            self._endings += 1
             self._changed.notify_all()
 
     def _record(self, kind: str, name: str, pod: Pod) -> None:
@@ -131,15 +197,29 @@ class KubeApiServer:
             self._changed.notify_all()
 
     # -- what the handler asks -----------------------------------------------------------------
-    def pod_list(self, selector: str) -> dict[str, Any]:
+    def pod_list(self, selector: str, limit: int = 0, token: str = "") -> dict[str, Any]:
+        """The matching pods in name order, at most `limit` of them (0: all), from where `token` left off: the pods
+        as they are now, under the first page's resourceVersion (the watch from it brings what changed since)."""
         with self._changed:
-            items = [pod for pod in self._pods.values() if selector_matches(selector, pod["metadata"]["labels"])]
-            return {
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": str(self._version)},
-                "items": items,
-            }
+            version, start = json.loads(base64.b64decode(token)) if token else (self._version, "")
+            pods = sorted((name, pod) for name, pod in self._pods.items() if name > start)
+            items = [pod for _, pod in pods if selector_matches(selector, pod["metadata"]["labels"])]
+        metadata: dict[str, Any] = {"resourceVersion": str(version)}
+        if limit and len(items) > limit:
+            items, metadata["remainingItemCount"] = items[:limit], len(items) - limit
+            token = json.dumps([version, items[-1]["metadata"]["name"]])  # where the next page starts
+            metadata["continue"] = base64.b64encode(token.encode()).decode()
+        return {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items}
+
+    def failure(self, verb: str) -> _Failure | None:
+        """The failure this request is answered with, if any (taking one of its times)."""
+        with self._changed:
+            for failure in self._failures:
+                if verb in failure.verbs and failure.times != 0:
+                    if failure.times is not None:
+                        failure.times -= 1
+                    return failure
+        return None
 
 
 class _Server(ThreadingHTTPServer):
@@ -161,17 +241,21 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {key: values[0] for key, values in parse_qs(url.query).items()}
         watching = query.get("watch") in ("1", "true")
-        api.calls.append(("watch" if watching else "list", query.get("resourceVersion")))
+        verb = "watch" if watching else "continue" if query.get("continue") else "list"
+        api.calls.append(Call(verb, query, time.monotonic()))
         if url.path != f"/api/v1/namespaces/{api.namespace}/pods":
             return self._status(404, "NotFound", f"no such path {url.path}")
-        if api._forbidden:
-            verb = "watch" if watching else "list"
-            return self._status(
-                403, "Forbidden", f'pods is forbidden: cannot {verb} resource "pods" in namespace "{api.namespace}"'
-            )
+        failure = api.failure(verb)
+        if failure is not None:
+            reason, message = REFUSALS[failure.status]
+            message = message.format(verb="list" if verb == "continue" else verb, namespace=api.namespace)
+            if failure.status == 410 and watching:
+                message = f"too old resource version: {query.get('resourceVersion')}"
+            retry_after = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
+            return self._status(failure.status, reason, message, retry_after)
         selector = query.get("labelSelector", "")
         if not watching:
-            return self._json(200, api.pod_list(selector))
+            return self._json(200, api.pod_list(selector, int(query.get("limit") or 0), query.get("continue", "")))
         self._watch(selector, int(query.get("resourceVersion") or api._version), query)
 
     def _watch(self, selector: str, since: int, query: dict[str, str]) -> None:
@@ -189,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         bookmarks = query.get("allowWatchBookmarks") == "true" and api.bookmark_every is not None
         next_bookmark = time.monotonic() + (api.bookmark_every or 0)
-        cuts, cursor = api._cuts, since
+        cuts, endings, cursor = api._cuts, api._endings, since
         while True:
             with api._changed:
                 if not self._after(cursor):
@@ -198,6 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                 gone = api._compactions != compactions and not api.gone_over_http
                 ended = api._cuts != cuts or api._closing or api._compactions != compactions
+                finished = api._endings != endings
                 events = self._after(cursor)
             if gone:
                 return self._gone(cursor)
@@ -209,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if selector_matches(selector, pod["metadata"]["labels"]):
                     self._chunk({"type": kind, "object": pod})
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or finished:
                 return self._end()
             if bookmarks and now >= next_bookmark:
                 bookmark = {"kind": "Pod", "metadata": {"resourceVersion": str(cursor)}}  # all before it were sent
@@ -233,23 +318,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _json(self, code: int, body: dict[str, Any]) -> None:
+    def _json(self, code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
-    def _status(self, code: int, reason: str, message: str) -> None:
-        self._json(
-            code,
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "status": "Failure",
-                "reason": reason,
-                "message": message,
-                "code": code,
-            },
-        )
+    def _status(self, code: int, reason: str, message: str, headers: dict[str, str] | None = None) -> None:
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message}
+        self._json(code, {**status, "code": code}, headers)

@@ -1,19 +1,26 @@
-"""Discovery from the Kubernetes API: a thread that lists, then watches, the pods matching a label selector, and
-the host list it keeps (services/discovery/pods.py says what a pod means).
+"""Discovery from the Kubernetes API: a thread that lists, then watches, the pods matching a label selector, as
+client-go's reflector does, and the host list it keeps (services/discovery/pods.py says what a pod means).
 
-The watch resumes from the last resourceVersion (BOOKMARK events move it on: allowWatchBookmarks=true); a 410 Gone
-(HTTP, or a watch ERROR event) lists again; a stream that ends, or says nothing past its read timeout, is watched
-again from the resourceVersion it got to. The discovery loop reads `hosts()`, a dict the thread replaces whole, and
-is woken through `fileno()`, a pipe the thread writes a byte to on each change.
+A list comes in pages (`limit`, then each `continue` token until none; a token expired, 410, lists again from the
+start). The watch asks for BOOKMARK events (allowWatchBookmarks=true: they move the resourceVersion on) and to be
+ended after 60 to 80 s (timeoutSeconds, drawn afresh for each watch); a stream that ends, breaks off, or says
+nothing for 90 s (the read timeout) is watched again from the resourceVersion it got to. Connections have TCP
+keepalive. A 410 Gone (HTTP, or a watch ERROR event) lists again at once; any other failure is tried again after a
+back-off with jitter or the API's Retry-After, a watch from where it was: only a watch that failed 3 times in a row
+lists again (services/discovery/kubernetes_retry.py owns that policy). The discovery loop reads `hosts()`, a dict
+the thread replaces whole, and is woken through `fileno()`, a pipe the thread writes a byte to on each change.
 
 The standard library's HTTP is enough for the two calls made (list, watch), keeps the resourceVersion handling in
 view, and adds no dependency. In a pod the API is https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, with
 the service account's CA and bearer token (read again for every request: bound tokens rotate);
 ELASTIC_KUBERNETES_API=http://HOST:PORT names another (tests: testing/kube_apiserver.py), with no token.
 
-What goes wrong is said once: a selector that matches no pod (`kubernetes_no_pods`), and, once per outage, an API
-that refuses (`kubernetes_forbidden`, naming the verb the Role lacks) or cannot be reached
-(`kubernetes_unreachable`); both are retried with a backoff, and `kubernetes_recovered` says when they end.
+What goes wrong is said once: a selector that matches no pod (`kubernetes_no_pods`), and, once per outage, a token
+the API does not accept (`kubernetes_unauthorized`, 401), a verb the Role lacks (`kubernetes_forbidden`, 403), an
+API that asks for fewer requests (`kubernetes_throttled`, 429), cannot answer now (`kubernetes_unavailable`, 5xx)
+or cannot be reached (`kubernetes_unreachable`); `kubernetes_recovered` says when it ends. Why the pods are listed
+again is said at info (`kubernetes_relist`), and a Retry-After longer than the back-off's cap
+(`kubernetes_retry_after_capped`).
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,21 +40,33 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from elastic_control_plane.services.discovery.kubernetes_retry import (
+    BAD_ANSWERS,
+    Backoff,
+    failure_event,
+    leads_to_relist,
+    retry_after_seconds,
+)
 from elastic_control_plane.services.discovery.pods import (
     Forbidden,
     Gone,
     KubernetesError,
     PodTable,
+    Unauthorized,
+    Unavailable,
     check_selector,
     pods_path,
 )
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 API_ENV = "ELASTIC_KUBERNETES_API"
-WATCH_SECONDS = 300  # a watch the API server ends after this long (timeoutSeconds); it is watched again
-READ_MARGIN = 30.0  # seconds of silence past WATCH_SECONDS that end a watch from this side
+WATCH_SECONDS = (60, 80)  # a watch asks the API to end it after a time drawn from these (timeoutSeconds)
+READ_TIMEOUT = 90.0  # seconds of silence that end a read: a watch has a BOOKMARK a minute, and ends by 80 s
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection to the API
-RETRY = (0.5, 30.0)  # seconds between tries after a failure: the first, doubling up to the last
+KEEPALIVE = (30, 10, 3)  # TCP keepalive: a probe after 30 s idle, then every 10 s; 3 unanswered end the connection
+PAGE_SIZE = 500  # pods per page of a list
+QUICK_WATCH = 1.0  # seconds: a watch that ends sooner, having brought nothing, is watched again after a back-off
+FAILURES = (KubernetesError, OSError, http.client.HTTPException, *BAD_ANSWERS)  # OSError, HTTPException: a read cut
 
 
 def pods_and_script(script: str) -> str:
@@ -96,6 +117,15 @@ class ApiServer:
             parts.hostname or "", parts.port or 443, timeout=CONNECT_TIMEOUT, context=context
         )
 
+    def connect(self, connection: http.client.HTTPConnection, read_timeout: float) -> None:
+        """Open `connection` with TCP keepalive, its reads giving up after `read_timeout` seconds."""
+        connection.connect()
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"), KEEPALIVE):
+            if hasattr(socket, option):  # Linux has all three; elsewhere the system's defaults
+                connection.sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+        connection.sock.settimeout(read_timeout)
+
     def headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self.token_file is not None:
@@ -114,13 +144,17 @@ class PodSource:
         namespace: str,
         selector: str,
         log: Any,
-        watch_seconds: int = WATCH_SECONDS,
-        read_timeout: float = WATCH_SECONDS + READ_MARGIN,
-        retry: tuple[float, float] = RETRY,
+        watch_seconds: tuple[int, int] = WATCH_SECONDS,
+        read_timeout: float = READ_TIMEOUT,
+        backoff: Backoff | None = None,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self.api, self.namespace, self.selector, self.log = api, namespace, check_selector(selector), log
-        self.watch_seconds, self.read_timeout, self.retry = watch_seconds, read_timeout, retry
+        self.watch_seconds, self.read_timeout, self.page_size = watch_seconds, read_timeout, page_size
+        self.backoff = backoff or Backoff()
         self.generation = 0
+        self._watch_failures = 0  # watches failed in a row: a relist after backoff.policy.rewatches
+        self._rng = random.Random()  # draws each watch's timeoutSeconds
         self._hosts: dict[str, int | None] | None = None
         self._table = PodTable()
         self._stopping = threading.Event()
@@ -172,73 +206,104 @@ class PodSource:
 
     # -- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
-        delay = self.retry[0]
         while not self._stopping.is_set():
-            listed = False
-            try:
-                if self._table.resource_version is None:
-                    self._list()
-                    listed = True
-                if not self._watch():
-                    self._stopping.wait(self.retry[0])  # ended with nothing read: an API that ends watches at once
-                delay = self.retry[0]
-                continue
-            except Gone as exc:
-                self.log.info("kubernetes_relist", selector=self.selector, reason=str(exc))
-                self._table.resource_version = None
-                if not listed:
-                    continue  # the watch fell behind: list again at once (a list's own version gone: after a wait)
-            except Forbidden as exc:
-                self._failed("kubernetes_forbidden", str(exc))
-            except (KubernetesError, OSError, http.client.HTTPException) as exc:  # the last two: a read cut short
-                self._failed("kubernetes_unreachable", str(exc) or repr(exc))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not the JSON of a PodList or event
-                self._failed("kubernetes_bad_answer", repr(exc))
-            self._stopping.wait(delay)
-            delay = min(self.retry[1], delay * 2)
+            self._stopping.wait(self._step())
 
-    def _failed(self, event: str, reason: str) -> None:
+    def _step(self) -> float:
+        """List if there is no resourceVersion to watch from, else watch; the seconds to wait before the next."""
+        watching = self._table.resource_version is not None
+        try:
+            if not watching:
+                self._list()
+                return 0.0
+            return 0.0 if self._watch() else self.backoff.wait()
+        except Gone as exc:
+            self._relist(str(exc))
+            return 0.0 if watching else self.backoff.wait()  # a list's own continue token expired: after a wait
+        except FAILURES as exc:
+            wait = self._failed(exc)
+            if watching and leads_to_relist(exc):
+                self._watch_failures += 1
+                if self._watch_failures >= self.backoff.policy.rewatches:
+                    self._relist(f"the watch failed {self._watch_failures} times in a row, the last: {exc}")
+            return wait
+
+    def _failed(self, exc: Exception) -> float:
+        """Say a failure once while it lasts; the seconds to wait before trying again."""
+        event = failure_event(exc)
+        retry_after = exc.retry_after if isinstance(exc, Unavailable) else None
         if self._stopping.is_set():
-            return
+            return 0.0
         if self._outage != event:
+            reason = repr(exc) if event == "kubernetes_bad_answer" else str(exc) or repr(exc)
             self.log.warning(event, namespace=self.namespace, selector=self.selector, reason=reason)
         self._outage = event
+        if retry_after is not None and retry_after > self.backoff.policy.cap:
+            self.log.info("kubernetes_retry_after_capped", retry_after=retry_after, waited=self.backoff.policy.cap)
+        return self.backoff.wait(retry_after)
+
+    def _relist(self, reason: str) -> None:
+        self.log.info("kubernetes_relist", selector=self.selector, reason=reason)
         self._table.resource_version = None
+        self._watch_failures = 0
 
     def _answered(self) -> None:
         if self._outage is not None:
             self.log.warning("kubernetes_recovered", namespace=self.namespace, selector=self.selector)
             self._outage = None
 
+    def _watched(self) -> None:
+        """A watch brought something, or ran its course: failures in a row start again from none."""
+        self._watch_failures = 0
+        self.backoff.reset()
+
     def _list(self) -> None:
-        with self._get("list", pods_path(self.namespace, self.selector)) as response:
-            pod_list = json.loads(response.read())
+        """List the pods, page after page (Gone where a continue token expired), and take them as the hosts."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page_query = {"limit": str(self.page_size), **({"continue": token} if token else {})}
+            try:
+                with self._get("list", pods_path(self.namespace, self.selector, **page_query)) as response:
+                    page = json.loads(response.read())
+            except Gone as exc:
+                if not token:
+                    raise
+                raise Gone(f"a list's continue token expired, listed again from the start: {exc}") from None
+            items += page.get("items") or []
+            token = page["metadata"].get("continue") or ""
+            if not token:
+                break
         self._answered()
-        items = pod_list.get("items") or []
         if not items and not self._said_no_pods:
             self.log.warning("kubernetes_no_pods", namespace=self.namespace, selector=self.selector)
         self._said_no_pods = self._said_no_pods or not items
-        if self._table.replace(pod_list) or self._hosts is None:
+        if self._table.replace({"metadata": page["metadata"], "items": items}) or self._hosts is None:
             self._publish()
 
-    def _watch(self) -> int:
-        """Watch from the table's resourceVersion until the stream ends; how many events it brought."""
+    def _watch(self) -> bool:
+        """Watch from the table's resourceVersion until the stream ends; whether it brought an event or lasted
+        QUICK_WATCH."""
         path = pods_path(
             self.namespace,
             self.selector,
             watch="1",
             resourceVersion=self._table.resource_version or "",
             allowWatchBookmarks="true",
-            timeoutSeconds=str(self.watch_seconds),
+            timeoutSeconds=str(self._rng.randint(*self.watch_seconds)),
         )
-        events = 0
+        began, brought = time.monotonic(), False
         with self._get("watch", path) as response:
             self._answered()
             for event in _events(response):
-                events += 1
                 if self._table.apply(event):
                     self._publish()
-        return events
+                brought = True
+                self._watched()
+        if brought or time.monotonic() - began >= QUICK_WATCH:
+            self._watched()
+            return True
+        return False
 
     def _publish(self) -> None:
         self._hosts = dict(self._table.hosts)
@@ -261,8 +326,7 @@ class PodSource:
                     if self._stopping.is_set():
                         raise KubernetesError("stopping")
                     self._connection = connection
-                    connection.connect()
-                connection.sock.settimeout(self.read_timeout)
+                    self.api.connect(connection, self.read_timeout)
                 connection.request("GET", path, headers=self.api.headers())
                 response = connection.getresponse()
             except (OSError, http.client.HTTPException) as exc:
@@ -270,14 +334,32 @@ class PodSource:
             if response.status == 200:
                 yield response
                 return
-            detail = response.read(500).decode(errors="replace")
-            if response.status == 403:
-                raise Forbidden(verb, self.namespace)
-            if response.status == 410:
-                raise Gone(detail)
-            raise KubernetesError(f"{self.api.url}: HTTP {response.status} to {verb} pods: {detail}")
+            raise self._refusal(verb, response)
         finally:
             connection.close()
+
+    def _refusal(self, verb: str, response: http.client.HTTPResponse) -> KubernetesError:
+        """What an answer other than 200 means."""
+        status, message = response.status, _message(response.read(2000))
+        if status == 401:
+            token_file = str(self.api.token_file) if self.api.token_file is not None else None
+            return Unauthorized(self.api.url, token_file, message)
+        if status == 403:
+            return Forbidden(verb, self.namespace)
+        if status == 410:
+            return Gone(message)
+        described = f"{self.api.url}: HTTP {status} to {verb} pods: {message}"
+        if status == 429 or status >= 500:
+            return Unavailable(status, retry_after_seconds(response.getheader("Retry-After")), described)
+        return KubernetesError(described)
+
+
+def _message(body: bytes) -> str:
+    """The message of a Status object, else the body as text."""
+    try:
+        return str(json.loads(body)["message"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace").strip()
 
 
 def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:

@@ -35,6 +35,27 @@ class Forbidden(KubernetesError):
         )
 
 
+class Unauthorized(KubernetesError):
+    """HTTP 401: the API does not take the credentials sent: the token in `token_file` (None: none is sent)."""
+
+    def __init__(self, url: str, token_file: str | None, message: str) -> None:
+        missing = (
+            f"does not accept the token in {token_file} (expired, revoked, or another cluster's)"
+            if token_file
+            else "asks for a bearer token, and none is sent"
+        )
+        super().__init__(f"the API at {url} {missing}: HTTP 401 {message}".rstrip())
+
+
+class Unavailable(KubernetesError):
+    """HTTP 429 (too many requests) or 5xx (the API cannot answer now): tried again, after `retry_after` seconds
+    where the answer's Retry-After asked for them (None: it did not)."""
+
+    def __init__(self, status: int, retry_after: float | None, message: str) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
 def pods_path(namespace: str, selector: str, **params: str) -> str:
     """The path of the pods of `namespace` that match the label selector, with further query parameters."""
     query = urlencode({"labelSelector": selector, **params})
