@@ -56,12 +56,13 @@ class EtcdTls:
     def path(self, name: str) -> str:
         return str(self.directory / name)
 
-    def client_context(self) -> ssl.SSLContext:
-        """What our etcd client speaks: TLS to a member the CA signed, with the client certificate. ssl.SSLError or
+    def client_context(self, certificate: str = "client") -> ssl.SSLContext:
+        """What our etcd client speaks: TLS to a member the CA signed, with the client certificate (`certificate`
+        "server": a member's own, which also serves as a client's, for a member that has no other). ssl.SSLError or
         OSError when a file is missing or unusable."""
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.path("ca.crt"))
         context.check_hostname = False  # the CA is the deployment's own: it signed nothing but our members
-        context.load_cert_chain(self.path("client.crt"), self.path("client.key"))
+        context.load_cert_chain(self.path(f"{certificate}.crt"), self.path(f"{certificate}.key"))
         return context
 
     def member_flags(self) -> list[str]:

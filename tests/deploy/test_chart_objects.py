@@ -56,6 +56,14 @@ def environment(container: Obj) -> dict[str, str]:
     return env
 
 
+def etcd_flags(etcd: Obj) -> list[str]:
+    """An etcd member's flags, as its pod's init container hands them to etcd_join (replication/etcd_join.py)."""
+    (init,) = etcd["spec"]["template"]["spec"]["initContainers"]
+    command = init["command"]
+    assert command[:3] == ["python", "-m", "elastic_control_plane.replication.etcd_join"]
+    return command[command.index("--") + 1 :]
+
+
 def component(workload: Obj) -> str:
     return pod_labels(workload)["app.kubernetes.io/component"]
 
@@ -232,7 +240,7 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
     members = [f"elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2379" for i in range(3)]
     (control,) = [c for w, c in containers(objects) if component(w) == "registry"]
     assert environment(control)["ELASTIC_STORE"] == "etcd://" + ",".join(members)
-    flags = dict(arg.partition("=")[::2] for arg in etcd["spec"]["template"]["spec"]["containers"][0]["command"][1:])
+    flags = dict(arg.partition("=")[::2] for arg in etcd_flags(etcd))
     assert flags["--initial-cluster"] == ",".join(
         f"elastic-etcd-{i}=https://elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2380" for i in range(3)
     )

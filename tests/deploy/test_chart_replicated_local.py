@@ -8,6 +8,7 @@ one; etcd's without a certificate), and when the active registry pod is killed t
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from elastic_control_plane.bus.config import DEFAULT_PORTS
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.replication.etcd_member import etcd_binary
+from elastic_control_plane.replication.store_choice import StoreChoice
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
 from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
@@ -57,35 +59,68 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
     processes: dict[str, subprocess.Popen[bytes]] = {}
     metrics: dict[str, str] = {}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    members = {pod: (spec, container) for owner, pod, spec, container in pods(objects) if owner == "elastic-etcd"}
+
+    def on_member(text: str, pod: str) -> str:
+        """A member's argument here: its volumes (data, config, certificates) directories of the test's own."""
+        mounts = mount_secrets(*members[pod], secrets, tmp_path / "mounts" / pod)
+        text = on_this_machine(local(text, pod), mounts).replace("/data/etcd", str(tmp_path / pod))
+        return text.replace("/config/etcd.json", str(tmp_path / f"{pod}.json"))
+
+    def configure(pod: str) -> subprocess.Popen[bytes]:
+        """The pod's init container: etcd_join writes the member's config."""
+        (init,) = members[pod][0]["initContainers"]
+        argv = [sys.executable if arg == "python" else on_member(arg, pod) for arg in init["command"]]
+        with open(tmp_path / f"{pod}-init.log", "ab") as log:
+            return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def start_member(pod: str) -> None:
+        container = members[pod][1]
+        argv = [etcd_binary(), *(on_member(arg, pod) for arg in container["command"][1:])]
+        with open(tmp_path / f"{pod}.log", "ab") as log:
+            processes[pod] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        probe = container["readinessProbe"]["httpGet"]  # /health on the metrics port, without a certificate
+        assert probe["port"] == "metrics"
+        metrics[pod] = f"http://127.0.0.{int(pod.rpartition('-')[2]) + 1}:{metrics_port}{probe['path']}"
+
+    def replace_member(pod: str) -> None:
+        """The member's pod comes back on an empty volume: its data is gone, its init container and etcd run again."""
+        stop(processes.pop(pod))
+        shutil.rmtree(tmp_path / pod)
+        assert configure(pod).wait(timeout=60) == 0, (tmp_path / f"{pod}-init.log").read_text()
+        start_member(pod)
+
     try:
+        starting = [configure(pod) for pod in members]  # a StatefulSet's Parallel pods: the three at once
+        assert [init.wait(timeout=60) for init in starting] == [0, 0, 0]
+        for pod in members:
+            start_member(pod)
         for owner, pod, spec, container in pods(objects):
+            if owner == "elastic-etcd":
+                continue
             mounts = mount_secrets(spec, container, secrets, tmp_path / "mounts" / pod)
             argv = [on_this_machine(local(arg, pod), mounts) for arg in container["command"]]
-            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
-            if owner == "elastic-etcd":
-                argv = [etcd_binary(), *(a for a in argv[1:] if not a.startswith("--data-dir="))]
-                argv.append(f"--data-dir={tmp_path / pod}")
-                probe = container["readinessProbe"]["httpGet"]  # /health on the metrics port, without a certificate
-                assert probe["port"] == "metrics"
-                metrics[pod] = f"http://127.0.0.{int(pod.rpartition('-')[2]) + 1}:{metrics_port}{probe['path']}"
-            else:
-                env.update(
-                    {name: on_this_machine(local(value, pod), mounts) for name, value in environment(container).items()}
-                )
-                env.pop("ELASTIC_KUBERNETES_SELECTOR", None)  # no API server here: discovery from heartbeats
-                env["ELASTIC_REPLICA"] = pod  # a StatefulSet pod's host name, which names it when it binds 0.0.0.0
-                argv = [sys.executable if arg == "python" else arg for arg in argv]
-                (port,) = free_ports(1)
-                argv[argv.index("--metrics-port") + 1] = str(port)
-                probe = container["readinessProbe"]["httpGet"]
-                assert probe["port"] == "metrics"
-                metrics[pod] = f"http://{env['ELASTIC_BIND']}:{port}{probe['path']}"
+            service_env = {
+                **env,
+                **{name: on_this_machine(local(value, pod), mounts) for name, value in environment(container).items()},
+                "ELASTIC_REPLICA": pod,  # a StatefulSet pod's host name, which names it when it binds 0.0.0.0
+            }
+            service_env.pop("ELASTIC_KUBERNETES_SELECTOR", None)  # no API server here: discovery from heartbeats
+            argv = [sys.executable if arg == "python" else arg for arg in argv]
+            (port,) = free_ports(1)
+            argv[argv.index("--metrics-port") + 1] = str(port)
+            probe = container["readinessProbe"]["httpGet"]
+            assert probe["port"] == "metrics"
+            metrics[pod] = f"http://{service_env['ELASTIC_BIND']}:{port}{probe['path']}"
             with open(tmp_path / f"{pod}.log", "ab") as log:
                 processes[pod] = subprocess.Popen(
-                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent()
+                    argv, env=service_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent()
                 )
         registry = next(c for owner, _, _, c in pods(objects) if owner == "elastic-registry")
         yield {
+            "replace_member": replace_member,
+            "init_log": lambda pod: (tmp_path / f"{pod}-init.log").read_text(),
             "keys": secrets[KEYS_SECRET],
             "processes": processes,
             "metrics": metrics,
@@ -133,3 +168,22 @@ def test_the_rendered_replicated_pods_elect_one_replica_each_and_the_other_takes
         endpoints["ELASTIC_REGISTRY_ENDPOINT"],
         plane["keys"],
     )
+
+
+def test_a_member_whose_volume_is_lost_rejoins_and_the_control_plane_goes_on(plane: dict[str, Any]) -> None:
+    """etcd-1's pod comes back on an empty volume: its init container finds the running cluster listing it, removes
+    it and adds it back, and it joins with the others' data, where a fresh bootstrap would crash-loop; then etcd-0
+    too, so that a majority of the members have been replaced, and the registry still answers through etcd."""
+    client = StoreChoice.parse("etcd", "etcd://" + ",".join(plane["etcd"])).with_keys(plane["keys"]).client()
+    try:
+        wait_for(lambda: len([m for m in client.members() if m.name]) == 3, 60, "three members running")
+        for pod in ("elastic-etcd-1", "elastic-etcd-0"):
+            before = {m.name: m.id for m in client.members()}
+            plane["replace_member"](pod)
+            assert "joins the running cluster" in plane["init_log"](pod)
+            wait_for(lambda: ready(plane["metrics"][pod]), 60, f"{pod} healthy again")
+            after = {m.name: m.id for m in client.members() if m.name}
+            assert after.keys() == before.keys() and after[pod] != before[pod], (before, after)
+        assert ping(plane["endpoints"]["ELASTIC_REGISTRY_ENDPOINT"], time.monotonic() + 60, plane["keys"])
+    finally:
+        client.close()

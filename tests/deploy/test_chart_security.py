@@ -13,7 +13,15 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import CHART, NAMESPACE, REPO, helm, render
-from tests.deploy.test_chart_objects import SERVICES, component, containers, environment, pod_labels, workloads
+from tests.deploy.test_chart_objects import (
+    SERVICES,
+    component,
+    containers,
+    environment,
+    etcd_flags,
+    pod_labels,
+    workloads,
+)
 
 CI = REPO / "deploy/helm/elastic/ci"
 SERVER_PUBLIC = {"server.key"}
@@ -56,7 +64,8 @@ def test_etcd_speaks_tls_to_clients_and_peers_and_requires_certificates() -> Non
     (etcd,) = [w for w in workloads(objects) if component(w) == "etcd"]
     pod = etcd["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    flags = dict(arg.partition("=")[::2] for arg in container["command"][1:])
+    assert container["command"] == ["etcd", "--config-file=/config/etcd.json"]
+    flags = dict(arg.partition("=")[::2] for arg in etcd_flags(etcd))
     for name in (
         "--listen-client-urls",
         "--advertise-client-urls",
@@ -163,6 +172,7 @@ def test_the_network_policies_admit_the_control_planes_paths_and_nothing_else() 
         (pod["registry"], "etcd", 2379),
         (pod["discovery"], "etcd", 2379),
         (pod["etcd"], "etcd", 2380),
+        (pod["etcd"], "etcd", 2379),
         (monitoring, "registry", 9552),
         (monitoring, "etcd", 2381),
         (monitoring, "agent", 9555),
