@@ -237,6 +237,8 @@ def test_the_replicated_layout_names_every_replica_and_etcd_member() -> None:
         assert not sets[f"elastic-{name}"]["spec"].get("volumeClaimTemplates"), "state is in etcd"
     etcd = sets["elastic-etcd"]
     assert etcd["spec"]["replicas"] == 3 and etcd["spec"]["volumeClaimTemplates"]
+    retained = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert etcd["spec"]["persistentVolumeClaimRetentionPolicy"] == retained, "an uninstall keeps the job's state"
     members = [f"elastic-etcd-{i}.elastic-etcd.{NAMESPACE}.svc:2379" for i in range(3)]
     (control,) = [c for w, c in containers(objects) if component(w) == "registry"]
     assert environment(control)["ELASTIC_STORE"] == "etcd://" + ",".join(members)
@@ -264,6 +266,8 @@ def test_the_single_layout_runs_one_pod_per_service_the_registry_on_a_volume() -
     sets = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "StatefulSet"}
     assert {name: sets[f"elastic-{name}"]["spec"]["replicas"] for name in SERVICES} == dict.fromkeys(SERVICES, 1)
     (claim,) = sets["elastic-registry"]["spec"]["volumeClaimTemplates"]
+    retained = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert sets["elastic-registry"]["spec"]["persistentVolumeClaimRetentionPolicy"] == retained
     (registry,) = sets["elastic-registry"]["spec"]["template"]["spec"]["containers"]
     assert {"name": claim["metadata"]["name"], "mountPath": environment(registry)["ELASTIC_STATE_DIR"]} in registry[
         "volumeMounts"

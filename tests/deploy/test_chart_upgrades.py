@@ -78,7 +78,7 @@ def test_each_documented_upgrade_changes_no_immutable_field() -> None:
         for change in (
             "image.tag=0.2.0",
             "agents.replicas=6",
-            "timing=local",
+            "timing=cloud",
             "controlPlane.resources.limits.memory=4Gi",
         ):
             assert immutable_changes(before, render(str(values), change)) == [], (values.name, change)
