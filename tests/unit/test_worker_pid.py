@@ -4,6 +4,9 @@ does not exec; the whole path through a real `sh -c` is tests/integration/test_j
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -21,10 +24,16 @@ def test_a_process_whose_parent_is_the_agent_is_the_worker(monkeypatch: pytest.M
     assert worker_pid() == os.getpid()
 
 
-def test_behind_a_wrapper_the_worker_is_the_ancestor_the_agent_started(monkeypatch: pytest.MonkeyPatch):
-    grandparent = _parent_of(os.getppid())
-    monkeypatch.setenv(WorkerEnv.AGENT_PID, str(grandparent))
-    assert worker_pid() == os.getppid()
+def test_behind_a_wrapper_the_worker_is_the_ancestor_the_agent_started():
+    """This process plays the agent: it starts `sh -c` (a wrapper that does not exec), which starts the worker;
+    the worker names the shell, the process the agent started."""
+    script = "from elastic_control_plane.slot_processes.agent_link import worker_pid; print(worker_pid())"
+    wrapper = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}; echo $$"
+    env = {**os.environ, WorkerEnv.AGENT_PID: str(os.getpid())}
+    named, shell = subprocess.run(
+        ["sh", "-c", wrapper], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(named) == int(shell)
 
 
 @pytest.mark.parametrize("agent_pid", [None, "not-a-pid", str(2**22 + 1)])
