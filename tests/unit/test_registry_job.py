@@ -137,6 +137,7 @@ def test_a_job_saved_before_the_fields_added_since_loads() -> None:
     assert list(job.reports.retired_pids) == [7, 8]
     assert (job.first_report_at, job.waiting_since, job.failure_seen_at) == (490.0, 480.0, None)
     newer_fields = {
+        "run_id": "",
         "failure_resets": 0,
         "wait_calibration": {},
         "hang_doublings": {},
