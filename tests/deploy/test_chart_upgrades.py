@@ -84,6 +84,17 @@ def test_each_documented_upgrade_changes_no_immutable_field() -> None:
             assert immutable_changes(before, render(str(values), change)) == [], (values.name, change)
 
 
+def test_an_upgrade_the_api_would_refuse_is_caught_and_documented_as_such() -> None:
+    """The check above is a real one: resizing etcd's volumes, or switching layouts, changes a StatefulSet's
+    volumeClaimTemplates, which the API refuses to change (docs/kubernetes.md says how to do either instead)."""
+    before = render(str(CI / "replicated-values.yaml"))
+    assert immutable_changes(
+        before, render(str(CI / "replicated-values.yaml"), "controlPlane.etcd.storage.size=8Gi")
+    ) == ["StatefulSet elastic-etcd: spec.volumeClaimTemplates"]
+    switched = render(str(CI / "replicated-values.yaml"), "controlPlane.layout=single", "controlPlane.replicas=null")
+    assert "StatefulSet elastic-registry: spec.volumeClaimTemplates" in immutable_changes(before, switched)
+
+
 def test_agents_are_replaced_only_when_their_pod_is_deleted_and_drained_one_at_a_time() -> None:
     for values in ("cpu-values.yaml", "daemonset-values.yaml"):
         objects = render(str(CI / values))
