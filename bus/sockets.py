@@ -112,11 +112,9 @@ def generate_keys(keys_dir: Path, agent_hosts: Sequence[str] = ()) -> None:
     hosts = [check_host_name(host) for host in agent_hosts]
     keys_dir.mkdir(parents=True, exist_ok=True)
     authorized = keys_dir / AUTHORIZED_DIR
-    for folder in (
-        authorized / AGENTS_DIR,
-        keys_dir / AGENTS_DIR,
-    ):  # what an earlier run wrote; keys added by hand stay
-        shutil.rmtree(folder, ignore_errors=True)
+    # The per-host keys an earlier run wrote go; keys an operator added to authorized/ by hand stay.
+    shutil.rmtree(authorized / AGENTS_DIR, ignore_errors=True)
+    shutil.rmtree(keys_dir / AGENTS_DIR, ignore_errors=True)
     roles = [name for role, name in KEY_OF_ROLE.items() if not (hosts and role == AGENT)]
     names = [SERVER_KEY, *roles, *(f"{AGENTS_DIR}/{host}" for host in hosts)]
     old_umask = os.umask(0o077)
