@@ -1,7 +1,7 @@
 """`elasticctl run --attach RUN`, as a Kubernetes Job's pods use it: a submitter killed mid-job (an evicted pod) and
 started again follows the job still running, without a second job or a reset; started again after the job ended, it
 reports that end (its exit code) without training again; another run is refused while one trains, as without
---attach."""
+--attach; a run name that is not one is refused."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from elastic_control_plane.bus.client import ServiceError
 from testing.harness import Cluster, wait_for
 
 # Trains until the file RELEASE names exists, then exits 3 (a job's own exit code, passed on by elasticctl run).
@@ -54,3 +55,12 @@ def test_a_submitter_started_again_follows_its_run_and_never_trains_it_twice(clu
     late = cluster.submit("--attach", "run-a", *command, name="submitter-3")  # a retry after the end
     assert cluster.wait_job_end(late, 30) == 3, cluster.output("submitter-3")
     assert cluster.job()["job"] == started["job"], "the run was not submitted again"
+
+
+@pytest.mark.parametrize("run_id", ["x" * 129, 7], ids=["too-long", "not-a-string"])
+def test_a_run_name_that_is_not_one_is_refused_and_nothing_is_submitted(cluster: Cluster, run_id: object) -> None:
+    spec = {"command": [sys.executable, "-c", "pass"], "min_np": 1}
+    with pytest.raises(ServiceError) as refused:
+        cluster.call("registry", "submit", {"spec": spec, "run_id": run_id})
+    assert refused.value.code == "bad_request" and "run_id must be a string" in refused.value.message
+    assert cluster.job()["state"] == "none", "nothing was submitted"
