@@ -144,6 +144,7 @@ def test_a_values_file_gives_every_pod_what_a_gpu_cluster_needs(tmp_path: Path) 
         "envFrom": [{"configMapRef": {"name": "nccl"}}],
         "initContainers": [{"name": "wait", "image": "busybox", "command": ["true"]}],
         "extraContainers": [{"name": "sidecar", "image": "busybox", "command": ["sleep", "inf"]}],
+        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
     }
     values = tmp_path / "values.yaml"
     values.write_text(
@@ -169,3 +170,8 @@ def test_a_values_file_gives_every_pod_what_a_gpu_cluster_needs(tmp_path: Path) 
         assert {"name": "ckpt", "mountPath": "/ckpt"} in main["volumeMounts"], name
         assert pod["volumes"][0] in spec["volumes"], name
         assert pod["env"][0] in main["env"] and main["envFrom"] == pod["envFrom"], name
+        assert spec["resourceClaims"] == pod["resourceClaims"], name
+    (agents,) = [
+        w for w in workloads(render(str(values), "agents.resources.claims[0].name=gpus")) if component(w) == "agent"
+    ]
+    assert agents["spec"]["template"]["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpus"}]
