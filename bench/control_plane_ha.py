@@ -54,7 +54,7 @@ class EventWitness:
     """Follows the notifier's events through every loss (a subscriber like an agent) and counts what went wrong:
     a number missed or repeated, an incarnation changed."""
 
-    def __init__(self, cluster: ReplicatedCluster, keys: Path | None) -> None:
+    def __init__(self, cluster: ReplicatedCluster, keys: Path | None = None) -> None:
         self.ctx = zmq.Context()
         self.subscription = Subscription(
             self.ctx,

@@ -256,7 +256,7 @@ def run_bench(
         etcd = EtcdCluster(Path(tmp) / "etcd", quota_bytes=report.quota_bytes)
         try:
             etcd.start()
-            run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat, etcd.store_url)
+            run = ScaleRun(Path(tmp), hosts, slots, procs, heartbeat, "etcd", etcd.store_url)
             try:
                 run.result.say(
                     f"== etcd size: {hosts} hosts x {slots} slots, {resets} resets, quota {quota_mib} MiB =="
