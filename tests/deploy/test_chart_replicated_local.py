@@ -128,7 +128,8 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "etcd": local(environment(registry)["ELASTIC_STORE"], "x-0").removeprefix("etcd://").split(","),
         }
     finally:
-        for process in processes.values():
+        # The replicas first, while etcd still answers their resignation; then the members.
+        for _, process in sorted(processes.items(), key=lambda item: "etcd" in item[0]):
             stop(process)
 
 

@@ -148,7 +148,8 @@ def replicated_compose(compose: dict[str, Any], tmp_path: Path) -> Iterator[dict
             "keys": keys,
         }
     finally:
-        for process in processes.values():
+        # The replicas first, while etcd still answers their resignation; then the members.
+        for _, process in sorted(processes.items(), key=lambda item: item[0] in MEMBERS):
             stop(process)
 
 
