@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from testing.harness import Cluster, free_ports, wait_for
 from tests.deploy.conftest import render
 from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
 from tests.deploy.test_chart_objects import component, containers, environment
+from tests.deploy.test_chart_replicated_local import ready
 
 COMMANDS = {"python": [sys.executable], "elastic-agent": [sys.executable, "-m", "elastic_control_plane.agent.main"]}
 COMMANDS["elasticctl"] = [sys.executable, "-m", "elastic_control_plane.elasticctl.main"]
@@ -48,15 +48,6 @@ def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[s
         if argv[i - 1] == "--metrics-port":
             (argv[i],) = map(str, free_ports(1))
     return argv
-
-
-def answers(url: str) -> bool:
-    """Does a probe's GET of `url` succeed (HTTP 200)?"""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
 
 
 def local_env(
@@ -119,8 +110,8 @@ def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Clus
         argv = local(container["command"], env, ports)
         cluster.spawn(f"agent-{pod}", argv, env=env)
         metrics = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}"
-        wait_for(lambda: answers(metrics + readiness["path"]), 60, f"{pod}'s readiness probe")
-        assert answers(metrics + liveness["path"])
+        wait_for(lambda: ready(metrics + readiness["path"]), 60, f"{pod}'s readiness probe")
+        assert ready(metrics + liveness["path"])
     hosts = lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}  # noqa: E731
     assert hosts() == {"elastic-agent-0", "elastic-agent-1"}, "a Ready agent pod is registered"
     container = by_component["job"][0]
