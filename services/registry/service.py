@@ -180,11 +180,11 @@ class RegistryService(Service):
             self._persist(self._now())
         return self.job.summary()
 
-    @handles("job", roles=(AGENT, OPERATOR))
+    @handles("job", roles=(AGENT, OPERATOR), replayable=True)
     def on_job(self, request: Request) -> dict[str, Any]:
         return self.job.summary()
 
-    @handles("status", roles=(OPERATOR,))
+    @handles("status", roles=(OPERATOR,), replayable=True)
     def on_status(self, request: Request) -> dict[str, Any]:
         return {
             **self.job.summary(),
