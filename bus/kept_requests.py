@@ -3,8 +3,8 @@
 `ReplyCache` holds the latest replies by (sender, id), so that a retried request gets the same answer again. It
 keeps at most `REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes, counted as the memory they hold (the frames
 and what Python spends to keep them: `reply_cost`); a reply larger than `REPLY_CACHE_ENTRY_BYTES` is not kept (large
-replies answer reads, which a retry runs again). Handlers a retry may simply run again (reads, heartbeats:
-`handles(..., replayable=True)`, bus/service.py) keep no reply here at all.
+replies answer reads, which a retry runs again). Handlers a retry may simply run again (reads, heartbeats, the
+agents' periodic wait reports: `handles(..., replayable=True)`, bus/service.py) keep no reply here at all.
 
 `ParkingLot` holds the requests parked until their answer is known: at most `MAX_PARKED_PER_SENDER` of one
 sender, `MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages. It says why one more may not park (`refusal`);

@@ -200,7 +200,7 @@ class RegistryService(Service):
         self._persist(now)
         return {"recorded": recorded}
 
-    @handles("waits", roles=(AGENT,))
+    @handles("waits", roles=(AGENT,), replayable=True)
     def on_waits(self, request: Request) -> dict[str, Any]:
         host, rows = parse_waits(request.body)
         now = self._now()
