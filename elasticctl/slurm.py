@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ OWN_OPTIONS = (
     "state_dir",
     "dry_run",
 )
+JOIN_COMMAND = "(the joined job's)"
 HOSTLIST_OPTIONS = ("-w", "--nodelist", "-x", "--exclude")  # sbatch's options whose value is a host list
 
 
@@ -73,7 +75,10 @@ def option_spans(command: click.Command, words: list[str]) -> Iterator[tuple[str
 def split_arguments(command: click.Command, args: list[str]) -> tuple[list[str], list[str], list[str], list[str]]:
     """(this command's own options, `elasticctl run`'s, sbatch's, the training command), each as typed."""
     if "--" not in args:
-        raise CommandError("missing `-- COMMAND`: elasticctl slurm -N 2 [options] -- python train.py", 2)
+        if any(word == "--join" or word.startswith("--join=") for word in args):
+            args = [*args, "--", JOIN_COMMAND]  # a joining allocation runs the job's command, not one of its own
+        else:
+            raise CommandError("missing `-- COMMAND`: elasticctl slurm -N 2 [options] -- python train.py", 2)
     cut = args.index("--")
     own: list[str] = []
     run: list[str] = []
@@ -195,11 +200,11 @@ def slurm(**options: Any) -> None:
         signal_before=options["signal_before"],
         max_requeues=options["max_requeues"],
     )
+    if job.join is not None and not options["dry_run"]:
+        job = replace(job, exclude=joined_nodes(job.join, state_dir))
     if options["dry_run"]:
         click.echo(render(job), nl=False)
         return
-    if job.join is not None:
-        check_joinable(job.join, state_dir)
     submitted = state_dir / "submitted"
     submitted.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
@@ -212,8 +217,9 @@ def slurm(**options: Any) -> None:
     click.echo(f"submitted batch job {job_id} (script {script})")
 
 
-def check_joinable(job_id: str, state_dir: Path) -> None:
-    """JOB runs, and was submitted by elasticctl slurm with this state directory; else one line, exit 2."""
+def joined_nodes(job_id: str, state_dir: Path) -> str:
+    """The nodes of JOB, which the joining allocation must not take again (their agents run); CommandError (exit 2)
+    unless JOB runs and was submitted by elasticctl slurm with this state directory."""
     try:
         fields = commands.job_fields(job_id)
     except commands.SlurmError as exc:
@@ -222,3 +228,4 @@ def check_joinable(job_id: str, state_dir: Path) -> None:
         raise CommandError(f"--join {job_id}: the job is {fields.get('JobState', 'unknown').lower()}, not running", 2)
     if not (state_dir / job_id / "control").exists():
         raise CommandError(f"--join {job_id}: no control plane of that job in {state_dir} (--state-dir)", 2)
+    return fields.get("NodeList", "")

@@ -110,19 +110,21 @@ class Driver:
         return address
 
     # -- agents --------------------------------------------------------------------------------------
-    def start_agents(self, control: str) -> None:
+    def start_agents(self, control: str, skip: frozenset[str] = frozenset()) -> None:
+        """An agent step on each node of the allocation but `skip` (a joined job's nodes: their agents run)."""
         env = {**os.environ, "ELASTIC_KEYS": str(self.keys), "ELASTIC_CONTROL": control}
         env.setdefault("ELASTIC_LOG_LEVEL", "WARNING")  # the job's output: the workers' lines and what went wrong
         env.pop("ELASTIC_SLURM_JOB", None)
         slots = ["--slots", str(self.args.gpus_per_node)] if self.args.gpus_per_node else []
         gpus = [f"--gpus-per-node={self.args.gpus_per_node}"] if self.args.gpus_per_node else []
-        for group, node in allocation_groups(os.environ):
+        nodes = [(group, node) for group, node in allocation_groups(os.environ) if node not in skip]
+        for group, node in nodes:
             het = [f"--het-group={group}"] if group is not None else []
             step = ["srun", *het, "-N1", "-n1", "-w", node, "--overlap", "--no-kill", "--kill-on-bad-exit=0", *gpus]
             # The agent is named after the node as Slurm knows it (every node may report the same hostname).
             agent = ["sh", "-c", 'exec "$0" -m elastic_control_plane.agent.main --host "$SLURMD_NODENAME" "$@"']
             self.processes.start(f"agent {node}", [*step, *agent, sys.executable, *slots], env, None)
-        say(f"agents started on {', '.join(node for _, node in allocation_groups(os.environ))}")
+        say(f"agents started on {', '.join(node for _, node in nodes)}")
 
     def wait_for_agents(self, control: str) -> None:
         """Until every node's agent has registered (AGENTS_TIMEOUT at most: a node that does not come is left out),
@@ -242,7 +244,14 @@ class Driver:
             say(f"job {self.args.join} has no control plane recorded in {self.job_dir}")
             return 2
         say(f"joining job {self.args.join} (control plane at {control})")
-        self.start_agents(control)
+        try:
+            joined = frozenset(
+                n for job in commands.running_jobs() if job.het_job_id == self.args.join for n in job.nodes
+            )
+        except commands.SlurmError as exc:
+            say(f"cannot read the joined job's nodes ({exc})")
+            joined = frozenset()
+        self.start_agents(control, skip=joined)
         while not self.received:
             if all(p.poll() is not None for p in self.processes.running.values()):
                 break

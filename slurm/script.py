@@ -39,6 +39,7 @@ class SlurmJob:
     control_hosts: int = 1
     control: str | None = None
     join: str | None = None
+    exclude: str | None = None  # a joining allocation: the joined job's nodes, which already have agents
     signal_before: int = DEFAULT_SIGNAL_BEFORE
     max_requeues: int = DEFAULT_MAX_REQUEUES
     job_name: str = "elastic"
@@ -63,6 +64,7 @@ class SlurmJob:
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
         if self.join is not None:
+            lines += [f"--exclude={self.exclude}"] if self.exclude else []
             return [*lines, "--no-kill", f"--comment=elastic-join={self.join}", f"--output={self.output}"]
         return [
             *lines,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -20,13 +21,12 @@ STEP = 0.05
 LOSS_BUDGET = 10.0  # seconds from a node's loss to commits at the smaller size (bench/slurm.py measures it closely)
 
 
-def job_args(log_dir: str, batches: int = BATCHES, *extra: str) -> list[str]:
+def job_args(log_dir: str, batches: int = BATCHES, nodes: int = 3) -> list[str]:
     return [
         "-N",
-        "3",
+        str(nodes),
         "--checkpoint-interval",
         "2",
-        *extra,
         "--",
         "python",
         "counter.py",
@@ -116,3 +116,33 @@ def test_a_preemption_signal_checkpoints_requeues_and_the_rerun_resumes_with_no_
     assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
     done = [e for e in slurm.events("log") if e["event"] == "done"]
     assert done and all(e["total"] == sum(range(400)) for e in done)
+
+
+def test_a_second_allocation_joins_the_running_job_and_leaves_when_it_ends(slurm: SlurmCluster) -> None:
+    job = slurm.submit(*job_args("log", 500, nodes=2))
+    first_commit_at_size(slurm, 2, 0.0, 120)
+    joined_at = time.time()
+    extra = slurm.submit("-N", "1", "--join", job)
+    first_commit_at_size(slurm, 3, joined_at, 90)
+    assert {e["host"] for e in commits(slurm.events("log"), size=3)} == {"node1", "node2", "node3"}
+    script = max((slurm.user_dir / ".elastic-slurm" / "submitted").glob("*.sh"), key=lambda p: p.stat().st_mtime)
+    assert "#SBATCH --exclude=node[1-2]" in script.read_text().splitlines()  # the joined job's nodes have agents
+
+    cancelled_at = time.time()
+    subprocess.run(["scancel", extra], check=True)
+    at_two = first_commit_at_size(slurm, 2, cancelled_at, 60)
+    assert at_two - cancelled_at < LOSS_BUDGET, f"{at_two - cancelled_at:.1f}s from the cancel to two nodes"
+    assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+    done = [e for e in slurm.events("log") if e["event"] == "done"]
+    assert done and all(e["total"] == sum(range(500)) for e in done)
+
+
+def test_joining_a_job_slurm_does_not_have_is_one_line_and_exit_2(slurm: SlurmCluster) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "slurm", "-N", "1", "--join", "999999"],
+        cwd=slurm.user_dir,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "elasticctl: --join 999999: Slurm has no job 999999"
