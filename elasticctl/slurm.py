@@ -135,10 +135,10 @@ def slurm_options(fn: Any) -> Any:
         ),
         click.option(
             "--control-hosts",
-            type=click.IntRange(min=1, max=1),
+            type=click.IntRange(min=1),
             default=1,
             show_default=True,
-            help="The control plane on the batch host (replicated placement: run it outside and give --control).",
+            help="1: the control plane on the batch host (a replicated one runs outside the allocation: --control).",
         ),
         click.option(
             "--control", default=None, metavar="HOST[,HOST...]", help="A control plane outside the allocation."
@@ -184,6 +184,12 @@ def slurm(**options: Any) -> None:
     build_spec(options)
     if options["nodes"] is None:
         raise CommandError("-N/--nodes is required", 2)
+    if options["control_hosts"] != 1:
+        raise CommandError(
+            "--control-hosts: a replicated control plane inside the allocation is not built; run one outside it "
+            "(docker-compose.replicated.yml) and give --control A,B,C",
+            2,
+        )
     state_dir = options["state_dir"].resolve()
     job = SlurmJob(
         nodes=options["nodes"],

@@ -28,13 +28,10 @@ def allocation_groups(env: Mapping[str, str]) -> list[tuple[int | None, str]]:
     return [(None, node) for node in expand_hostlist(env["SLURM_JOB_NODELIST"])]
 
 
-def blacklisted_for_good(hosts_reply: dict[str, Any]) -> list[str]:
-    """The hosts discovery's `hosts` reply lists as blacklisted with no cooldown: the job will not use them again."""
-    return [
-        row["host"]
-        for row in hosts_reply.get("all") or []
-        if row.get("blacklisted") and row.get("cooldown_left") is None
-    ]
+def given_up_hosts(hosts_reply: dict[str, Any]) -> list[str]:
+    """The hosts discovery's `hosts` reply lists as blacklisted, for good or for a cooldown: the job gave up on them,
+    and a requeued job (a new control plane, which would not know) must not be given them again."""
+    return [row["host"] for row in hosts_reply.get("all") or [] if row.get("blacklisted")]
 
 
 def newest_commit(checkpoint_dir: Path) -> int:

@@ -8,7 +8,7 @@ outlived a requeue follows the job it has), then waits:
 - the job ends: the agents and services are stopped; exit 0 when it finished, else what slurm/requeue.py decides;
 - SIGUSR1 (the time limit or a preemption is near, or `scancel --batch --signal=USR1`): every agent is sent SIGTERM
   through Slurm (`scancel --signal=TERM JOB.STEP`), so its workers leave at their next commit and it writes that
-  commit to --checkpoint-dir before it exits; then the hosts the job blacklisted for good are written to
+  commit to --checkpoint-dir before it exits; then the hosts the job blacklisted (gave up on) are written to
   STATE/JOB/exclude and the driver exits REQUEUE: the batch script requeues the job, which resumes from the
   checkpoint (a new job on the same --checkpoint-dir resumes from its newest checkpoint);
 - SIGTERM (scancel): everything is stopped at once.
@@ -41,7 +41,7 @@ from elastic_control_plane.elasticctl.local_processes import (
     service_argv,
 )
 from elastic_control_plane.slurm import commands
-from elastic_control_plane.slurm.allocation import allocation_groups, blacklisted_for_good, newest_commit
+from elastic_control_plane.slurm.allocation import allocation_groups, given_up_hosts, newest_commit
 from elastic_control_plane.slurm.requeue import SIGNAL_EXIT, decide
 
 START_TIMEOUT = 60.0  # seconds for the services to answer
@@ -219,12 +219,12 @@ class Driver:
         return outcome.exit_code
 
     def write_exclude(self, control: str) -> None:
-        """STATE/JOB/exclude: the hosts blacklisted for good, with those of earlier runs, for the requeued job."""
+        """STATE/JOB/exclude: the hosts blacklisted now, with those of earlier runs, for the requeued job."""
         path = self.job_dir / "exclude"
         before = [n for n in path.read_text().strip().split(",") if n] if path.exists() else []
         plane = ControlPlane(Endpoints.from_env(control), self.keys, timeout=1.0)
         try:
-            hosts = blacklisted_for_good(plane.call("discovery", "hosts"))
+            hosts = given_up_hosts(plane.call("discovery", "hosts"))
         except CommandError as exc:
             say(f"cannot ask discovery for blacklisted hosts ({exc})")
             hosts = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_control_plane.services.discovery.slurm import SlurmSource, job_hosts
-from elastic_control_plane.slurm.allocation import allocation_groups, blacklisted_for_good
+from elastic_control_plane.slurm.allocation import allocation_groups, given_up_hosts
 from elastic_control_plane.slurm.hostlist import (
     NodeState,
     SlurmOutputError,
@@ -150,7 +150,7 @@ def test_every_component_of_a_heterogeneous_job_gets_agents() -> None:
         allocation_groups({})
 
 
-def test_hosts_blacklisted_for_good_are_those_without_a_cooldown() -> None:
+def test_the_hosts_given_up_are_the_blacklisted_ones() -> None:
     reply = {
         "all": [
             {"host": "node1", "blacklisted": True, "cooldown_left": None},
@@ -158,4 +158,4 @@ def test_hosts_blacklisted_for_good_are_those_without_a_cooldown() -> None:
             {"host": "node3", "blacklisted": False, "cooldown_left": None},
         ]
     }
-    assert blacklisted_for_good(reply) == ["node1"]
+    assert given_up_hosts(reply) == ["node1", "node2"]

@@ -81,6 +81,7 @@ def test_a_joining_allocation_runs_agents_only(tmp_path: Path) -> None:
         (["-N", "0", "--", "python"], "-N"),
         (["-N", "2", "--min-np", "0", "--", "python"], "--min-np must be at least 1"),
         (["-N", "2", "--signal-before", "5", "--", "python"], "--signal-before"),
+        (["-N", "2", "--control-hosts", "3", "--", "python"], "--control-hosts: a replicated control plane inside"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
