@@ -1,7 +1,7 @@
 """Elastic jobs on a real 3-node Slurm (scripts/slurm.sh, started and stopped here), against torchrun launched as
 pytorch/examples' `sbatch_run.sh` does (one `srun` step of one torchrun per node, c10d rendezvous on the first node).
 
-    python -m bench.slurm [--batches 600]
+    python -m bench.slurm [--batches 600] [--only loss|preemption|torchrun]
 
 Measured from the outside, as a user sees it (the job's output file and its workers' event logs, polled every
 50 ms; each row one run):
@@ -93,13 +93,21 @@ def elastic_preemption(c: SlurmCluster, batches: int) -> dict[str, float]:
     resumed = wait_for(
         lambda: [e for e in c.events("log") if e["event"] == "enter" and e["batch"] > 0], 120, "the resume"
     )[0]
-    first = commit_at(c, 3, resumed["time"])
-    last_before = max(e["batch"] for e in c.events("log") if e["event"] == "commit" and e["time"] < signalled + 5)
+    first = min(
+        wait_for(
+            lambda: [e["time"] for e in c.events("log") if e["event"] == "commit" and e["time"] > resumed["time"]],
+            120,
+            "a commit after the resume",
+        )
+    )
+    full = commit_at(c, 3, resumed["time"])
+    last_before = max(e["batch"] for e in c.events("log") if e["event"] == "commit" and e["time"] < resumed["time"])
     c.wait_ended(job, 300)
     return {
         "USR1 -> checkpointed and requeued": requeued - signalled,
         "requeue -> rerun starts (Slurm)": rerun - requeued,
         "rerun start -> training again": first - rerun,
+        "rerun start -> training at 3 nodes": full - rerun,
         "committed steps lost": float(max(0, last_before - resumed["batch"])),
     }
 
@@ -126,8 +134,8 @@ def torchrun_loss(c: SlurmCluster) -> dict[str, float]:
         "torchrun's rerun",
         interval=0.1,
     )
-    resumed_step = min(e["step"] for e in restarted)
-    first = wait_for(lambda: [e["time"] for e in steps() if e["time"] > down], 120, "a step after the rerun")
+    resumed_step, rerun_at = min(e["step"] for e in restarted), min(e["time"] for e in restarted)
+    first = wait_for(lambda: [e["time"] for e in steps() if e["time"] > rerun_at], 120, "a step after the rerun")
     slurm("scancel", job)
     return {
         "torchrun: node DOWN -> training again": min(first) - down,
@@ -138,6 +146,7 @@ def torchrun_loss(c: SlurmCluster) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=600)
+    parser.add_argument("--only", choices=("loss", "preemption", "torchrun"), default=None, help="One scenario.")
     args = parser.parse_args()
     rows: dict[str, float] = {}
     with running_slurm(), tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
@@ -146,6 +155,8 @@ def main() -> None:
             ("preemption", lambda c: elastic_preemption(c, args.batches)),
             ("torchrun", torchrun_loss),
         ):
+            if args.only not in (None, name):
+                continue
             cluster = SlurmCluster(Path(tmp) / name)
             try:
                 rows.update(scenario(cluster))
