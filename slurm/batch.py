@@ -6,9 +6,10 @@ node ends only its own step), and submits the job with `elasticctl run --attach 
 outlived a requeue follows the job it has), then waits:
 
 - the job ends: the agents and services are stopped; exit 0 when it finished, else what slurm/requeue.py decides;
-- SIGUSR1 (the time limit or a preemption is near, or `scancel --batch --signal=USR1`): every agent is sent SIGTERM
-  through Slurm (`scancel --signal=TERM JOB.STEP`), so its workers leave at their next commit and it writes that
-  commit to --checkpoint-dir before it exits; then the hosts the job blacklisted (gave up on) are written to
+- SIGUSR1 (the time limit or a preemption is near, or `scancel --batch --signal=USR1`): every agent step is sent
+  SIGTERM through Slurm (`scancel --signal=TERM JOB.STEP`, which reaches every process of the step): the workers
+  stop, their last commit safe in the host's snapshot, and the agent, draining, writes that commit to
+  --checkpoint-dir once they are gone, then exits; then the hosts the job blacklisted (gave up on) are written to
   STATE/JOB/exclude and the driver exits REQUEUE: the batch script requeues the job, which resumes from the
   checkpoint (a new job on the same --checkpoint-dir resumes from its newest checkpoint);
 - SIGTERM (scancel): everything is stopped at once.
@@ -48,7 +49,7 @@ START_TIMEOUT = 60.0  # seconds for the services to answer
 DRAIN_TIMEOUT = 90.0  # seconds the agents may take to reach a commit and write it after USR1
 AGENTS_TIMEOUT = 30.0  # seconds the first round waits for every node's agent
 AGENTS_STOP = 10.0  # seconds the agents have to leave once the job has ended
-FOLLOWER_STOP = 10.0  # seconds `elasticctl run` has to cancel the job before it is killed
+FOLLOWER_STOP = 10.0  # seconds `elasticctl run` and the services have to exit after SIGTERM, before SIGKILL
 
 
 def say(line: str) -> None:
@@ -127,13 +128,20 @@ class Driver:
         say(f"agents started on {', '.join(node for _, node in nodes)}")
 
     def wait_for_agents(self, control: str) -> None:
-        """Until every node's agent has registered (AGENTS_TIMEOUT at most: a node that does not come is left out),
-        so that the job's first round has them all instead of a reset when the last arrive."""
-        nodes = [node for _, node in allocation_groups(os.environ)]
+        """Until every node's agent has registered or its step has ended (a node lost while the job starts), for
+        AGENTS_TIMEOUT at most, so that the job's first round has them all instead of a reset when the last arrive."""
+        steps = {
+            name.removeprefix("agent "): p for name, p in self.processes.running.items() if name.startswith("agent")
+        }
         plane = ControlPlane(Endpoints.from_env(control), self.keys, timeout=0.5)
+
+        def all_up() -> bool:
+            hosts = plane.call("discovery", "hosts")
+            return all(registered(hosts, node) or step.poll() is not None for node, step in steps.items())
+
         try:
             self.processes.wait_until(
-                lambda: all(registered(plane.call("discovery", "hosts"), node) for node in nodes),
+                all_up,
                 AGENTS_TIMEOUT,
                 "every agent to register",
                 (),
@@ -144,7 +152,8 @@ class Driver:
             plane.close()
 
     def drain_agents(self, timeout: float) -> None:
-        """SIGTERM to every agent step through Slurm: its workers leave at their next commit, it checkpoints it."""
+        """SIGTERM to every agent step through Slurm (its workers stop, it checkpoints their last commit and exits);
+        wait `timeout` seconds at most for the steps to end."""
         try:
             steps = commands.agent_steps(self.job_id)
         except commands.SlurmError as exc:
