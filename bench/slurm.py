@@ -1,7 +1,7 @@
 """Elastic jobs on a real 3-node Slurm (scripts/slurm.sh, started and stopped here), against torchrun launched as
 pytorch/examples' `sbatch_run.sh` does (one `srun` step of one torchrun per node, c10d rendezvous on the first node).
 
-    python -m bench.slurm [--batches 600] [--only loss|preemption|torchrun]
+    python -m bench.slurm [--batches 600] [--only loss|preemption|timelimit|torchrun]
 
 Measured from the outside, as a user sees it (the job's output file and its workers' event logs, polled every
 50 ms; each row one run):
@@ -12,6 +12,8 @@ Measured from the outside, as a user sees it (the job's output file and its work
                nodes again
   preemption   scancel --batch --signal=USR1 -> the driver's "requeued" line (the checkpoint is written by then);
                the requeued run's first line -> its first commit; committed steps lost (resumed batch vs last commit)
+  time limit   `-t 2 --signal-before 30`: when Slurm's signal came, the driver's USR1 line -> "requeued", the
+               rerun's first line -> its resume, committed steps lost
   torchrun     the same node2 DOWN: Slurm cancels the job's one step and requeues the job (it cannot go on with a
                node less); node2 resumed at once, as a replacement would be: DOWN -> the rerun's first step, and
                the steps lost since the last checkpoint (saved every 5 steps)
@@ -112,6 +114,27 @@ def elastic_preemption(c: SlurmCluster, batches: int) -> dict[str, float]:
     }
 
 
+def elastic_time_limit(c: SlurmCluster) -> dict[str, float]:
+    """`-t 2 --signal-before 30`: Slurm's own USR1 before the limit, then the same checkpoint and requeue."""
+    job = c.submit("-N", "3", "-t", "2", "--signal-before", "30", "--", "python", "counter.py", "--batches", "1500",
+                   "--step-delay", "0.05", "--log-dir", "log")  # fmt: skip
+    started = seen(lambda: "[elastic slurm] job" in c.output(job), 60, "the driver's first line")
+    signalled = seen(lambda: "USR1:" in c.output(job), 150, "Slurm's signal before the limit")
+    requeued = seen(lambda: "requeued (exit" in c.output(job), 120, "the requeue")
+    rerun = seen(lambda: "run 1;" in c.output(job), 120, "the rerun's first line")
+    resumed = wait_for(
+        lambda: [e for e in c.events("log") if e["event"] == "enter" and e["batch"] > 0], 120, "the resume"
+    )[0]
+    last_before = max(e["batch"] for e in c.events("log") if e["event"] == "commit" and e["time"] < resumed["time"])
+    c.wait_ended(job, 300)
+    return {
+        "time limit: signal came (s before the 120 s limit)": 120 - (signalled - started),
+        "time limit: signal -> checkpointed and requeued": requeued - signalled,
+        "time limit: rerun start -> resumed": resumed["time"] - rerun,
+        "time limit: committed steps lost": float(max(0, last_before - resumed["batch"])),
+    }
+
+
 def torchrun_loss(c: SlurmCluster) -> dict[str, float]:
     (c.user_dir / "ddp_train.py").write_text((REPO / "examples" / "ddp_train.py").read_text())
     script = c.user_dir / "torchrun.sh"
@@ -146,13 +169,16 @@ def torchrun_loss(c: SlurmCluster) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=600)
-    parser.add_argument("--only", choices=("loss", "preemption", "torchrun"), default=None, help="One scenario.")
+    parser.add_argument(
+        "--only", choices=("loss", "preemption", "timelimit", "torchrun"), default=None, help="One scenario."
+    )
     args = parser.parse_args()
     rows: dict[str, float] = {}
     with running_slurm(), tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
         for name, scenario in (
             ("loss", lambda c: elastic_loss_and_replacement(c, args.batches)),
             ("preemption", lambda c: elastic_preemption(c, args.batches)),
+            ("timelimit", elastic_time_limit),
             ("torchrun", torchrun_loss),
         ):
             if args.only not in (None, name):
