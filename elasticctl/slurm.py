@@ -213,7 +213,6 @@ def slurm(**options: Any) -> None:
         return
     submitted = state_dir / "submitted"
     submitted.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(state_dir, 0o700)
     script = submitted / f"elastic-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sh"
     script.write_text(render(job))
     try:
