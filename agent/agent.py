@@ -249,6 +249,7 @@ class AgentService(Service):
         if self.keeper.workers:
             self.link.drain(self.config.drain_timeout)
         else:
+            self.launcher.snapshots.flush_now()
             self.link.unregister(self.stop)
 
     def check_drain(self) -> None:
@@ -257,6 +258,7 @@ class AgentService(Service):
         if not self.keeper.draining or workers and not self.keeper.drain_overdue(self.config.drain_timeout):
             return
         if not workers:
+            self.launcher.snapshots.flush_now()
             self.link.unregister(self.stop)
         elif not self.keeper.stopping:
             self.log.warning("drain_timeout", workers=len(workers))

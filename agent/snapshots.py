@@ -9,7 +9,8 @@ cleaning up (SIGKILL) are removed by the next agent that starts on the host.
 
 With `--checkpoint-dir`, a background thread copies the newest snapshot there
 (snapshot/durable.py) at most every `checkpoint_interval` seconds, one flush at
-a time: training never waits for the disk.
+a time: training never waits for the disk; and once more when the host drains and its workers have left
+(`flush_now`), so a drained job's last commit is on disk.
 """
 
 from __future__ import annotations
@@ -134,6 +135,23 @@ class SnapshotKeeper:
         self._flushing = self._executor.submit(
             durable.flush, layout.buffer_paths(self.prefix), self.checkpoint_dir, self.host, done
         )
+
+    def flush_now(self) -> None:
+        """Write the newest commit to --checkpoint-dir now, after any flush under way: a host that drains (a
+        preemption) leaves its last commit on disk, not only the one of the last interval."""
+        if self._flushing is not None:
+            self._collect(self._flushing)
+            self._flushing = None
+        header = self.newest()
+        done = self.last_checkpoint.commit if self.last_checkpoint else 0
+        if self.checkpoint_dir is None or header is None or header.commit <= done:
+            return
+        flushing: Future[durable.Checkpoint | None] = Future()
+        try:
+            flushing.set_result(durable.flush(layout.buffer_paths(self.prefix), self.checkpoint_dir, self.host, done))
+        except OSError as exc:
+            flushing.set_exception(exc)
+        self._collect(flushing)
 
     def _collect(self, flushing: Future[durable.Checkpoint | None]) -> None:
         try:

@@ -28,6 +28,7 @@ from elastic_control_plane.elasticctl.follow import CANCEL_WAIT, submit_and_foll
 from elastic_control_plane.elasticctl.local import run_local
 from elastic_control_plane.elasticctl.local_keys import live_local_keys
 from elastic_control_plane.elasticctl.options import build_spec, job_options
+from elastic_control_plane.elasticctl.slurm import slurm
 from elastic_control_plane.elasticctl.status import as_json, gather, render, render_control_plane
 from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
 from elastic_control_plane.elasticctl.watch import watch_status
@@ -299,6 +300,9 @@ def keys_generate(directory: Path, etcd_hosts: tuple[str, ...], agent_hosts: tup
         raise click.UsageError(str(exc)) from None
     make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
     click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
+
+
+cli.add_command(slurm)
 
 
 def main() -> None:

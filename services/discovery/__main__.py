@@ -1,16 +1,18 @@
 """`python -m elastic_control_plane.services.discovery`: run discovery; with --kubernetes-selector, its hosts are the
-Ready pods of that label selector (services/discovery/kubernetes.py)."""
+Ready pods of that label selector (services/discovery/kubernetes.py); with --slurm-job, the nodes of that Slurm job
+that Slurm has not marked down or drained (services/discovery/slurm.py)."""
 
 from typing import Any
 
 import click
 
-from elastic_control_plane.bus.config import Endpoints, Timing
+from elastic_control_plane.bus.config import ConfigError, Endpoints, Timing
 from elastic_control_plane.bus.sockets import Security
 from elastic_control_plane.services.cli import service_command
 from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource, default_namespace
 from elastic_control_plane.services.discovery.marks_log import MarksLog
 from elastic_control_plane.services.discovery.service import DiscoveryService
+from elastic_control_plane.services.discovery.slurm import SlurmSource
 
 KUBERNETES_OPTIONS = [
     click.Option(
@@ -29,6 +31,14 @@ KUBERNETES_OPTIONS = [
         default=None,
         help="The pods' namespace (default: the service account's, else default).",
     ),
+    click.Option(
+        ["--slurm-job"],
+        envvar="ELASTIC_SLURM_JOB",
+        metavar="JOB",
+        default=None,
+        help="Take the hosts from Slurm: the nodes of this job and of the allocations that joined it, less those "
+        "Slurm marks down or drained (elasticctl slurm's batch script sets it).",
+    ),
 ]
 
 
@@ -41,9 +51,14 @@ def discovery(
     replica: Any,
     kubernetes_selector: str | None,
     kubernetes_namespace: str | None,
+    slurm_job: str | None,
 ) -> DiscoveryService:
-    """The service; with a selector, watching the pods it matches."""
-    pods = None
+    """The service; with a selector, watching the pods it matches; with a Slurm job, its nodes."""
+    pods: PodSource | SlurmSource | None = None
+    if kubernetes_selector and slurm_job:
+        raise ConfigError("--slurm-job", slurm_job, "discovery takes its hosts from Kubernetes or Slurm, not both")
+    if slurm_job:
+        pods = SlurmSource(slurm_job, log.bind(source="slurm"))
     if kubernetes_selector:
         namespace = kubernetes_namespace or default_namespace()
         pods = PodSource(ApiServer.from_env(), namespace, kubernetes_selector, log.bind(source="kubernetes"))

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from elastic_control_plane.services.discovery.host_lists import HostLists
 from elastic_control_plane.services.discovery.kubernetes_retry import (
     BAD_ANSWERS,
     Backoff,
@@ -133,7 +134,7 @@ class ApiServer:
         return headers
 
 
-class PodSource:
+class PodSource(HostLists):
     """The hosts of the Ready pods matching `selector` in `namespace`, kept by a thread from `start()` to `stop()`.
 
     `hosts()` is None until the first list succeeded; `generation` counts the host lists taken."""
@@ -155,14 +156,11 @@ class PodSource:
         self.generation = 0
         self._watch_failures = 0  # watches failed in a row: a relist after backoff.policy.rewatches
         self._rng = random.Random()  # draws each watch's timeoutSeconds
-        self._hosts: dict[str, int | None] | None = None
+        super().__init__()
         self._table = PodTable()
         self._stopping = threading.Event()
         self._connection: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()  # guards _connection, which stop() shuts down under the thread's read
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
         self._outage: str | None = None
         self._said_no_pods = False
         self._thread = threading.Thread(target=self._run, name="kubernetes-pods", daemon=True)
@@ -170,26 +168,10 @@ class PodSource:
     def start(self) -> None:
         self._thread.start()
 
-    def hosts(self) -> dict[str, int | None] | None:
-        return self._hosts
-
     @property
     def resource_version(self) -> str | None:
         """Where the next watch resumes (None: it lists first)."""
         return self._table.resource_version
-
-    def fileno(self) -> int:
-        """A descriptor readable after a change; `take()` empties it."""
-        return self._wake_read
-
-    def take(self) -> dict[str, int | None] | None:
-        """`hosts()`, the wake-ups that told of it taken from `fileno()`."""
-        try:
-            while os.read(self._wake_read, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        return self._hosts
 
     def stop(self) -> None:
         self._stopping.set()
@@ -201,8 +183,7 @@ class PodSource:
                     pass
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        os.close(self._wake_read)
-        os.close(self._wake_write)
+        self.close()
 
     # -- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -278,7 +259,7 @@ class PodSource:
         if not items and not self._said_no_pods:
             self.log.warning("kubernetes_no_pods", namespace=self.namespace, selector=self.selector)
         self._said_no_pods = self._said_no_pods or not items
-        if self._table.replace({"metadata": page["metadata"], "items": items}) or self._hosts is None:
+        if self._table.replace({"metadata": page["metadata"], "items": items}) or self.hosts() is None:
             self._publish()
 
     def _watch(self) -> bool:
@@ -306,14 +287,9 @@ class PodSource:
         return False
 
     def _publish(self) -> None:
-        self._hosts = dict(self._table.hosts)
         self.generation += 1
-        if self._stopping.is_set():
-            return  # the pipe is closed, or about to be
-        try:
-            os.write(self._wake_write, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # a full pipe wakes the loop already; a closed one: stopping
+        if not self._stopping.is_set():  # else the pipe is closed, or about to be
+            self.put(dict(self._table.hosts))
 
     @contextmanager
     def _get(self, verb: str, path: str) -> Iterator[http.client.HTTPResponse]:

@@ -1,8 +1,8 @@
 """DiscoveryService: tracks live agents (registration + heartbeats), an optional discovery script, drain and blacklist.
 
-With `pods` (services/discovery/kubernetes.py), the Ready pods of a label selector stand where a script's hosts
-would: no host is usable before their first list, a change wakes the loop at once, and a job that names a script
-too is refused (`configure` and `restore` answer bad_request).
+With `pods` (services/discovery/kubernetes.py's Ready pods, or slurm.py's nodes of a Slurm job) standing where a
+script's hosts would, no host is usable before their first list, a change wakes the loop at once, and a job that
+names a script too is refused (`configure` and `restore` answer bad_request).
 
 Messages:
 - register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}: an agent
@@ -43,8 +43,7 @@ out through the notifier; a change beyond max_np sends nothing. `added`/`removed
 `version - 1` into that of `version` (hostset.apply_diff); when they cannot (a host left and came back between two), the
 event carries the whole list as `hosts` instead. A subscriber that missed a change asks `hosts` for the whole list
 (`published`, at `version`). Changes are coalesced: they are published at most every COALESCE_WINDOW, and at once before
-a `hosts` reply, so a burst of thousands of registrations makes a handful of events and whoever reads the hosts sees
-what was announced.
+a `hosts` reply, so thousands of registrations make a handful of events and a reader sees what was announced.
 
 Replicated (`--store etcd://...`), the drains and blacklists are kept in etcd as well (services/discovery/marks_log.py),
 written before a change is acknowledged; a replica that takes over starts from them and keeps them over the registry's
@@ -77,6 +76,7 @@ from elastic_control_plane.services.discovery.hostset import (
 from elastic_control_plane.services.discovery.kubernetes import PodSource, pods_and_script
 from elastic_control_plane.services.discovery.marks_log import MarksLog, marks_saved
 from elastic_control_plane.services.discovery.script import DiscoveryScript
+from elastic_control_plane.services.discovery.slurm import SlurmSource
 
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
 COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
@@ -92,7 +92,7 @@ class DiscoveryService(Service):
         notifier_endpoint: str,
         timing: Timing,
         marks_log: MarksLog | None = None,
-        pods: PodSource | None = None,
+        pods: PodSource | SlurmSource | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(endpoint, **kw)

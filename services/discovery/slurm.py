@@ -1,0 +1,80 @@
+"""Discovery from Slurm: a thread that asks Slurm, every POLL seconds, which nodes the job holds now and what state
+each is in, and keeps the host list discovery takes (services/discovery/service.py takes it as it takes the
+Kubernetes pods').
+
+The hosts are the nodes of the job (`--slurm-job JOB`, ELASTIC_SLURM_JOB, set by the batch script's driver): of
+every component of a heterogeneous job, and of every running allocation that joined it (`elasticctl slurm --join
+JOB` marks its allocation with the comment `elastic-join=JOB`), less the nodes Slurm marks DOWN, FAIL or DRAIN
+(`sinfo -N`): such a node leaves the job at the next poll, without waiting for its agent's heartbeats to stop.
+A host is used only when its agent is up as well. A node that is not responding (`*`) stays: its agent's
+heartbeats say whether it is gone (Slurm takes 15-20 s to mark a dead slurmd DOWN, and the agent may still run).
+
+Slurm not answering (slurmctld restarting) keeps the last list in force, said once (`slurm_unavailable`) until it
+answers again (`slurm_recovered`); the discovery loop is woken through `fileno()` when the list changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from elastic_control_plane.services.discovery.host_lists import HostLists
+from elastic_control_plane.slurm import commands
+from elastic_control_plane.slurm.hostlist import allocation_nodes
+
+POLL = 0.5  # seconds between two looks at squeue and sinfo
+
+
+def job_hosts(jobs: list[Any], states: dict[str, Any], job_id: str) -> dict[str, int | None]:
+    """The hosts of job `job_id`: its nodes and its joined allocations', less the lost and drained (slots: the
+    agent's own)."""
+    return {
+        node: None
+        for node in allocation_nodes(jobs, job_id)
+        if not (node in states and (states[node].lost or states[node].drained))
+    }
+
+
+class SlurmSource(HostLists):
+    """The hosts of Slurm job `job_id`, kept by a thread from `start()` to `stop()`; `hosts()` is None until Slurm
+    first answered."""
+
+    def __init__(self, job_id: str, log: Any, poll: float = POLL) -> None:
+        if not job_id.isdigit():
+            raise ValueError(f"--slurm-job={job_id!r}: not a Slurm job id")
+        self.job_id, self.log, self.poll = job_id, log, poll
+        super().__init__()
+        self._outage: str | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slurm-nodes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=commands.TIMEOUT + 1)
+        self.close()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.look()
+            self._stopping.wait(self.poll)
+
+    def look(self) -> None:
+        """Ask Slurm once; a changed host list wakes the discovery loop."""
+        try:
+            hosts = job_hosts(commands.running_jobs(), commands.node_states(), self.job_id)
+        except commands.SlurmError as exc:
+            if self._outage is None:
+                self.log.warning("slurm_unavailable", reason=str(exc), effect="the last host list stays in force")
+            self._outage = str(exc)
+            return
+        if self._outage is not None:
+            self.log.info("slurm_recovered", after=self._outage)
+            self._outage = None
+        if hosts != self.hosts():
+            gone = sorted(set(self.hosts() or {}) - set(hosts))
+            self.log.info("slurm_hosts", hosts=sorted(hosts), gone=gone)
+            self.put(hosts)

@@ -1,0 +1,155 @@
+"""Elastic jobs on a real 3-node Slurm (issue 48), submitted with `elasticctl slurm` from a user's own directory:
+a job trains across the three nodes, loses one set DOWN by the admin and one whose slurmd and agent are SIGKILLed,
+trains on within seconds on what is left and finishes with every commit; a node lost while a job starts does not
+hold its start; a second allocation joins a running job and leaves it; a preemption signal checkpoints, requeues,
+and the rerun resumes from the checkpoint with no committed step lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from elastic_control_plane.slurm.requeue import REQUEUE
+from testing.harness import wait_for
+from testing.slurm_cluster import SlurmCluster, kill_node
+
+BATCHES = 600
+STEP = 0.05
+LOSS_BUDGET = 10.0  # seconds from a node's loss to commits at the smaller size (bench/slurm.py measures it closely)
+
+
+def job_args(log_dir: str, batches: int = BATCHES, nodes: int = 3) -> list[str]:
+    return [
+        "-N",
+        str(nodes),
+        "--checkpoint-interval",
+        "2",
+        "--",
+        "python",
+        "counter.py",
+        "--batches",
+        str(batches),
+        "--step-delay",
+        str(STEP),
+        "--log-dir",
+        log_dir,
+    ]
+
+
+def commits(events: list[dict[str, Any]], **where: Any) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "commit" and all(e.get(k) == v for k, v in where.items())]
+
+
+def first_commit_at_size(slurm: SlurmCluster, size: int, after: float, timeout: float) -> float:
+    """When the first commit at world size `size` after `after` was made."""
+    found = wait_for(
+        lambda: [e["time"] for e in commits(slurm.events("log"), size=size) if e["time"] > after],
+        timeout,
+        f"commits at world size {size}",
+        interval=0.1,
+    )
+    return min(found)
+
+
+def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
+    """Every host discovery's hosts_updated events took out of the job before the wall-clock time `before`."""
+    removed: set[str] = set()
+    for line in (slurm.user_dir / ".elastic-slurm" / job / "logs" / "discovery-0.log").read_text().splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        when = datetime.fromisoformat(event.get("timestamp", "1970-01-01T00:00:00+00:00").replace("Z", "+00:00"))
+        if event.get("event") == "hosts_updated" and when.timestamp() < before:
+            removed |= set(event.get("remove") or [])
+    return removed
+
+
+def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_and_finishes(
+    slurm: SlurmCluster,
+) -> None:
+    job = slurm.submit(*job_args("log"))
+    first_commit_at_size(slurm, 3, 0.0, 120)
+
+    down_at = time.time()
+    subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=test"], check=True)
+    at_two = first_commit_at_size(slurm, 2, down_at, 60)
+    assert at_two - down_at < LOSS_BUDGET, f"{at_two - down_at:.1f}s from node2 DOWN to training on two nodes"
+
+    killed_at = time.time()
+    kill_node("node3")
+    at_one = first_commit_at_size(slurm, 1, killed_at, 60)
+    assert at_one - killed_at < LOSS_BUDGET, f"{at_one - killed_at:.1f}s from node3's kill to training on node1"
+
+    assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+    assert slurm.exit_code(job) == "0:0"
+    events = slurm.events("log")
+    done = [e for e in events if e["event"] == "done"]
+    assert done and all(e["batch"] == BATCHES and e["total"] == sum(range(BATCHES)) for e in done)
+    # Innocent: until the job finished, node1 was never taken out; only the nodes lost were.
+    assert discovery_removed(slurm, job, before=min(e["time"] for e in done)) == {"node2", "node3"}
+    assert {e["host"] for e in commits(events, size=1)} == {"node1"}
+
+
+def test_a_preemption_signal_checkpoints_requeues_and_the_rerun_resumes_with_no_commit_lost(
+    slurm: SlurmCluster,
+) -> None:
+    job = slurm.submit(*job_args("log", 300))
+    wait_for(lambda: len(commits(slurm.events("log"), size=3)) > 60, 120, "commits at world size 3", interval=0.2)
+    signalled = time.time()
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_for(lambda: "requeued (exit" in slurm.output(job), 60, "the driver to checkpoint and ask for a requeue")
+    wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
+    requeued = time.time()
+    assert requeued - signalled < 30
+
+    resumed = wait_for(
+        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["batch"] > 0],
+        120,
+        "the rerun to resume",
+    )[0]
+    before = [e["batch"] for e in commits(slurm.events("log")) if e["time"] < resumed["time"]]
+    assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
+    assert f"exit {REQUEUE}" in slurm.output(job)
+    assert "run 1;" in slurm.output(job)
+
+    assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+    done = [e for e in slurm.events("log") if e["event"] == "done"]
+    assert done and all(e["total"] == sum(range(300)) for e in done)
+
+
+def test_a_node_lost_while_the_job_starts_and_a_second_allocation_that_joins_then_leaves(slurm: SlurmCluster) -> None:
+    """Early: node2 set DOWN as soon as the agents' steps start; the job starts on node1 without waiting for node2's
+    agent. Then a 1-node allocation joins (node3): the job grows to 2, and shrinks back when it is cancelled."""
+    job = slurm.submit("-w", "node[1-2]", *job_args("log", 500, nodes=2))
+    wait_for(lambda: "agents started" in slurm.output(job), 60, "the agents' steps", interval=0.05)
+    subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=test"], check=True)
+    first_commit_at_size(slurm, 1, 0.0, 120)
+    assert "every agent to register" not in slurm.output(job)  # the start did not wait for the lost node's agent
+
+    joined_at = time.time()
+    extra = slurm.submit("-N", "1", "--join", job)
+    first_commit_at_size(slurm, 2, joined_at, 90)
+    assert {e["host"] for e in commits(slurm.events("log"), size=2)} == {"node1", "node3"}
+    script = max((slurm.user_dir / ".elastic-slurm" / "submitted").glob("*.sh"), key=lambda p: p.stat().st_mtime)
+    assert "#SBATCH --exclude=node1" in script.read_text().splitlines()  # the joined job's node has its agent
+
+    cancelled_at = time.time()
+    subprocess.run(["scancel", extra], check=True)
+    at_one = first_commit_at_size(slurm, 1, cancelled_at, 60)
+    assert at_one - cancelled_at < LOSS_BUDGET, f"{at_one - cancelled_at:.1f}s from the cancel to one node"
+    assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+    done = [e for e in slurm.events("log") if e["event"] == "done"]
+    assert done and all(e["total"] == sum(range(500)) for e in done)
+
+
+def test_joining_a_job_slurm_does_not_have_is_one_line_and_exit_2(slurm: SlurmCluster) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "slurm", "-N", "1", "--join", "999999"],
+        cwd=slurm.user_dir,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "elasticctl: --join 999999: Slurm has no job 999999"

@@ -1,0 +1,72 @@
+"""Discovery's Slurm source (services/discovery/slurm.py) against stand-ins for Slurm's squeue and sinfo on the
+PATH, printing what the real ones printed: the host list follows the job's nodes and their states, a change wakes
+the discovery loop, and Slurm not answering keeps the last list, said once."""
+
+from __future__ import annotations
+
+import os
+import select
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_control_plane.services.discovery.slurm import SlurmSource
+
+
+class Said:
+    """A logger that keeps what was said."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def info(self, event: str, **_: Any) -> None:
+        self.events.append(event)
+
+    warning = info
+
+
+@pytest.fixture
+def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """squeue and sinfo that print the files squeue.txt and sinfo.txt, or exit 1 while fail exists."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("squeue", "sinfo"):
+        script = bin_dir / command
+        script.write_text(
+            f'#!/bin/sh\n[ -e "{tmp_path}/fail" ] && {{ echo "slurm_load_jobs error: connect failure" >&2; exit 1; }}\n'
+            f'cat "{tmp_path}/{command}.txt"\n'
+        )
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_the_host_list_follows_the_job_its_node_states_and_slurms_outages(slurm_bin: Path) -> None:
+    (slurm_bin / "squeue.txt").write_text("10|N/A|(null)|node[1-3]\n11|N/A|(null)|node4\n")
+    (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|mixed\nnode3|mixed\nnode4|mixed\n")
+    said = Said()
+    source = SlurmSource("10", said)
+    try:
+        assert source.hosts() is None
+        source.look()
+        assert select.select([source.fileno()], [], [], 0)[0], "a new list wakes the loop"
+        assert source.take() == {"node1": None, "node2": None, "node3": None}
+        assert not select.select([source.fileno()], [], [], 0)[0]
+
+        (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|down\nnode3|mixed*\nnode4|mixed\n")
+        source.look()
+        assert source.take() == {"node1": None, "node3": None}  # DOWN out at once; not responding: heartbeats decide
+
+        (slurm_bin / "fail").touch()
+        source.look()
+        source.look()
+        assert source.hosts() == {"node1": None, "node3": None}
+        assert said.events.count("slurm_unavailable") == 1
+        (slurm_bin / "fail").unlink()
+        (slurm_bin / "squeue.txt").write_text("10|N/A|(null)|node[1-3]\n12|N/A|elastic-join=10|node4\n")
+        source.look()
+        assert source.take() == {"node1": None, "node3": None, "node4": None}  # an allocation joined
+        assert "slurm_recovered" in said.events
+    finally:
+        source.stop()
