@@ -1,0 +1,364 @@
+"""Ledger: where every second of the job's wall clock went, kept live by the registry and saved with the job.
+
+Pure logic, driven by the registry's events with explicit instants of its own monotonic clock. At every instant the
+job is in exactly one bucket (BUCKETS), so the buckets always add up to the job's wall clock:
+
+- TRAINING / BELOW_SIZE: a round is released (every worker has its rank) at the size asked for (`--max-np`; without
+  one, the largest size the job has had) or below it; below it, the missing slot-seconds are counted too;
+- DETECTING: from a fault to the decision on it: a crash's exit report, the start of a hung rank's stall (the
+  others waited since) to its kill, a lost host's last heartbeat to its loss, the first re-join of a planned change
+  (drain, scale-up, preemption) to the decision;
+- REFORMING: from the decision to the release of the next round (rendezvous, process start);
+- WAITING_FOR_HOSTS: after the decision, while fewer than `--min-np` slots are available;
+- PAUSED: in one of the three above while the control plane cannot act (the registry down: the gap between its
+  last save and its restart; its peers out of reach or being restored); training goes on through an outage;
+- LOST_WORK: training since the last commit the workers reported before a fault, moved out of the training
+  buckets when the job trains again (that work is rolled back and done again); a commit reported late moves its
+  part back;
+- CHECKPOINTING: the seconds the hosts' snapshot writers spent saving commits (the mean over the round's hosts),
+  moved out of the training bucket they stopped.
+
+Each interruption (a fault or planned change, up to the release that ends it) has a cause (CAUSES) and a host, and
+its seconds (and its lost work) are charged to both. The job's start is an interruption of cause `start`. Bounded
+for a job that runs for weeks: the last TIMELINE_KEPT interruptions are kept (older ones stay in the totals);
+HOSTS_KEPT hosts are charged by name, the rest of the charge goes to OTHER_HOSTS; the save times of HOSTS_KEPT
+hosts are followed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+TRAINING, BELOW_SIZE, LOST_WORK = "training", "training_below_size", "lost_work"
+DETECTING, REFORMING, WAITING_FOR_HOSTS = "detecting", "reforming", "waiting_for_hosts"
+PAUSED, CHECKPOINTING = "paused", "checkpointing"
+BUCKETS = (TRAINING, BELOW_SIZE, LOST_WORK, DETECTING, REFORMING, WAITING_FOR_HOSTS, PAUSED, CHECKPOINTING)
+TRAINED = (TRAINING, BELOW_SIZE)
+INTERRUPTED = (DETECTING, REFORMING, WAITING_FOR_HOSTS, PAUSED)  # charged to the open interruption
+START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION = (
+    "start",
+    "crash",
+    "hang",
+    "lost_host",
+    "drain",
+    "scale_up",
+    "preemption",
+)
+CAUSES = (START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION)
+TIMELINE_KEPT = 100
+HOSTS_KEPT = 256
+OTHER_HOSTS = "(other hosts)"
+SAVE_EVERY_S = 5.0  # an active ledger is saved at least this often: a restarted registry knows when it stopped
+REASON_CHARS = 300
+
+
+class Ledger:
+    def __init__(self, start: float | None = None, asked: int | None = None) -> None:
+        """A job submitted at `start` that asks for `asked` slots (None: as many as it can get); no `start`: no job."""
+        self.seconds = dict.fromkeys(BUCKETS, 0.0)  # closed time; the open segment is added when asked
+        self.bucket: str | None = None if start is None else WAITING_FOR_HOSTS  # None: no job, or it ended
+        self.since = start or 0.0
+        self.asked, self.size, self.largest = asked, 0, 0
+        self.round = 0  # the last round released
+        self.short_slot_s, self.most_short = 0.0, 0
+        self.by_cause = dict.fromkeys(CAUSES, 0.0)
+        self.by_host: dict[str, float] = {}
+        self.interruption: dict[str, Any] | None = None if start is None else _interruption(START, "", start, "")
+        self.timeline: list[dict[str, Any]] = []
+        self.trained_since = self.since  # the training stretch under way began (its rollback starts there)
+        self.commit, self.commit_at = 0, -float("inf")  # the newest commit reported, and when it was made
+        self.commits_seen = False  # the workers' commits are reported (a job without hang detection has no reports)
+        self.rollback: dict[str, Any] | None = None  # the last interruption's lost work, adjustable by late commits
+        self.saving_s: dict[str, float] = {}  # host: seconds its snapshot writer spent saving (as last reported)
+        self.resume_bucket: str | None = None  # the bucket a PAUSED segment goes back to
+        self.changed, self.saved_at = True, -float("inf")
+
+    # -- what happens to the job --------------------------------------------------------------------
+    def fault(self, now: float, at: float, cause: str, host: str, reason: str) -> None:
+        """A fault (or a planned change) that began at `at` (<= now) stops training: detecting until the decision.
+        One during an interruption is counted in it; the interruption keeps its first cause."""
+        if self.bucket is None:
+            return
+        if self.interruption is not None:
+            self.interruption["faults"] += 1
+            return
+        at = min(max(at, self.since), now)
+        trained = self.bucket
+        self._switch(DETECTING, at)
+        self.rollback = {
+            "start": self.trained_since,
+            "end": at,
+            "bucket": trained,
+            "commit": self.commit,
+            "commit_at": self.commit_at,
+            "charged": 0.0,
+        }
+        self.interruption = _interruption(cause, host, at, reason[:REASON_CHARS], self.commit)
+
+    def decided(self, now: float) -> None:
+        """The registry decided on the fault (a new round): re-forming begins."""
+        if self.bucket == DETECTING:
+            self._switch(REFORMING, now)
+        elif self.bucket == PAUSED and self.resume_bucket == DETECTING:
+            self.resume_bucket = REFORMING
+
+    def slots(self, now: float, enough: bool) -> None:
+        """Between the decision and the next round: enough slots for `--min-np` (re-forming) or not (waiting)."""
+        wanted = REFORMING if enough else WAITING_FOR_HOSTS
+        if self.bucket in (REFORMING, WAITING_FOR_HOSTS) and self.bucket != wanted:
+            self._switch(wanted, now)
+
+    def released(self, now: float, round_number: int, size: int) -> None:
+        """Round `round_number` of `size` slots is released (said again on every pass: the first time counts): the
+        interruption under way ends and training begins."""
+        if self.bucket is None or round_number <= self.round:
+            return
+        self.round = round_number
+        self.largest = max(self.largest, size)
+        self.size = size
+        self._switch(BELOW_SIZE if size < self.asked_size() else TRAINING, now)
+        self.trained_since = self.since
+        if self.interruption is not None:
+            self._close_interruption()
+
+    def control_plane(self, now: float, available: bool) -> None:
+        """Whether the control plane can act: an interruption cannot end while it cannot (PAUSED)."""
+        if not available and self.bucket in (DETECTING, REFORMING, WAITING_FOR_HOSTS):
+            self.resume_bucket = self.bucket
+            self._switch(PAUSED, now)
+        elif available and self.bucket == PAUSED:
+            self._switch(self.resume_bucket or REFORMING, now)
+            self.resume_bucket = None
+
+    def committed(self, now: float, commit: int, age_s: float | None) -> None:
+        """A host reported its newest commit, made `age_s` ago (None: it has none yet): a fault after it rolls back
+        to it. Until a first report, lost work is not known and not counted."""
+        if not self.commits_seen:
+            self.commits_seen = self.changed = True
+        if age_s is None:
+            return
+        at = now - max(0.0, age_s)
+        if at <= self.commit_at:
+            return
+        self.commit, self.commit_at = commit, at
+        rollback = self.rollback
+        if rollback is None:
+            return
+        if at <= rollback["end"]:  # made before the fault, reported after it: less was lost
+            rollback["commit"], rollback["commit_at"] = commit, at
+            self._charge_rollback()
+        elif at >= self.trained_since and self.interruption is None:
+            self.rollback = None  # a commit of the new stretch: no earlier one can come late any more
+
+    def saved_commits(self, now: float, host: str, total_s: float, hosts: int) -> None:
+        """`host`'s snapshot writer has spent `total_s` saving commits in this job; the round has `hosts` hosts: the
+        mean of the new saving time over them stopped training."""
+        before = self.saving_s.pop(host, None)
+        self.saving_s[host] = total_s
+        while len(self.saving_s) > HOSTS_KEPT:
+            del self.saving_s[next(iter(self.saving_s))]
+        if before is None or total_s <= before or self.bucket not in TRAINED:
+            return
+        share = (total_s - before) / max(1, hosts)
+        share = min(share, self.seconds[self.bucket] + max(0.0, now - self.since))
+        self.seconds[self.bucket] -= share
+        self.seconds[CHECKPOINTING] += share
+        self.changed = True
+
+    def ended(self, now: float) -> None:
+        """The job ended: nothing more is counted."""
+        if self.bucket is None:
+            return
+        self._switch(self.bucket, now)
+        if self.interruption is not None:
+            self._close_interruption()
+        self.rollback, self.bucket = None, None
+
+    # -- segments and charges -----------------------------------------------------------------------
+    def asked_size(self) -> int:
+        return self.asked if self.asked is not None else self.largest
+
+    def _switch(self, bucket: str, now: float) -> None:
+        """Close the open segment at `now` (never before it began) and open `bucket` there."""
+        end = max(now, self.since)
+        seconds = end - self.since
+        if self.bucket is not None:
+            self.seconds[self.bucket] += seconds
+            if self.bucket == BELOW_SIZE:
+                short = self.asked_size() - self.size
+                self.short_slot_s += seconds * short
+                self.most_short = max(self.most_short, short)
+            if self.interruption is not None and self.bucket in INTERRUPTED:
+                self.interruption[self.bucket] += seconds
+                self._charge(self.interruption, seconds)
+        self.bucket, self.since, self.changed = bucket, end, True
+
+    def _charge(self, interruption: dict[str, Any], seconds: float) -> None:
+        self.by_cause[interruption["cause"]] += seconds
+        host = interruption["host"]
+        if not host:
+            return
+        if host not in self.by_host and len(self.by_host) + (OTHER_HOSTS not in self.by_host) >= HOSTS_KEPT:
+            least = min((h for h in self.by_host if h != OTHER_HOSTS), key=self.by_host.__getitem__)
+            self.by_host[OTHER_HOSTS] = self.by_host.get(OTHER_HOSTS, 0.0) + self.by_host.pop(least)
+        self.by_host[host] = self.by_host.get(host, 0.0) + seconds
+
+    def _close_interruption(self) -> None:
+        interruption, self.interruption = self.interruption, None
+        assert interruption is not None
+        self.timeline = [*self.timeline[-(TIMELINE_KEPT - 1) :], interruption]
+        if self.rollback is not None:
+            self._charge_rollback()
+
+    def _charge_rollback(self) -> None:
+        """The last interruption's lost work: its training since the newest commit made before the fault, moved to
+        LOST_WORK (or back, when a commit reported late shortens it)."""
+        rollback = self.rollback
+        assert rollback is not None
+        if self.interruption is not None:  # still under way: charged when it ends
+            self.interruption["rolled_back_to"] = rollback["commit"]
+            return
+        lost = max(0.0, rollback["end"] - max(rollback["start"], rollback["commit_at"])) if self.commits_seen else 0.0
+        moved = lost - rollback["charged"]
+        last = self.timeline[-1]
+        last["rolled_back_to"] = rollback["commit"]
+        if not moved:
+            return
+        rollback["charged"] = lost
+        self.seconds[rollback["bucket"]] -= moved
+        self.seconds[LOST_WORK] += moved
+        last[LOST_WORK] += moved
+        self._charge(last, moved)
+        self.changed = True
+
+    # -- what is shown -----------------------------------------------------------------------------
+    def view(self, now: float, as_wall: Callable[[float], float | None]) -> dict[str, Any]:
+        """The ledger at `now`, the open segment included: buckets, causes and hosts in seconds, the training share,
+        the interruptions kept (instants as wall-clock seconds)."""
+        seconds, causes, hosts = dict(self.seconds), dict(self.by_cause), dict(self.by_host)
+        interruption = None
+        if self.interruption is not None:
+            interruption = dict(self.interruption)
+        if self.bucket is not None:
+            open_s = max(0.0, now - self.since)
+            seconds[self.bucket] += open_s
+            if interruption is not None and self.bucket in INTERRUPTED:
+                interruption[self.bucket] += open_s
+                causes[interruption["cause"]] += open_s
+                if interruption["host"]:
+                    hosts[interruption["host"]] = hosts.get(interruption["host"], 0.0) + open_s
+        short_slot_s, most_short = self.short_slot_s, self.most_short
+        if self.bucket == BELOW_SIZE:
+            short = self.asked_size() - self.size
+            short_slot_s, most_short = short_slot_s + short * max(0.0, now - self.since), max(most_short, short)
+        wall = sum(seconds.values())
+        below = seconds[BELOW_SIZE]
+        timeline = [_shown(entry, as_wall) for entry in self.timeline]
+        return {
+            "wall_s": round(wall, 3),
+            "training_share": round((seconds[TRAINING] + below) / wall, 4) if wall > 0 else None,
+            "buckets": {bucket: round(s, 3) for bucket, s in seconds.items()},
+            "bucket": self.bucket,
+            "asked": self.asked_size(),
+            "below_size": {
+                "short_slot_s": round(short_slot_s, 3),
+                "mean_short": round(short_slot_s / below, 2) if below > 0 else 0,
+                "most_short": most_short,
+            },
+            "causes": {cause: round(s, 3) for cause, s in causes.items()},
+            "hosts": {host: round(s, 3) for host, s in sorted(hosts.items(), key=lambda kv: -kv[1])},
+            "commit": self.commit,
+            "commits_seen": self.commits_seen,
+            "interruptions": timeline + ([_shown(interruption, as_wall)] if interruption else []),
+        }
+
+    # -- saving ------------------------------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        """Does the ledger need saving: it changed, or an active one was last saved SAVE_EVERY_S ago?"""
+        return self.changed or (self.bucket is not None and now - self.saved_at >= SAVE_EVERY_S)
+
+    def to_saved(self, now: float, as_wall: Callable[[float], float | None]) -> dict[str, Any]:
+        """The ledger as saved at `now` (instants as wall-clock seconds); it is then no longer `due`."""
+        self.changed, self.saved_at = False, now
+        saved = {name: getattr(self, name) for name in _PLAIN}
+        saved.update({name: _wall(getattr(self, name), as_wall) for name in _INSTANTS})
+        saved["alive"] = _wall(now, as_wall)
+        saved["interruption"] = None if self.interruption is None else _shown(self.interruption, as_wall)
+        saved["timeline"] = [_shown(entry, as_wall) for entry in self.timeline]
+        rollback = self.rollback
+        saved["rollback"] = (
+            None if rollback is None else {**rollback, **{name: _wall(rollback[name], as_wall) for name in _ENDS}}
+        )
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any] | None, now: float, as_local: Callable[[float], float | None]) -> Ledger:
+        """What `to_saved` made, loaded at `now`; the time since it was saved (the registry was down) is PAUSED when
+        the job was not training, training when it was (training goes on through an outage)."""
+        ledger = cls()
+        if not saved:
+            return ledger
+        for name in _PLAIN:
+            if name in saved:
+                setattr(ledger, name, saved[name])
+        for name in _INSTANTS:
+            setattr(ledger, name, _local(saved.get(name), as_local))
+        ledger.seconds = {**dict.fromkeys(BUCKETS, 0.0), **ledger.seconds}
+        ledger.by_cause = {**dict.fromkeys(CAUSES, 0.0), **ledger.by_cause}
+        interruption = saved.get("interruption")
+        ledger.interruption = None if interruption is None else _loaded(interruption, as_local)
+        ledger.timeline = [_loaded(entry, as_local) for entry in saved.get("timeline", [])]
+        rollback = saved.get("rollback")
+        if rollback is not None:
+            ends = {name: _local(rollback[name], as_local) for name in _ENDS}
+            ledger.rollback = {**rollback, **ends}
+        alive = _local(saved.get("alive"), as_local)
+        if ledger.bucket in (DETECTING, REFORMING, WAITING_FOR_HOSTS) and alive is not None:
+            ledger._switch(ledger.bucket, alive)
+            ledger.control_plane(alive, available=False)
+        ledger.changed = True
+        return ledger
+
+
+_PLAIN = (
+    "seconds",
+    "bucket",
+    "asked",
+    "size",
+    "round",
+    "largest",
+    "short_slot_s",
+    "most_short",
+    "by_cause",
+    "by_host",
+    "commit",
+    "commits_seen",
+    "saving_s",
+    "resume_bucket",
+)
+_INSTANTS = ("since", "trained_since", "commit_at")
+_ENDS = ("start", "end", "commit_at")  # a rollback's instants
+
+
+def _interruption(cause: str, host: str, at: float, reason: str, commit: int = 0) -> dict[str, Any]:
+    """An interruption opened at `at`; `rolled_back_to`: the commit the job goes back to (0: its start)."""
+    entry = {"cause": cause, "host": host, "at": at, "reason": reason, "faults": 1, "rolled_back_to": commit}
+    return entry | dict.fromkeys((*INTERRUPTED, LOST_WORK), 0.0)
+
+
+def _wall(instant: float, as_wall: Callable[[float], float | None]) -> float | None:
+    return None if instant == -float("inf") else round(as_wall(instant) or 0.0, 3)
+
+
+def _local(wall: float | None, as_local: Callable[[float], float | None]) -> float:
+    return -float("inf") if wall is None else as_local(wall) or 0.0
+
+
+def _shown(entry: dict[str, Any], as_wall: Callable[[float], float | None]) -> dict[str, Any]:
+    shown = {key: round(value, 3) if isinstance(value, float) else value for key, value in entry.items()}
+    return {**shown, "at": _wall(entry["at"], as_wall)}
+
+
+def _loaded(entry: dict[str, Any], as_local: Callable[[float], float | None]) -> dict[str, Any]:
+    return {**entry, "at": _local(entry["at"], as_local)}
