@@ -108,7 +108,9 @@ class AgentService(Service):
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         server = ForkServer(config.fork_server, self.log)
-        self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
+        self.wait_watch = WaitWatch(
+            host, self.registry, timing.heartbeat, self.log, commits=lambda: self.launcher.snapshots.commit_report()
+        )
         self.launcher = Launcher(settings, server, self.wait_watch, self, timing.heartbeat, self.log)
         reports = ExitReports(host, timing, self.registry, self.rendezvous, self.launcher.snapshots, self.log)
         self.keeper = WorkerKeeper(
@@ -359,6 +361,7 @@ class AgentService(Service):
         if seconds < 0:
             raise RequestError("bad_request", "seconds must be at least 0")
         COMMIT_SECONDS.labels(self.host).observe(seconds)
+        self.launcher.snapshots.saving_s += seconds
         return {}
 
     @handles("rank_and_size")

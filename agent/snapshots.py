@@ -55,6 +55,7 @@ class SnapshotKeeper:
         self.checkpoint_dir: Path | None = None
         self.checkpoint_interval = 30.0
         self.last_checkpoint: durable.Checkpoint | None = None
+        self.saving_s = 0.0  # seconds this job's snapshot writer on this host spent saving commits (`committed`)
         self._next_flush_at = 0.0
         self._flushing: Future[durable.Checkpoint | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -66,6 +67,7 @@ class SnapshotKeeper:
         self.checkpoint_dir = Path(plan.spec.checkpoint_dir) if plan.spec.checkpoint_dir else None
         self.checkpoint_interval = plan.spec.checkpoint_interval
         self.last_checkpoint = None
+        self.saving_s = 0.0
         self._flushing = None
         try:
             layout.create(self.prefix)
@@ -94,6 +96,13 @@ class SnapshotKeeper:
     def newest(self) -> layout.BufferHeader | None:
         header = layout.newest_header(layout.buffer_paths(self.prefix))
         return header if header is not None and header.job == self.job_key else None
+
+    def commit_report(self) -> dict[str, Any]:
+        """The newest commit for the registry's goodput ledger (with the `waits` report): its number (0: none yet),
+        its age on this host's clock (None: none), and the seconds the host's writer spent saving commits."""
+        header = self.newest()
+        age = None if header is None else max(0.0, time.time() - header.written_at)
+        return {"commit": 0 if header is None else header.commit, "age_s": age, "saving_s": self.saving_s}
 
     def report(self) -> dict[str, Any]:
         """What the agent tells the control plane: the snapshot's commit, size and time, and the last checkpoint."""

@@ -49,7 +49,7 @@ CAUSES = (START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION)
 TIMELINE_KEPT = 100
 HOSTS_KEPT = 256
 OTHER_HOSTS = "(other hosts)"
-SAVE_EVERY_S = 5.0  # an active ledger is saved at least this often: a restarted registry knows when it stopped
+SAVE_EVERY_S = 5.0  # progress and interruptions are saved this often: a restarted registry knows when it stopped
 REASON_CHARS = 300
 
 
@@ -72,7 +72,9 @@ class Ledger:
         self.rollback: dict[str, Any] | None = None  # the last interruption's lost work, adjustable by late commits
         self.saving_s: dict[str, float] = {}  # host: seconds its snapshot writer spent saving (as last reported)
         self.resume_bucket: str | None = None  # the bucket a PAUSED segment goes back to
-        self.changed, self.saved_at = True, -float("inf")
+        self.changed, self.saved_at = True, -float("inf")  # changed: a transition, saved at the end of its pass
+        self.progressed = False  # commits or checkpointing changed it: saved within SAVE_EVERY_S
+        self.timeline_changed = True
 
     # -- what happens to the job --------------------------------------------------------------------
     def fault(self, now: float, at: float, cause: str, host: str, reason: str) -> None:
@@ -141,7 +143,7 @@ class Ledger:
         at = now - max(0.0, age_s)
         if at <= self.commit_at:
             return
-        self.commit, self.commit_at = commit, at
+        self.commit, self.commit_at, self.progressed = commit, at, True
         rollback = self.rollback
         if rollback is None:
             return
@@ -164,7 +166,7 @@ class Ledger:
         share = min(share, self.seconds[self.bucket] + max(0.0, now - self.since))
         self.seconds[self.bucket] -= share
         self.seconds[CHECKPOINTING] += share
-        self.changed = True
+        self.progressed = True
 
     def ended(self, now: float) -> None:
         """The job ended: nothing more is counted."""
@@ -208,6 +210,7 @@ class Ledger:
         interruption, self.interruption = self.interruption, None
         assert interruption is not None
         self.timeline = [*self.timeline[-(TIMELINE_KEPT - 1) :], interruption]
+        self.timeline_changed = True
         if self.rollback is not None:
             self._charge_rollback()
 
@@ -222,6 +225,7 @@ class Ledger:
         lost = max(0.0, rollback["end"] - max(rollback["start"], rollback["commit_at"])) if self.commits_seen else 0.0
         moved = lost - rollback["charged"]
         last = self.timeline[-1]
+        self.timeline_changed = self.timeline_changed or last["rolled_back_to"] != rollback["commit"] or bool(moved)
         last["rolled_back_to"] = rollback["commit"]
         if not moved:
             return
@@ -234,8 +238,15 @@ class Ledger:
 
     # -- what is shown -----------------------------------------------------------------------------
     def view(self, now: float, as_wall: Callable[[float], float | None]) -> dict[str, Any]:
+        """`totals`, and the interruptions kept, the one under way last (instants as wall-clock seconds)."""
+        totals = self.totals(now)
+        interruption = totals.pop("interruption")
+        timeline = [_shown(entry, as_wall) for entry in self.timeline]
+        return {**totals, "interruptions": timeline + ([_shown(interruption, as_wall)] if interruption else [])}
+
+    def totals(self, now: float) -> dict[str, Any]:
         """The ledger at `now`, the open segment included: buckets, causes and hosts in seconds, the training share,
-        the interruptions kept (instants as wall-clock seconds)."""
+        how far below the size asked it trained."""
         seconds, causes, hosts = dict(self.seconds), dict(self.by_cause), dict(self.by_host)
         interruption = None
         if self.interruption is not None:
@@ -254,7 +265,6 @@ class Ledger:
             short_slot_s, most_short = short_slot_s + short * max(0.0, now - self.since), max(most_short, short)
         wall = sum(seconds.values())
         below = seconds[BELOW_SIZE]
-        timeline = [_shown(entry, as_wall) for entry in self.timeline]
         return {
             "wall_s": round(wall, 3),
             "training_share": round((seconds[TRAINING] + below) / wall, 4) if wall > 0 else None,
@@ -270,22 +280,35 @@ class Ledger:
             "hosts": {host: round(s, 3) for host, s in sorted(hosts.items(), key=lambda kv: -kv[1])},
             "commit": self.commit,
             "commits_seen": self.commits_seen,
-            "interruptions": timeline + ([_shown(interruption, as_wall)] if interruption else []),
+            "interruption": interruption,
         }
 
     # -- saving ------------------------------------------------------------------------------------
     def due(self, now: float) -> bool:
-        """Does the ledger need saving: it changed, or an active one was last saved SAVE_EVERY_S ago?"""
-        return self.changed or (self.bucket is not None and now - self.saved_at >= SAVE_EVERY_S)
+        """Does the ledger need saving: a transition, or SAVE_EVERY_S since the last save with commits reported since
+        or in an interruption (a registry started again counts the gap from there as PAUSED)? A job that trains
+        with nothing reported saves nothing."""
+        if self.changed:
+            return True
+        return (self.progressed or self.bucket in INTERRUPTED) and now - self.saved_at >= SAVE_EVERY_S
+
+    def saved(self, at: float, timeline: bool) -> None:
+        """What `to_saved` gave at `at` is saved (and `timeline_to_saved`'s, if `timeline`): the ledger is not `due`
+        until it changes or SAVE_EVERY_S pass."""
+        self.changed, self.progressed, self.saved_at = False, False, at
+        self.timeline_changed = self.timeline_changed and not timeline
+
+    def timeline_to_saved(self, as_wall: Callable[[float], float | None]) -> list[dict[str, Any]]:
+        """The interruptions kept, saved apart (they change only when one ends, or a late commit shortens its lost
+        work)."""
+        return [_shown(entry, as_wall) for entry in self.timeline]
 
     def to_saved(self, now: float, as_wall: Callable[[float], float | None]) -> dict[str, Any]:
-        """The ledger as saved at `now` (instants as wall-clock seconds); it is then no longer `due`."""
-        self.changed, self.saved_at = False, now
+        """The ledger as saved at `now` (instants as wall-clock seconds, `alive`: `now`)."""
         saved = {name: getattr(self, name) for name in _PLAIN}
         saved.update({name: _wall(getattr(self, name), as_wall) for name in _INSTANTS})
         saved["alive"] = _wall(now, as_wall)
         saved["interruption"] = None if self.interruption is None else _shown(self.interruption, as_wall)
-        saved["timeline"] = [_shown(entry, as_wall) for entry in self.timeline]
         rollback = self.rollback
         saved["rollback"] = (
             None if rollback is None else {**rollback, **{name: _wall(rollback[name], as_wall) for name in _ENDS}}
@@ -293,12 +316,20 @@ class Ledger:
         return saved
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any] | None, now: float, as_local: Callable[[float], float | None]) -> Ledger:
-        """What `to_saved` made, loaded at `now`; the time since it was saved (the registry was down) is PAUSED when
-        the job was not training, training when it was (training goes on through an outage)."""
+    def from_saved(
+        cls,
+        saved: dict[str, Any] | None,
+        timeline: list[dict[str, Any]] | None,
+        now: float,
+        as_local: Callable[[float], float | None],
+    ) -> Ledger:
+        """What `to_saved` and `timeline_to_saved` made, loaded at `now`; the time since it was saved (the registry
+        was down) is PAUSED when the job was not training, training when it was (training goes on through an
+        outage)."""
         ledger = cls()
+        ledger.changed = False
         if not saved:
-            return ledger
+            return ledger  # no job, or one an earlier registry saved without a ledger: nothing is counted
         for name in _PLAIN:
             if name in saved:
                 setattr(ledger, name, saved[name])
@@ -308,16 +339,16 @@ class Ledger:
         ledger.by_cause = {**dict.fromkeys(CAUSES, 0.0), **ledger.by_cause}
         interruption = saved.get("interruption")
         ledger.interruption = None if interruption is None else _loaded(interruption, as_local)
-        ledger.timeline = [_loaded(entry, as_local) for entry in saved.get("timeline", [])]
+        ledger.timeline = [_loaded(entry, as_local) for entry in timeline or []]
         rollback = saved.get("rollback")
         if rollback is not None:
             ends = {name: _local(rollback[name], as_local) for name in _ENDS}
             ledger.rollback = {**rollback, **ends}
+        ledger.timeline_changed = False
         alive = _local(saved.get("alive"), as_local)
-        if ledger.bucket in (DETECTING, REFORMING, WAITING_FOR_HOSTS) and alive is not None:
+        if ledger.bucket in (DETECTING, REFORMING, WAITING_FOR_HOSTS) and alive < now:
             ledger._switch(ledger.bucket, alive)
             ledger.control_plane(alive, available=False)
-        ledger.changed = True
         return ledger
 
 

@@ -96,6 +96,7 @@ class Kill:
     event: dict[str, Any]  # the `kill_worker` event's body
     rank: int
     first: bool  # the first for this worker (not a resend)
+    waited_s: float = 0.0  # how long the others had waited for it (the goodput ledger's fault began then)
 
 
 @dataclass
@@ -358,7 +359,7 @@ class WaitBoard:
                 seen.job_changed = True
                 reason += f"; its slot's next limits double (killed at {limits.doubled(doublings + 1).kill_s:.0f}s)"
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
-            seen.kills.append(Kill(event, rank, first=first))
+            seen.kills.append(Kill(event, rank, first=first, waited_s=max(waits)))
 
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
         """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its

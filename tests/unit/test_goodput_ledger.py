@@ -254,10 +254,12 @@ def test_saved_and_loaded_it_carries_on_and_the_registry_s_downtime_in_an_interr
     ledger.committed(8.0, commit=5, age_s=1.0)
     ledger.fault(10.0, 10.0, CRASH, "host-1", "crash")
     saved = json.loads(json.dumps(ledger.to_saved(10.5, as_wall)))
-    assert not ledger.due(11.0) and ledger.due(10.5 + SAVE_EVERY_S)
+    timeline = json.loads(json.dumps(ledger.timeline_to_saved(as_wall)))
+    ledger.saved(10.5, timeline=True)
+    assert not ledger.due(11.0) and ledger.due(10.5 + SAVE_EVERY_S) and not ledger.timeline_changed
     # The next registry starts 4 s later on the wall clock, its monotonic clock reading otherwise.
     offset = 1000.0
-    loaded = Ledger.from_saved(saved, 14.5 + offset, lambda wall: wall - WALL + offset)
+    loaded = Ledger.from_saved(saved, timeline, 14.5 + offset, lambda wall: wall - WALL + offset)
     loaded.control_plane(14.5 + offset, available=True)
     loaded.decided(15.0 + offset)
     loaded.released(16.0 + offset, 2, 4)
@@ -266,18 +268,19 @@ def test_saved_and_loaded_it_carries_on_and_the_registry_s_downtime_in_an_interr
     assert shown["buckets"][PAUSED] == pytest.approx(4.0)
     assert shown["buckets"][DETECTING] == pytest.approx(0.5 + 0.5)
     assert shown["buckets"][LOST_WORK] == pytest.approx(3.0)
+    assert [entry["cause"] for entry in shown["interruptions"]] == [START, CRASH]
     assert shown["interruptions"][-1]["at"] == WALL + 10.0
 
 
 def test_a_registry_down_while_training_counts_its_gap_as_training():
     ledger = started()
     saved = json.loads(json.dumps(ledger.to_saved(5.0, as_wall)))
-    loaded = Ledger.from_saved(saved, 30.0, as_local)
+    loaded = Ledger.from_saved(saved, [], 30.0, as_local)
     shown = view(loaded, 30.0)
     assert shown["buckets"][TRAINING] == 27.0 and shown["buckets"][PAUSED] == 0.0
 
 
 def test_no_job_has_an_empty_ledger_that_loads_from_nothing():
     assert view(Ledger(), 10.0)["wall_s"] == 0.0
-    assert view(Ledger.from_saved(None, 10.0, as_local), 10.0)["training_share"] is None
+    assert view(Ledger.from_saved(None, None, 10.0, as_local), 10.0)["training_share"] is None
     assert set(view(Ledger(), 0.0)["buckets"]) == set(BUCKETS)
