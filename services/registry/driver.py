@@ -170,7 +170,7 @@ class Driver:
         if self.job.ledger.interruption is None and self.job.reports.count(READY):
             change = planned_change(self.job.ledger, self.job.round_hosts, hosts)
             if change is not None:
-                self.job.ledger.fault(now, now, *change, "hosts changed")
+                self.job.ledger.fault(now, now, *change, "hosts changed", planned=True)
 
     def _check_hung(self, now: float) -> None:
         """Slots silent `hung_timeout` after the round's first report: after a success the job is done and the rest

@@ -6,8 +6,8 @@ job is in exactly one bucket (BUCKETS), so the buckets always add up to the job'
 - TRAINING / BELOW_SIZE: a round is released (every worker has its rank) at the size asked for (`--max-np`; without
   one, the largest size the job has had) or below it; below it, the missing slot-seconds are counted too;
 - DETECTING: from a fault to the decision on it: a crash's exit report, the start of a hung rank's stall (the
-  others waited since) to its kill, a lost host's last heartbeat to its loss, the first re-join of a planned change
-  (drain, scale-up, preemption) to the decision;
+  others waited since) to its kill, a lost host's last heartbeat to its loss; for a planned change (drain,
+  scale-up, preemption), from the commit the workers left at to the decision;
 - REFORMING: from the decision to the release of the next round (rendezvous, process start);
 - WAITING_FOR_HOSTS: after the decision, while fewer than `--min-np` slots are available;
 - PAUSED: in one of the three above while the control plane cannot act (the registry down: the gap between its
@@ -51,6 +51,7 @@ HOSTS_KEPT = 256
 OTHER_HOSTS = "(other hosts)"
 SAVE_EVERY_S = 5.0  # progress and interruptions are saved this often: a restarted registry knows when it stopped
 REASON_CHARS = 300
+PLANNED_LATENCY_S = 5.0  # at most this much of a planned change's uncommitted stretch is its detection
 
 
 class Ledger:
@@ -77,9 +78,11 @@ class Ledger:
         self.timeline_changed = True
 
     # -- what happens to the job --------------------------------------------------------------------
-    def fault(self, now: float, at: float, cause: str, host: str, reason: str) -> None:
-        """A fault (or a planned change) that began at `at` (<= now) stops training: detecting until the decision.
-        One during an interruption is counted in it; the interruption keeps its first cause."""
+    def fault(self, now: float, at: float, cause: str, host: str, reason: str, planned: bool = False) -> None:
+        """A fault that began at `at` (<= now) stops training: detecting until the decision. One during an
+        interruption is counted in it; the interruption keeps its first cause. `planned`: a change of hosts the
+        workers leave for at a commit, which rolls nothing back (its training since the commit they left at, seen
+        late, is detecting)."""
         if self.bucket is None:
             return
         if self.interruption is not None:
@@ -92,6 +95,7 @@ class Ledger:
             "start": self.trained_since,
             "end": at,
             "bucket": trained,
+            "to": DETECTING if planned else LOST_WORK,
             "commit": self.commit,
             "commit_at": self.commit_at,
             "charged": 0.0,
@@ -223,6 +227,7 @@ class Ledger:
             self.interruption["rolled_back_to"] = rollback["commit"]
             return
         lost = max(0.0, rollback["end"] - max(rollback["start"], rollback["commit_at"])) if self.commits_seen else 0.0
+        lost = lost if rollback["to"] == LOST_WORK else min(lost, PLANNED_LATENCY_S)
         moved = lost - rollback["charged"]
         last = self.timeline[-1]
         self.timeline_changed = self.timeline_changed or last["rolled_back_to"] != rollback["commit"] or bool(moved)
@@ -231,8 +236,8 @@ class Ledger:
             return
         rollback["charged"] = lost
         self.seconds[rollback["bucket"]] -= moved
-        self.seconds[LOST_WORK] += moved
-        last[LOST_WORK] += moved
+        self.seconds[rollback["to"]] += moved
+        last[rollback["to"]] += moved
         self._charge(last, moved)
         self.changed = True
 

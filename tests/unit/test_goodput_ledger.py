@@ -128,6 +128,18 @@ def test_a_hang_is_detected_from_the_start_of_its_stall():
     assert shown["hosts"] == {"host-2": 42.0}
 
 
+def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_detecting():
+    ledger = started()
+    ledger.committed(9.9, commit=4, age_s=0.0)  # the workers leave at this commit; the registry sees them at 10
+    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)
+    ledger.decided(10.5)
+    ledger.released(11.0, 2, 3)
+    shown = assert_adds_up(ledger, 12.0)
+    assert shown["buckets"][LOST_WORK] == 0.0
+    assert shown["buckets"][DETECTING] == pytest.approx(0.6)
+    assert shown["interruptions"][-1]["detecting"] == pytest.approx(0.6)
+
+
 def test_a_second_fault_during_an_interruption_is_counted_in_it():
     ledger = started()
     ledger.fault(10.0, 10.0, CRASH, "host-1", "crash")
