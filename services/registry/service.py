@@ -261,9 +261,14 @@ class RegistryService(Service):
             Pass(
                 self._pass(driver),
                 wanted=lambda: self.driver is driver and driver.job.active,
-                blind=driver.blind,
+                blind=lambda exc: self._blind(driver, exc),
                 done=self._end_of_pass,
             )
+
+    def _blind(self, driver: Driver, exc: Exception) -> None:
+        """A pass could not read its peers: nothing can be decided meanwhile (an interruption is paused)."""
+        driver.blind(exc)
+        driver.job.ledger.control_plane(self._now().local, available=False)
 
     def _pass(self, driver: Driver) -> Steps:
         """One pass: read the host set and the rounds, act on them, and once every slot has reported read the
