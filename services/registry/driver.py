@@ -166,11 +166,15 @@ class Driver:
                 self.job.note_report(now)
 
     def _note_planned_change(self, hosts: dict[str, Any], now: float) -> None:
-        """Workers re-join with no fault under way: the ledger's interruption is the change of hosts they saw."""
+        """Workers re-join with no fault under way: the ledger's interruption is the change of hosts they saw, or,
+        none seen, a fault not told yet (its training stopped now)."""
         if self.job.ledger.interruption is None and self.job.reports.count(READY):
             change = planned_change(self.job.ledger, self.job.round_hosts, hosts)
-            if change is not None:
-                self.job.ledger.fault(now, now, *change, "hosts changed", planned=True)
+            if change is None:
+                self.job.ledger.stopped(now)
+                return
+            cause, host, planned = change
+            self.job.ledger.fault(now, now, cause, host, "hosts changed", planned=planned)
 
     def _check_hung(self, now: float) -> None:
         """Slots silent `hung_timeout` after the round's first report: after a success the job is done and the rest

@@ -42,24 +42,25 @@ def fault_instant(cause: str, now: float, lost_after: float) -> float:
     return now - lost_after if cause == LOST_HOST else now
 
 
-def planned_change(ledger: Ledger, round_hosts: list[list[Any]], hosts: dict[str, Any]) -> tuple[str, str] | None:
-    """(cause, host) of a change of hosts that makes the round's workers re-join; None: none is seen."""
+def planned_change(ledger: Ledger, round_hosts: list[list[Any]], hosts: dict[str, Any]) -> tuple[str, str, bool] | None:
+    """(cause, host, planned) of a change of hosts that makes the round's workers re-join; None: none is seen.
+    `planned`: the workers left at a commit (a slot that went down did not: its worker crashed)."""
     available = {name: len(slots) for name, slots in hosts.get("available", [])}
     lost = set(hosts.get("lost", []))
     draining = {row["host"] for row in hosts.get("marked", []) if row.get("draining")}
     in_round = {name: len(slots) for name, slots in round_hosts}
     for name in in_round:
         if name in draining:
-            return DRAIN, name
+            return DRAIN, name, True
     for name in in_round:
         if name not in available and name not in lost:
-            return PREEMPTION, name
+            return PREEMPTION, name, True
     for name, slots in in_round.items():
         if name in available and available[name] < slots:
-            return _after_fault(ledger, name, CRASH), name
+            return CRASH, name, False
     for name, slots in available.items():
         if slots > in_round.get(name, 0):
-            return _after_fault(ledger, name, SCALE_UP), name
+            return _after_fault(ledger, name, SCALE_UP), name, True
     return None
 
 

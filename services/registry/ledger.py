@@ -36,15 +36,8 @@ PAUSED, CHECKPOINTING = "paused", "checkpointing"
 BUCKETS = (TRAINING, BELOW_SIZE, LOST_WORK, DETECTING, REFORMING, WAITING_FOR_HOSTS, PAUSED, CHECKPOINTING)
 TRAINED = (TRAINING, BELOW_SIZE)
 INTERRUPTED = (DETECTING, REFORMING, WAITING_FOR_HOSTS, PAUSED)  # charged to the open interruption
-START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION = (
-    "start",
-    "crash",
-    "hang",
-    "lost_host",
-    "drain",
-    "scale_up",
-    "preemption",
-)
+START, CRASH, HANG, LOST_HOST = "start", "crash", "hang", "lost_host"
+DRAIN, SCALE_UP, PREEMPTION = "drain", "scale_up", "preemption"
 CAUSES = (START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION)
 TIMELINE_KEPT = 100
 HOSTS_KEPT = 256
@@ -73,6 +66,9 @@ class Ledger:
         self.rollback: dict[str, Any] | None = None  # the last interruption's lost work, adjustable by late commits
         self.saving_s: dict[str, float] = {}  # host: seconds its snapshot writer spent saving (as last reported)
         self.resume_bucket: str | None = None  # the bucket a PAUSED segment goes back to
+        # A worker re-joined before any fault was told (its collective failed first): training stopped then. Not
+        # saved: a registry started again loses only this precision.
+        self.stopped_at: float | None = None
         self.changed, self.saved_at = True, -float("inf")  # changed: a transition, saved at the end of its pass
         self.progressed = False  # commits or checkpointing changed it: saved within SAVE_EVERY_S
         self.timeline_changed = True
@@ -86,9 +82,10 @@ class Ledger:
         if self.bucket is None:
             return
         if self.interruption is not None:
-            self.interruption["faults"] += 1
+            same = (cause, host) == (self.interruption["cause"], self.interruption["host"])
+            self.interruption["faults"] += not same  # a hang's kill, then its exit: one fault
             return
-        at = min(max(at, self.since), now)
+        at = min(max(at, self.since), now, self.stopped_at or now)
         trained = self.bucket
         self._switch(DETECTING, at)
         self.rollback = {
@@ -101,6 +98,12 @@ class Ledger:
             "charged": 0.0,
         }
         self.interruption = _interruption(cause, host, at, reason[:REASON_CHARS], self.commit)
+
+    def stopped(self, now: float) -> None:
+        """A worker re-joined while training and no fault is known yet: the fault told next began at `now` at the
+        latest."""
+        if self.bucket in TRAINED and self.stopped_at is None:
+            self.stopped_at = now
 
     def decided(self, now: float) -> None:
         """The registry decided on the fault (a new round): re-forming begins."""
@@ -120,7 +123,7 @@ class Ledger:
         interruption under way ends and training begins."""
         if self.bucket is None or round_number <= self.round:
             return
-        self.round = round_number
+        self.round, self.stopped_at = round_number, None
         self.largest = max(self.largest, size)
         self.size = size
         self._switch(BELOW_SIZE if size < self.asked_size() else TRAINING, now)
@@ -357,21 +360,9 @@ class Ledger:
         return ledger
 
 
-_PLAIN = (
-    "seconds",
-    "bucket",
-    "asked",
-    "size",
-    "round",
-    "largest",
-    "short_slot_s",
-    "most_short",
-    "by_cause",
-    "by_host",
-    "commit",
-    "commits_seen",
-    "saving_s",
-    "resume_bucket",
+_PLAIN = tuple(  # saved as they are
+    "seconds bucket asked size round largest short_slot_s most_short by_cause by_host commit commits_seen saving_s "
+    "resume_bucket".split()
 )
 _INSTANTS = ("since", "trained_since", "commit_at")
 _ENDS = ("start", "end", "commit_at")  # a rollback's instants

@@ -199,10 +199,12 @@ class RegistryService(Service):
 
     @handles("status", roles=(OPERATOR,))
     def on_status(self, request: Request) -> dict[str, Any]:
-        totals = self.job.ledger.totals(self._now().local)
+        now = self._now()
+        shown = self.job.ledger.view(now.local, now.as_wall)
+        shown.pop("interruptions")  # elasticctl report shows them
         return {
             **self.job.summary(),
-            "goodput": {**totals, "headline": goodput.headline(totals)},
+            "goodput": {**shown, "headline": goodput.headline(shown)},
             "workers": self.job.reports.status_rows(),
             "history": self.job.history[-20:],
             "waits": self.waits.summary(self.job, self._now().local),

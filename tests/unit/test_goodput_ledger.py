@@ -140,9 +140,22 @@ def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_det
     assert shown["interruptions"][-1]["detecting"] == pytest.approx(0.6)
 
 
+def test_workers_that_rejoin_before_their_fault_is_told_stopped_training_then():
+    ledger = started()
+    ledger.committed(5.0, commit=2, age_s=0.0)
+    ledger.stopped(8.0)  # an agent killed: the survivors' collective fails; the registry sees its new agent later
+    ledger.stopped(8.5)
+    ledger.fault(10.0, 10.0, CRASH, "host-1", "its agent restarted")
+    ledger.decided(10.5)
+    ledger.released(11.0, 2, 4)
+    shown = assert_adds_up(ledger, 12.0)
+    assert shown["buckets"][LOST_WORK] == 3.0 and shown["buckets"][DETECTING] == 2.5
+
+
 def test_a_second_fault_during_an_interruption_is_counted_in_it():
     ledger = started()
     ledger.fault(10.0, 10.0, CRASH, "host-1", "crash")
+    ledger.fault(10.2, 10.2, CRASH, "host-1", "its exit report")  # the same fault told twice: counted once
     ledger.fault(10.5, 10.5, HANG, "host-2", "hung")
     ledger.decided(11.0)
     ledger.released(12.0, 2, 4)
