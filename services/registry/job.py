@@ -27,12 +27,13 @@ first failure not yet recovered from). `to_saved` and `from_saved` walk those fi
 
 Each job has a random key, handed to the agents with every `round`: host
 snapshots are tagged with it, so a snapshot of another job is never restored.
-The job's goodput ledger (services/registry/ledger.py) is saved in parts of its
-own (`ledger`: when it changed, and every few seconds while the job runs, so a
-registry started again knows how long it was down; `ledger_timeline`: when an
-interruption ends). The newest commit in a live host's snapshot (from the agents' heartbeats, via
-discovery, and from their exit reports: `snapshot_commits`) lets a job whose
-every worker failed resume from it (`resumed_from`).
+The job's goodput ledger (services/registry/ledger.py) is saved in parts of
+its own (services/registry/ledger_record.py: `ledger`, at each transition, and
+within seconds of progress or during an interruption, so a registry started
+again knows how long it was down; `ledger_timeline`, when an interruption
+ends). The newest commit in a live host's snapshot (from the agents'
+heartbeats, via discovery, and from their exit reports: `snapshot_commits`)
+lets a job whose every worker failed resume from it (`resumed_from`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from elastic_control_plane.job.spec import JobSpec
+from elastic_control_plane.services.registry import ledger_record
 from elastic_control_plane.services.registry.decisions import Decision
 from elastic_control_plane.services.registry.goodput import failure_cause, fault_instant
 from elastic_control_plane.services.registry.ledger import Ledger
@@ -227,9 +229,9 @@ class Job:
         parts: dict[str, str | None] = {REPORTS_PART + host: row for host, row in self.reports.unsaved_rows().items()}
         if self.ledger.due(now.local):
             self._ledger_saving_at = now.local
-            parts[LEDGER_PART] = json.dumps(self.ledger.to_saved(now.local, now.as_wall))
+            parts[LEDGER_PART] = json.dumps(ledger_record.to_saved(self.ledger, now.local, now.as_wall))
             if self.ledger.timeline_changed:
-                parts[TIMELINE_PART] = json.dumps(self.ledger.timeline_to_saved(now.as_wall))
+                parts[TIMELINE_PART] = json.dumps(ledger_record.timeline_to_saved(self.ledger, now.as_wall))
         if self._round_unsaved:
             apart = {name: getattr(self, name) for name in ROUND_FIELDS}
             parts[ROUND_PART] = json.dumps({**apart, "retired_pids": list(self.reports.retired_pids)})
@@ -256,7 +258,8 @@ class Job:
         values.update({name: apart[name] for name in ROUND_FIELDS if name in apart})
         rows = {key[len(REPORTS_PART) :]: row for key, row in parts.items() if key.startswith(REPORTS_PART)}
         values["reports"] = ReportTable.from_saved(rows, apart.get("retired_pids", []))
-        values["ledger"] = Ledger.from_saved(parts.get(LEDGER_PART), parts.get(TIMELINE_PART), now.local, now.as_local)
+        ledger = parts.get(LEDGER_PART), parts.get(TIMELINE_PART)
+        values["ledger"] = ledger_record.from_saved(*ledger, now.local, now.as_local)
         job = cls(**values)
         job._round_unsaved = ROUND_PART not in parts
         return job

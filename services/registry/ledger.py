@@ -8,7 +8,8 @@ job is in exactly one bucket (BUCKETS), so the buckets always add up to the job'
 - DETECTING: from a fault to the decision on it: a crash's exit report, the start of a hung rank's stall (the
   others waited since) to its kill, a lost host's last heartbeat to its loss; for a planned change (drain,
   scale-up, preemption), from the commit the workers left at to the decision;
-- REFORMING: from the decision to the release of the next round (rendezvous, process start);
+- REFORMING: from the decision to the first step of the next round (rendezvous, process start, state sync: the
+  hosts' snapshot writers report when their round's state is synced; until then, from its release);
 - WAITING_FOR_HOSTS: after the decision, while fewer than `--min-np` slots are available;
 - PAUSED: in one of the three above while the control plane cannot act (the registry down: the gap between its
   last save and its restart; its peers out of reach or being restored); training goes on through an outage;
@@ -55,6 +56,7 @@ class Ledger:
         self.since = start or 0.0
         self.asked, self.size, self.largest = asked, 0, 0
         self.round = 0  # the last round released
+        self.resumed_round = 0  # the last round whose state sync was reported
         self.short_slot_s, self.most_short = 0.0, 0
         self.by_cause = dict.fromkeys(CAUSES, 0.0)
         self.by_host: dict[str, float] = {}
@@ -130,6 +132,22 @@ class Ledger:
         self.trained_since = self.since
         if self.interruption is not None:
             self._close_interruption()
+
+    def resumed(self, now: float, round_number: int, age_s: float) -> None:
+        """A host's workers synced round `round_number`'s state `age_s` ago: its re-forming ran until then, not its
+        release (the first report of the round counts)."""
+        at = min(now, now - age_s)
+        if round_number != self.round or round_number <= self.resumed_round or self.bucket not in TRAINED:
+            return
+        self.resumed_round = round_number
+        if self.interruption is not None or self.since != self.trained_since or at <= self.since or not self.timeline:
+            return
+        seconds, last = at - self.since, self.timeline[-1]
+        self.seconds[REFORMING] += seconds
+        last[REFORMING] += seconds
+        self._charge(last, seconds)
+        self.since = self.trained_since = at
+        self.changed = self.timeline_changed = True
 
     def control_plane(self, now: float, available: bool) -> None:
         """Whether the control plane can act: an interruption cannot end while it cannot (PAUSED)."""
@@ -249,8 +267,8 @@ class Ledger:
         """`totals`, and the interruptions kept, the one under way last (instants as wall-clock seconds)."""
         totals = self.totals(now)
         interruption = totals.pop("interruption")
-        timeline = [_shown(entry, as_wall) for entry in self.timeline]
-        return {**totals, "interruptions": timeline + ([_shown(interruption, as_wall)] if interruption else [])}
+        timeline = [shown(entry, as_wall) for entry in self.timeline]
+        return {**totals, "interruptions": timeline + ([shown(interruption, as_wall)] if interruption else [])}
 
     def totals(self, now: float) -> dict[str, Any]:
         """The ledger at `now`, the open segment included: buckets, causes and hosts in seconds, the training share,
@@ -306,67 +324,6 @@ class Ledger:
         self.changed, self.progressed, self.saved_at = False, False, at
         self.timeline_changed = self.timeline_changed and not timeline
 
-    def timeline_to_saved(self, as_wall: Callable[[float], float | None]) -> list[dict[str, Any]]:
-        """The interruptions kept, saved apart (they change only when one ends, or a late commit shortens its lost
-        work)."""
-        return [_shown(entry, as_wall) for entry in self.timeline]
-
-    def to_saved(self, now: float, as_wall: Callable[[float], float | None]) -> dict[str, Any]:
-        """The ledger as saved at `now` (instants as wall-clock seconds, `alive`: `now`)."""
-        saved = {name: getattr(self, name) for name in _PLAIN}
-        saved.update({name: _wall(getattr(self, name), as_wall) for name in _INSTANTS})
-        saved["alive"] = _wall(now, as_wall)
-        saved["interruption"] = None if self.interruption is None else _shown(self.interruption, as_wall)
-        rollback = self.rollback
-        saved["rollback"] = (
-            None if rollback is None else {**rollback, **{name: _wall(rollback[name], as_wall) for name in _ENDS}}
-        )
-        return saved
-
-    @classmethod
-    def from_saved(
-        cls,
-        saved: dict[str, Any] | None,
-        timeline: list[dict[str, Any]] | None,
-        now: float,
-        as_local: Callable[[float], float | None],
-    ) -> Ledger:
-        """What `to_saved` and `timeline_to_saved` made, loaded at `now`; the time since it was saved (the registry
-        was down) is PAUSED when the job was not training, training when it was (training goes on through an
-        outage)."""
-        ledger = cls()
-        ledger.changed = False
-        if not saved:
-            return ledger  # no job, or one an earlier registry saved without a ledger: nothing is counted
-        for name in _PLAIN:
-            if name in saved:
-                setattr(ledger, name, saved[name])
-        for name in _INSTANTS:
-            setattr(ledger, name, _local(saved.get(name), as_local))
-        ledger.seconds = {**dict.fromkeys(BUCKETS, 0.0), **ledger.seconds}
-        ledger.by_cause = {**dict.fromkeys(CAUSES, 0.0), **ledger.by_cause}
-        interruption = saved.get("interruption")
-        ledger.interruption = None if interruption is None else _loaded(interruption, as_local)
-        ledger.timeline = [_loaded(entry, as_local) for entry in timeline or []]
-        rollback = saved.get("rollback")
-        if rollback is not None:
-            ends = {name: _local(rollback[name], as_local) for name in _ENDS}
-            ledger.rollback = {**rollback, **ends}
-        ledger.timeline_changed = False
-        alive = _local(saved.get("alive"), as_local)
-        if ledger.bucket in (DETECTING, REFORMING, WAITING_FOR_HOSTS) and alive < now:
-            ledger._switch(ledger.bucket, alive)
-            ledger.control_plane(alive, available=False)
-        return ledger
-
-
-_PLAIN = tuple(  # saved as they are
-    "seconds bucket asked size round largest short_slot_s most_short by_cause by_host commit commits_seen saving_s "
-    "resume_bucket".split()
-)
-_INSTANTS = ("since", "trained_since", "commit_at")
-_ENDS = ("start", "end", "commit_at")  # a rollback's instants
-
 
 def _interruption(cause: str, host: str, at: float, reason: str, commit: int = 0) -> dict[str, Any]:
     """An interruption opened at `at`; `rolled_back_to`: the commit the job goes back to (0: its start)."""
@@ -374,18 +331,12 @@ def _interruption(cause: str, host: str, at: float, reason: str, commit: int = 0
     return entry | dict.fromkeys((*INTERRUPTED, LOST_WORK), 0.0)
 
 
-def _wall(instant: float, as_wall: Callable[[float], float | None]) -> float | None:
+def wall(instant: float, as_wall: Callable[[float], float | None]) -> float | None:
+    """An instant of the registry's clock as wall-clock seconds (None: none, -inf)."""
     return None if instant == -float("inf") else round(as_wall(instant) or 0.0, 3)
 
 
-def _local(wall: float | None, as_local: Callable[[float], float | None]) -> float:
-    return -float("inf") if wall is None else as_local(wall) or 0.0
-
-
-def _shown(entry: dict[str, Any], as_wall: Callable[[float], float | None]) -> dict[str, Any]:
-    shown = {key: round(value, 3) if isinstance(value, float) else value for key, value in entry.items()}
-    return {**shown, "at": _wall(entry["at"], as_wall)}
-
-
-def _loaded(entry: dict[str, Any], as_local: Callable[[float], float | None]) -> dict[str, Any]:
-    return {**entry, "at": _local(entry["at"], as_local)}
+def shown(entry: dict[str, Any], as_wall: Callable[[float], float | None]) -> dict[str, Any]:
+    """An interruption as shown and saved: seconds to the millisecond, its instant as wall-clock seconds."""
+    rounded = {key: round(value, 3) if isinstance(value, float) else value for key, value in entry.items()}
+    return {**rounded, "at": wall(entry["at"], as_wall)}

@@ -11,7 +11,8 @@ Messages:
                  hung, stack}         -> {recorded}   from agents (services/registry/exits.py)
   waits {host, slots, commit?}        -> {limit_s, kill_s, upper_s, excuse_s}   from agents: how long each worker
                                       waits for the others (services/registry/waits.py judges hangs and stragglers
-                                      from them); commit {commit, age_s, saving_s}: the host's newest commit
+                                      from them); commit {commit, age_s, saving_s, resumed_round, resumed_age_s}:
+                                      the host's training progress
   ledger                              -> job, state, goodput: the job's goodput ledger (services/registry/ledger.py)
 
 The job is one record (services/registry/job.py) whose round's reports are a
@@ -233,6 +234,8 @@ class RegistryService(Service):
         """A host's newest commit, for the ledger's lost work and checkpointing."""
         ledger = self.job.ledger
         ledger.committed(now, commit.commit, commit.age_s)
+        if commit.resumed_round and commit.resumed_age_s is not None:
+            ledger.resumed(now, commit.resumed_round, commit.resumed_age_s)
         ledger.saved_commits(now, host, commit.saving_s, len(self.job.round_hosts))
 
     def _act_on_waits(self, seen: Seen, now: float) -> None:

@@ -57,6 +57,8 @@ class CommitReport:
     commit: int  # 0: none yet
     age_s: float | None  # how long ago it was made (None: none yet)
     saving_s: float  # seconds the host's snapshot writer spent saving commits in this job
+    resumed_round: int = 0  # the round its state was last synced in: training resumed (0: none yet)
+    resumed_age_s: float | None = None  # how long ago
 
 
 def parse_commit(body: dict[str, Any]) -> CommitReport | None:
@@ -70,6 +72,8 @@ def parse_commit(body: dict[str, Any]) -> CommitReport | None:
         _count(item, "commit", "commit"),
         _seconds(item, "age_s", "commit", optional=True),
         _seconds(item, "saving_s", "commit"),
+        _count(item, "resumed_round", "commit") if "resumed_round" in item else 0,
+        _seconds(item, "resumed_age_s", "commit", optional=True),
     )
 
 

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from elastic_control_plane.services.registry import ledger_record
 from elastic_control_plane.services.registry.ledger import (
     BELOW_SIZE,
     BUCKETS,
@@ -52,6 +53,15 @@ def started(asked: int = 4) -> Ledger:
     ledger.released(3.0, 1, asked or 4)
     ledger.committed(3.0, 0, None)  # the workers' commits are reported; none made yet
     return ledger
+
+
+def crash_and_back(ledger: Ledger, committed_at: float, crashed_at: float, back_at: float, round_number: int) -> None:
+    """A commit reported as made at `committed_at`, a crash of host-1 at `crashed_at`, decided at once; the next
+    round released at `back_at`."""
+    ledger.committed(committed_at, commit=round_number, age_s=0.0)
+    ledger.fault(crashed_at, crashed_at, CRASH, "host-1", "crash")
+    ledger.decided(crashed_at)
+    ledger.released(back_at, round_number, 4)
 
 
 def assert_adds_up(ledger: Ledger, now: float, start: float = 0.0) -> dict:
@@ -100,12 +110,25 @@ def test_a_crash_is_detecting_reforming_and_the_work_since_the_last_commit_is_lo
     assert shown["hosts"] == {"host-1": 5.5}
 
 
+def test_reforming_runs_until_the_round_s_state_is_synced_not_its_release():
+    ledger = started()
+    crash_and_back(ledger, 9.0, 10.0, 11.0, 2)
+    ledger.resumed(12.0, 2, age_s=0.5)  # synced at 11.5: re-forming until then
+    ledger.resumed(12.5, 2, age_s=0.2)  # another host's report of the same round: counted once
+    ledger.resumed(12.5, 1, age_s=0.0)  # an older round's: ignored
+    shown = assert_adds_up(ledger, 20.0)
+    assert shown["buckets"][REFORMING] == 2.0 + 1.0 + 0.5
+    assert shown["interruptions"][-1]["reforming"] == 1.5
+    assert shown["causes"][CRASH] == 1.0 + 1.5
+    ledger.fault(21.0, 21.0, CRASH, "host-1", "crash")
+    ledger.decided(21.0)
+    ledger.released(22.0, 3, 4)
+    assert view(ledger, 23.0)["buckets"][LOST_WORK] == 1.0 + 9.5, "lost work runs from the sync, not the release"
+
+
 def test_a_commit_reported_late_gives_lost_seconds_back_and_one_after_the_new_start_changes_nothing():
     ledger = started()
-    ledger.committed(4.0, commit=1, age_s=0.0)
-    ledger.fault(10.0, 10.0, CRASH, "host-1", "crash")
-    ledger.decided(10.5)
-    ledger.released(11.0, 2, 4)
+    crash_and_back(ledger, 4.0, 10.0, 11.0, 2)
     assert view(ledger, 11.0)["buckets"][LOST_WORK] == 6.0
     ledger.committed(11.2, commit=2, age_s=2.2)  # made at 9, before the crash
     shown = assert_adds_up(ledger, 12.0)
@@ -278,13 +301,13 @@ def test_saved_and_loaded_it_carries_on_and_the_registry_s_downtime_in_an_interr
     ledger = started()
     ledger.committed(8.0, commit=5, age_s=1.0)
     ledger.fault(10.0, 10.0, CRASH, "host-1", "crash")
-    saved = json.loads(json.dumps(ledger.to_saved(10.5, as_wall)))
-    timeline = json.loads(json.dumps(ledger.timeline_to_saved(as_wall)))
+    saved = json.loads(json.dumps(ledger_record.to_saved(ledger, 10.5, as_wall)))
+    timeline = json.loads(json.dumps(ledger_record.timeline_to_saved(ledger, as_wall)))
     ledger.saved(10.5, timeline=True)
     assert not ledger.due(11.0) and ledger.due(10.5 + SAVE_EVERY_S) and not ledger.timeline_changed
     # The next registry starts 4 s later on the wall clock, its monotonic clock reading otherwise.
     offset = 1000.0
-    loaded = Ledger.from_saved(saved, timeline, 14.5 + offset, lambda wall: wall - WALL + offset)
+    loaded = ledger_record.from_saved(saved, timeline, 14.5 + offset, lambda wall: wall - WALL + offset)
     loaded.control_plane(14.5 + offset, available=True)
     loaded.decided(15.0 + offset)
     loaded.released(16.0 + offset, 2, 4)
@@ -299,13 +322,13 @@ def test_saved_and_loaded_it_carries_on_and_the_registry_s_downtime_in_an_interr
 
 def test_a_registry_down_while_training_counts_its_gap_as_training():
     ledger = started()
-    saved = json.loads(json.dumps(ledger.to_saved(5.0, as_wall)))
-    loaded = Ledger.from_saved(saved, [], 30.0, as_local)
+    saved = json.loads(json.dumps(ledger_record.to_saved(ledger, 5.0, as_wall)))
+    loaded = ledger_record.from_saved(saved, [], 30.0, as_local)
     shown = view(loaded, 30.0)
     assert shown["buckets"][TRAINING] == 27.0 and shown["buckets"][PAUSED] == 0.0
 
 
 def test_no_job_has_an_empty_ledger_that_loads_from_nothing():
     assert view(Ledger(), 10.0)["wall_s"] == 0.0
-    assert view(Ledger.from_saved(None, None, 10.0, as_local), 10.0)["training_share"] is None
+    assert view(ledger_record.from_saved(None, None, 10.0, as_local), 10.0)["training_share"] is None
     assert set(view(Ledger(), 0.0)["buckets"]) == set(BUCKETS)

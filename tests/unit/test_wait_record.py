@@ -303,7 +303,8 @@ def watched_worker(
     monkeypatch.setenv("ELASTIC_SHM_DIR", str(tmp_path))
     registry = Registry(limits)
     commits = {"commit": 7, "age_s": 0.5, "saving_s": 0.25}
-    watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger(), lambda: commits)  # type: ignore[arg-type]
+    watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger())  # type: ignore[arg-type]
+    watch.progress = lambda: commits
     files = watch.new_files()
     assert files is not None
     worker = Worker(0, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))  # type: ignore[arg-type]
