@@ -60,7 +60,7 @@ def ledger(c: Cluster) -> dict[str, Any]:
 
 def chaos(
     duration: float, fault_every: float, drain_seconds: float, step_delay: float, commit_every: int, rng: random.Random
-) -> tuple[Run, dict[str, float], list[str]]:
+) -> tuple[Run, dict[str, Any], list[str]]:
     """The window's ledger (the difference of its buckets), its run (the ranks' events) and the faults injected."""
     with chaos_cluster(Timing().as_env()) as c:
         job, tail = start_job(c, SETUP, step_delay, "--commit-every", str(commit_every))
@@ -98,8 +98,9 @@ def chaos(
         run.events = events + tail.poll()
         c.call("registry", "cancel", {"reason": "benchmark done"})
         c.wait_job_end(job, 30)
-    window = {bucket: after["buckets"][bucket] - before["buckets"][bucket] for bucket in BUCKETS}
+    window: dict[str, Any] = {bucket: after["buckets"][bucket] - before["buckets"][bucket] for bucket in BUCKETS}
     window["wall"] = after["wall_s"] - before["wall_s"]
+    window["interruptions"] = [entry for entry in after["interruptions"] if entry["at"] and entry["at"] >= start]
     return run, window, injected
 
 
@@ -110,13 +111,25 @@ def measured(run: Run) -> dict[str, float]:
     median = statistics.median(length for _, length in timed)
     last_execution = {e["step"]: e["time"] for e in steps}
     training = lost = 0.0
+    stalls: list[tuple[float, float, float]] = []  # (s into the window, s lost to it, s of it redone later)
     for step, length in timed:
+        redone = last_execution[step["step"]] > step["time"]
+        if length > PAUSE_FACTOR * median or not stalls:
+            stalls.append((step["time"] - run.start, max(0.0, length - PAUSE_FACTOR * median), 0.0))
         length = min(length, PAUSE_FACTOR * median)
-        if last_execution[step["step"]] > step["time"]:
-            lost += length
-        else:
-            training += length
-    return {"training": training, "lost_work": lost, "window": run.end - run.start, "median_step": median}
+        lost += length if redone else 0.0
+        training += 0.0 if redone else length
+        if redone:
+            at, paused, rolled_back = stalls[-1]
+            stalls[-1] = (at, paused, rolled_back + length)
+    shown = [stall for stall in stalls if stall[1] > 0 or stall[2] > 0]
+    return {
+        "training": training,
+        "lost_work": lost,
+        "window": run.end - run.start,
+        "median_step": median,
+        "stalls": shown,
+    }
 
 
 def main() -> None:
@@ -146,11 +159,18 @@ def main() -> None:
         f"training_s={ledger_training:.2f} lost_work_s={window[LOST_WORK]:.2f} "
         + " ".join(f"{bucket}_s={window[bucket]:.2f}" for bucket in BUCKETS if bucket not in (TRAINING, LOST_WORK))
     )
+    for entry in window["interruptions"]:
+        print(
+            f"  ledger {entry['at'] - run.start:6.1f}s {entry['cause']:<10} {entry['host']:<7} "
+            f"detecting {entry['detecting']:.2f} reforming {entry['reforming']:.2f} lost {entry['lost_work']:.2f}"
+        )
     print(
         f"MEASURED window_s={seen['window']:.2f} training_share={seen['training'] / seen['window']:.3f} "
         f"training_s={seen['training']:.2f} lost_work_s={seen['lost_work']:.2f} "
         f"median_step_ms={seen['median_step'] * 1000:.1f}"
     )
+    for at, paused, rolled_back in seen["stalls"]:
+        print(f"  steps  {at:6.1f}s paused {paused:.2f} rolled back {rolled_back:.2f}")
     sps, baseline_sps = run.samples_per_second(), baseline.samples_per_second()
     pace, baseline_pace = sps / run.full_size_rate(), baseline_sps / baseline.full_size_rate()
     print(

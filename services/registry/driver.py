@@ -22,6 +22,7 @@ Its writes to peers (a round, a blacklist) wait for their answers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from elastic_control_plane.bus.client import TEMPORARY_REFUSALS, ServiceError, Unreachable
@@ -48,10 +49,19 @@ UNSENT_RETRY_S = 1.0  # a blacklist discovery refused for now is sent again this
 
 class Driver:
     def __init__(
-        self, job: Job, discovery: Peer, rendezvous: Peer, outbox: Outbox, log: Any, lost_after: float = 0.0
+        self,
+        job: Job,
+        discovery: Peer,
+        rendezvous: Peer,
+        outbox: Outbox,
+        log: Any,
+        lost_after: float = 0.0,
+        stalled_for: Callable[[float], float] = lambda now: 0.0,
     ) -> None:
         self.job, self.discovery, self.rendezvous, self.outbox, self.log = job, discovery, rendezvous, outbox, log
-        self.lost_after = lost_after  # a host is lost this long after its last heartbeat (the ledger's fault instant)
+        # When a failure began, for the goodput ledger: a host is lost `lost_after` after its last heartbeat; the
+        # other ranks have waited `stalled_for(now)` in a collective (services/registry/waits.py `longest_wait`).
+        self.lost_after, self.stalled_for = lost_after, stalled_for
         # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
         # a new driver reads the log from its start, and a rejoin read twice is recorded once).
         self.rejoins_round, self.rejoins_from = 0, 0
@@ -212,7 +222,7 @@ class Driver:
             round=self.job.round,
         )
         if first:
-            self.job.note_failure(now, slot[0], reason, self.lost_after)
+            self.job.note_failure(now, slot[0], reason, self.lost_after, self.stalled_for(now))
             self.outbox.put(Event.ABORT, {"round": self.job.round})
 
     # -- every slot reported -------------------------------------------------------------------

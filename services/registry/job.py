@@ -187,13 +187,15 @@ class Job:
         if self.first_report_at is None:
             self.first_report_at = now
 
-    def note_failure(self, now: float, host: str = "", reason: str = "", lost_after: float = 0.0) -> None:
+    def note_failure(
+        self, now: float, host: str = "", reason: str = "", lost_after: float = 0.0, stalled_s: float = 0.0
+    ) -> None:
         """The round's first failure (on `host`, why): the recovery time runs from the first failure not yet
-        recovered from; the ledger's interruption from when it began (a lost host: `lost_after` before now)."""
+        recovered from; the ledger's interruption from when it began (goodput.fault_instant)."""
         if self.failure_seen_at is None:
             self.failure_seen_at = now
         cause = failure_cause(reason)
-        self.ledger.fault(now, fault_instant(cause, now, lost_after), cause, host, reason)
+        self.ledger.fault(now, fault_instant(cause, now, lost_after, stalled_s), cause, host, reason)
 
     def recovered(self, now: float) -> float | None:
         """A round was released: the seconds since the failure it recovers from (None: none), now forgotten."""

@@ -52,6 +52,7 @@ agents (`settling`), the driver neither starts rounds nor judges hosts.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnation_id
@@ -112,8 +113,13 @@ class RegistryService(Service):
         self.last_job_id: int = saved.get("last_job_id", 0)
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
         job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
-        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log, self.lost_after)
+        self.driver = self._driver(job)
         metrics.job_state(job.state)
+
+    def _driver(self, job: Job) -> Driver:
+        """The driver of `job`; when a failure began, the others' waits tell (the goodput ledger's fault instant)."""
+        stalled_for = functools.partial(self.waits.longest_wait, job)
+        return Driver(job, self.discovery, self.rendezvous, self.outbox, self.log, self.lost_after, stalled_for)
 
     def _persist(self, now: Now) -> None:
         """Save what changed, in one transaction, then send the events it caused (`outbox.put` only queues them):
@@ -170,7 +176,7 @@ class RegistryService(Service):
         self.last_job_id += 1
         job = Job.submitted(spec, self.last_job_id, now.local, run_id)
         job.reports.replaces(self.job.reports)  # the old job's rows go with the new job's first save
-        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log, self.lost_after)
+        self.driver = self._driver(job)
         self.discovery_incarnation = configured.get("incarnation")
         metrics.job_state(job.state)
         self.log.info("job_submitted", job=job.job_id, command=spec.command, min_np=spec.min_np, max_np=spec.max_np)

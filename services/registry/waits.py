@@ -361,6 +361,12 @@ class WaitBoard:
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
             seen.kills.append(Kill(event, rank, first=first, waited_s=max(waits)))
 
+    def longest_wait(self, job: Job, now: float) -> float:
+        """How long the live rank waiting longest in a collective has waited by `now` (0: none waits): a fault found
+        now stopped training at least that long ago (the goodput ledger's fault instant)."""
+        live = (state for slot, state in self._slots.items() if self._live(job, slot, now))
+        return max((state.row.aged(now - state.received_at).waiting_s or 0.0 for state in live), default=0.0)
+
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
         """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its
         last report; the long waiters no longer live leave the index)."""
