@@ -13,9 +13,9 @@ The ledger over the window: the difference of the registry's `ledger` read at it
 training is training + training below size + checkpointing (a commit's save happens inside a step as the ranks see
 it).
 
-Measured from rank 0's step log: the time between consecutive steps of one round is the later step's; a step
-executed again later (rolled back by a fault) is lost work; a gap longer than PAUSE_FACTOR x the median step counts
-the median as its step and the rest as an interruption. Measured training = the kept steps' time; the rest of the
+Measured from rank 0's step log: the time between consecutive steps is the later step's, at most PAUSE_FACTOR x
+the median step (a round's first step: one median step); the rest of a longer gap is a stall. A step executed
+again later (rolled back by a fault) is lost work. Measured training = the kept steps' time; the rest of the
 window is interruptions. Then bench/goodput.py's committed samples per second over the baseline's (plain and
 load-corrected: each run over its own full-size rate).
 
@@ -104,31 +104,32 @@ def chaos(
     return run, window, injected
 
 
-def measured(run: Run) -> dict[str, float]:
-    """Training (kept steps) and lost work (steps executed again later) from rank 0's steps in the window."""
+def measured(run: Run) -> dict[str, Any]:
+    """Training (kept steps) and lost work (steps executed again later) from rank 0's steps in the window, and each
+    stall: where, its seconds beyond a step, and the seconds of steps before it that were done again."""
     steps = [e for e in run.rank0("step") if run.start <= e["time"] <= run.end]
-    timed = [(b, b["time"] - a["time"]) for a, b in zip(steps, steps[1:]) if a["round"] == b["round"]]
-    median = statistics.median(length for _, length in timed)
+    pairs = list(zip(steps, steps[1:]))
+    median = statistics.median(b["time"] - a["time"] for a, b in pairs if a["round"] == b["round"])
     last_execution = {e["step"]: e["time"] for e in steps}
-    training = lost = 0.0
-    stalls: list[tuple[float, float, float]] = []  # (s into the window, s lost to it, s of it redone later)
-    for step, length in timed:
-        redone = last_execution[step["step"]] > step["time"]
-        if length > PAUSE_FACTOR * median or not stalls:
-            stalls.append((step["time"] - run.start, max(0.0, length - PAUSE_FACTOR * median), 0.0))
-        length = min(length, PAUSE_FACTOR * median)
-        lost += length if redone else 0.0
-        training += 0.0 if redone else length
-        if redone:
-            at, paused, rolled_back = stalls[-1]
-            stalls[-1] = (at, paused, rolled_back + length)
-    shown = [stall for stall in stalls if stall[1] > 0 or stall[2] > 0]
+    training = lost = redone_since_stall = 0.0
+    stalls: list[tuple[float, float, float]] = []
+    for a, b in pairs:
+        gap = b["time"] - a["time"]
+        # A round's first step is one step long; a step of a round no longer than PAUSE_FACTOR steps.
+        step = min(gap, median if a["round"] != b["round"] else PAUSE_FACTOR * median)
+        if gap > step:
+            stalls.append((b["time"] - run.start, gap - step, redone_since_stall))
+            redone_since_stall = 0.0
+        if last_execution[b["step"]] > b["time"]:
+            lost, redone_since_stall = lost + step, redone_since_stall + step
+        else:
+            training += step
     return {
         "training": training,
         "lost_work": lost,
         "window": run.end - run.start,
         "median_step": median,
-        "stalls": shown,
+        "stalls": stalls,
     }
 
 
@@ -170,7 +171,7 @@ def main() -> None:
         f"median_step_ms={seen['median_step'] * 1000:.1f}"
     )
     for at, paused, rolled_back in seen["stalls"]:
-        print(f"  steps  {at:6.1f}s paused {paused:.2f} rolled back {rolled_back:.2f}")
+        print(f"  steps  {at:6.1f}s stalled {paused:.2f} after {rolled_back:.2f} s of steps done again")
     sps, baseline_sps = run.samples_per_second(), baseline.samples_per_second()
     pace, baseline_pace = sps / run.full_size_rate(), baseline_sps / baseline.full_size_rate()
     print(

@@ -172,10 +172,13 @@ class Ledger:
         rollback = self.rollback
         if rollback is None:
             return
-        if at <= rollback["end"]:  # made before the fault, reported after it: less was lost
-            rollback["commit"], rollback["commit_at"] = commit, at
+        if self.interruption is not None or at < self.trained_since:
+            # No commit is made while the job does not train (a crash blocks the next commit's collective; a
+            # planned change interrupts at one): this one was made before the fault, and reported late (its
+            # instant runs late by the report's queueing): less was lost.
+            rollback["commit"], rollback["commit_at"] = commit, min(at, rollback["end"])
             self._charge_rollback()
-        elif at >= self.trained_since and self.interruption is None:
+        else:
             self.rollback = None  # a commit of the new stretch: no earlier one can come late any more
 
     def saved_commits(self, now: float, host: str, total_s: float, hosts: int) -> None:

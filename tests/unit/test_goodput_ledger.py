@@ -151,6 +151,20 @@ def test_a_hang_is_detected_from_the_start_of_its_stall():
     assert shown["hosts"] == {"host-2": 42.0}
 
 
+def test_a_commit_reported_after_the_fault_with_an_instant_after_it_was_made_before_it():
+    """A planned change interrupts at a commit; its report, queued behind a busy registry, dates it a little late."""
+    ledger = started()
+    ledger.committed(8.0, commit=3, age_s=0.0)
+    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)  # the workers left at commit 4, at 9.95
+    ledger.decided(10.1)
+    ledger.released(10.5, 2, 3)
+    ledger.resumed(10.8, 2, age_s=0.0)
+    assert view(ledger, 10.8)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
+    ledger.committed(10.9, commit=4, age_s=0.6)  # dated 10.3: after the fault, before the new stretch
+    shown = assert_adds_up(ledger, 11.0)
+    assert shown["buckets"][DETECTING] == pytest.approx(0.1) and shown["interruptions"][-1]["rolled_back_to"] == 4
+
+
 def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_detecting():
     ledger = started()
     ledger.committed(9.9, commit=4, age_s=0.0)  # the workers leave at this commit; the registry sees them at 10
@@ -291,8 +305,9 @@ def test_hosts_charged_are_bounded_the_rest_goes_to_other_hosts():
         ledger.decided(now + 1 + (index % 3 + 1))
         now += 5
         ledger.released(now, ledger.round + 1, 4)
+        ledger.saved_commits(now, f"host-{index}", 1.0, hosts=4)  # each host's saving time followed: bounded too
     shown = assert_adds_up(ledger, now)
-    assert len(shown["hosts"]) == HOSTS_KEPT
+    assert len(shown["hosts"]) == HOSTS_KEPT and len(ledger.saving_s) == HOSTS_KEPT
     assert shown["hosts"][OTHER_HOSTS] > 0
     assert sum(shown["hosts"].values()) == pytest.approx(shown["causes"][CRASH], abs=1e-3)
 
