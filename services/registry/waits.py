@@ -363,9 +363,15 @@ class WaitBoard:
 
     def longest_wait(self, job: Job, now: float) -> float:
         """How long the live rank waiting longest in a collective has waited by `now` (0: none waits): a fault found
-        now stopped training at least that long ago (the goodput ledger's fault instant)."""
-        live = (state for slot, state in self._slots.items() if self._live(job, slot, now))
-        return max((state.row.aged(now - state.received_at).waiting_s or 0.0 for state in live), default=0.0)
+        now stopped training at least that long ago (the goodput ledger's fault instant). A wait counts only when it
+        had lasted at least as long as its report is old: a short one reported a while ago (a step's ordinary wait)
+        has most likely ended since."""
+        longest = 0.0
+        for slot, state in self._slots.items():
+            age, waiting = now - state.received_at, state.row.waiting_s
+            if waiting is not None and waiting >= age and self._live(job, slot, now):
+                longest = max(longest, state.row.aged(age).waiting_s or 0.0)
+        return longest
 
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
         """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its
