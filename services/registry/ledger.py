@@ -174,10 +174,12 @@ class Ledger:
             return
         if self.interruption is not None or at < self.trained_since:
             # No commit is made while the job does not train (a crash blocks the next commit's collective; a
-            # planned change interrupts at one): this one was made before the fault, and reported late (its
-            # instant runs late by the report's queueing): less was lost.
-            rollback["commit"], rollback["commit_at"] = commit, min(at, rollback["end"])
-            self._charge_rollback()
+            # planned change interrupts at one): a newer one than the fault knew was made before it and reported
+            # late (its instant runs late by the report's queueing): less was lost. The same commit reported again
+            # is only dated again.
+            if commit > rollback["commit"]:
+                rollback["commit"], rollback["commit_at"] = commit, min(at, rollback["end"])
+                self._charge_rollback()
         else:
             self.rollback = None  # a commit of the new stretch: no earlier one can come late any more
 

@@ -56,9 +56,9 @@ def started(asked: int = 4) -> Ledger:
 
 
 def crash_and_back(ledger: Ledger, committed_at: float, crashed_at: float, back_at: float, round_number: int) -> None:
-    """A commit reported as made at `committed_at`, a crash of host-1 at `crashed_at`, decided at once; the next
+    """Commit 1 reported as made at `committed_at`, a crash of host-1 at `crashed_at`, decided at once; the next
     round released at `back_at`."""
-    ledger.committed(committed_at, commit=round_number, age_s=0.0)
+    ledger.committed(committed_at, commit=1, age_s=0.0)
     ledger.fault(crashed_at, crashed_at, CRASH, "host-1", "crash")
     ledger.decided(crashed_at)
     ledger.released(back_at, round_number, 4)
@@ -160,6 +160,8 @@ def test_a_commit_reported_after_the_fault_with_an_instant_after_it_was_made_bef
     ledger.released(10.5, 2, 3)
     ledger.resumed(10.8, 2, age_s=0.0)
     assert view(ledger, 10.8)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
+    ledger.committed(10.85, commit=3, age_s=2.6)  # commit 3 again, its report queued: dated 8.25, nothing changes
+    assert view(ledger, 10.85)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
     ledger.committed(10.9, commit=4, age_s=0.6)  # dated 10.3: after the fault, before the new stretch
     shown = assert_adds_up(ledger, 11.0)
     assert shown["buckets"][DETECTING] == pytest.approx(0.1) and shown["interruptions"][-1]["rolled_back_to"] == 4
