@@ -223,9 +223,9 @@ class Timing:
     collective_timeout: float = 60.0
     # A replicated service's lease in etcd (whole seconds, etcd's unit): its standby takes over this long after the
     # active replica stopped renewing it (replication/election.py). etcd refreshes every lease when its own leader
-    # changes, so losing etcd's leader with the active replica adds an election (under a second) to it. 1 s keeps a
-    # takeover within 3 s (bench/control_plane_ha.py; 2 s: 3.5 s); an etcd whose election timeout is over 666 ms
-    # grants more than asked (1.5 election timeouts at least).
+    # changes, so losing etcd's leader with the active replica adds an election and an election timeout to it. 1 s
+    # keeps a takeover at 2.5-2.7 s median (bench/control_plane_ha.py; 2 s: 3.5 s); an etcd whose election timeout
+    # is over 666 ms grants more than asked (1.5 election timeouts at least).
     lease_ttl: int = 1
 
     def check(self) -> Timing:

@@ -1,8 +1,10 @@
 """What a service keeps of its requests between messages, each bounded: the answers it gave and the ones it owes.
 
 `ReplyCache` holds the latest replies by (sender, id), so that a retried request gets the same answer again. It
-keeps at most `REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes; a reply larger than
-`REPLY_CACHE_ENTRY_BYTES` is not kept (large replies answer reads, which a retry runs again).
+keeps at most `REPLY_CACHE_SIZE` replies and `REPLY_CACHE_BYTES` bytes, counted as the memory they hold (the frames
+and what Python spends to keep them: `reply_cost`); a reply larger than `REPLY_CACHE_ENTRY_BYTES` is not kept (large
+replies answer reads, which a retry runs again). Handlers a retry may simply run again (reads, heartbeats, the
+agents' periodic wait reports: `handles(..., replayable=True)`, bus/service.py) keep no reply here at all.
 
 `ParkingLot` holds the requests parked until their answer is known: at most `MAX_PARKED_PER_SENDER` of one
 sender, `MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages. It says why one more may not park (`refusal`);
@@ -17,8 +19,9 @@ from typing import Generic, Protocol, TypeVar
 # A retry is answered from the reply cache for as long as the reply stays in it: the busiest legitimate burst is a
 # round of 32,768 ranks answered at once (4,096 hosts x 8), whose replies must outlive the clients' retries.
 REPLY_CACHE_SIZE = 32768
-# A join's answer is ~250 bytes, so 32,768 of them take about 8 MiB; junk with large replies stops there.
-REPLY_CACHE_BYTES = 8 * 1024 * 1024
+# A join's answer is ~250 bytes and costs ~630 kept (reply_cost), so 32,768 of them take about 20 MiB; junk with large
+# replies stops there.
+REPLY_CACHE_BYTES = 24 * 1024 * 1024
 # Replies above this answer reads (`since`, `hosts`, `status`, `job`): a retry runs them again instead.
 REPLY_CACHE_ENTRY_BYTES = 64 * 1024
 # An agent parks, at the rendezvous, one join and one key lookup per worker of its host: 512 slots per host.
@@ -27,6 +30,16 @@ MAX_PARKED_PER_SENDER = 1024
 MAX_PARKED = 65536 + 8192
 # A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
 MAX_PARKED_BYTES = 12 * 1024 * 1024
+# What Python spends to keep a reply beside its frames' bytes, measured with tracemalloc (tests/unit/test_bounds.py):
+# per reply, the key (a tuple of two strings), the value tuple, the frames' list and the cache's own entry; per frame,
+# the bytes object's header.
+REPLY_ENTRY_OVERHEAD_BYTES = 300
+REPLY_FRAME_OVERHEAD_BYTES = 40
+
+
+def reply_cost(frames: list[bytes]) -> int:
+    """The memory a kept reply holds, in bytes: its frames and their keeping."""
+    return REPLY_ENTRY_OVERHEAD_BYTES + sum(len(f) + REPLY_FRAME_OVERHEAD_BYTES for f in frames)
 
 
 class ReplyCache:
@@ -52,8 +65,8 @@ class ReplyCache:
         return kept[0] if kept is not None else None
 
     def put(self, key: tuple[str, str], frames: list[bytes]) -> None:
-        """Keep `frames` as the reply to `key`, unless they take more than `entry_bytes`."""
-        size = sum(len(f) for f in frames)
+        """Keep `frames` as the reply to `key`, unless keeping them costs more than `entry_bytes`."""
+        size = reply_cost(frames)
         if size > self.entry_bytes:
             return
         previous = self._replies.pop(key, None)

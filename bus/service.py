@@ -2,17 +2,18 @@
 
 A subclass marks methods with `@handles("type")`, or `@handles("type", roles=...)`
 for a handler only some callers may use (bus/roles.py: anyone else gets
-`forbidden`). A handler receives a `Request`
+`forbidden`), and `replayable=True` for one a retry may simply run again (a read,
+a heartbeat): its answers are not kept. A handler receives a `Request`
 and returns the reply body (a dict), or `DEFERRED` to park the request and
 answer it later with `request.reply(...)`. `RequestError` becomes an error
 reply; any other exception is logged and becomes an `internal` error reply, so
 nothing a peer sends stops the loop.
 
 Retried requests are idempotent: a request with the same (sender, id) as one
-already answered gets the cached answer again, and one that is parked has its
-return route updated (a client that reconnected still gets the answer). A
-request refused by its handler (bad input, a bound) changed nothing: its
-answer is not kept, and a retry is judged again.
+already answered gets the cached answer again (but a replayable one's), and one
+that is parked has its return route updated (a client that reconnected still
+gets the answer). A request refused by its handler (bad input, a bound) changed
+nothing: its answer is not kept, and a retry is judged again.
 
 Nothing a peer sends grows memory without bound. The reply cache and the
 parked requests are bounded (bus/kept_requests.py): past the parking bounds, a
@@ -71,10 +72,11 @@ def field(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def handles(msg_type: str, roles: Collection[str] = ANY_ROLE) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def handles(msg_type: str, roles: Collection[str] = ANY_ROLE, replayable: bool = False) -> Callable[..., Any]:
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn._handles = msg_type  # type: ignore[attr-defined]
         fn._roles = roles if roles is ANY_ROLE else frozenset(roles)  # type: ignore[attr-defined]
+        fn._replayable = replayable  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -159,12 +161,15 @@ class Service:
         self.sender_id = self.name
         self._handlers: dict[str, Callable[[Request], Any]] = {}
         self._roles: dict[str, Collection[str]] = {}
+        self._replayable: set[str] = set()  # types whose answers are not kept: a retry runs the handler again
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
             msg_type = getattr(fn, "_handles", None)
             if msg_type:
                 self._handlers[msg_type] = getattr(self, attr)
                 self._roles[msg_type] = fn._roles  # type: ignore[union-attr]
+                if fn._replayable:  # type: ignore[union-attr]
+                    self._replayable.add(msg_type)
         self._callers = CallerRoles(security.keys_dir)
         if security.keys_dir is not None and not self._callers.enforced:
             self.log.warning(
@@ -255,7 +260,7 @@ class Service:
         self.ctx.term()
 
     # -- requests ------------------------------------------------------------------------------
-    @handles("ping")
+    @handles("ping", replayable=True)
     def on_ping(self, request: Request) -> dict[str, Any]:
         return {"service": self.name}
 
@@ -371,7 +376,7 @@ class Service:
         request.answered = True
         self._parked.unpark(request.parking_key)
         frames = encode(reply_to(request.msg, body, self.sender_id, raw))
-        if request.key is not None and cache:
+        if request.key is not None and cache and request.msg.type not in self._replayable:
             self._replied.put(request.key, frames)
         self._send(request.route, frames)
 

@@ -155,7 +155,7 @@ class DiscoveryService(Service):
             self._changed()
         return {"status": status}
 
-    @handles("heartbeat", roles=(AGENT,))
+    @handles("heartbeat", roles=(AGENT,), replayable=True)
     def on_heartbeat(self, request: Request) -> dict[str, Any]:
         """The hot path (4,096 hosts: 4,096 a second): a lookup, a move to the end of the silence order, and reports
         checked and copied only when they differ from the host's last ones; nothing scans the host set or logs."""
@@ -224,7 +224,7 @@ class DiscoveryService(Service):
         self._changed()
 
     # -- queries and commands ------------------------------------------------------------------
-    @handles("hosts", roles=(SERVICE, OPERATOR))
+    @handles("hosts", roles=(SERVICE, OPERATOR), replayable=True)
     def on_hosts(self, request: Request) -> dict[str, Any]:
         self._publish_change()
         available = self.hostset.available()
@@ -249,7 +249,7 @@ class DiscoveryService(Service):
             "all": self.hostset.describe(self.clock()),
         }
 
-    @handles("snapshots", roles=(SERVICE, OPERATOR))
+    @handles("snapshots", roles=(SERVICE, OPERATOR), replayable=True)
     def on_snapshots(self, request: Request) -> dict[str, Any]:
         records = self.hostset.hosts.values()
         live = [r for r in records if self.hostset.state(r) != LOST]

@@ -172,7 +172,7 @@ class NotifierService(Service):
         self.log.info("published", event_type=event, seq=self.seq, sender=request.msg.sender)
         return {"seq": self.seq}
 
-    @handles("since")
+    @handles("since", replayable=True)
     def on_since(self, request: Request) -> dict[str, Any]:
         seq = request.body.get("seq", -1)
         if not isinstance(seq, int):

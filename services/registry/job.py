@@ -162,6 +162,11 @@ class Job:
             self.resets += 1
         self.round, self.round_hosts, self.round_hosts_timestamp = number, hosts, hosts_timestamp
         self.agents = agents
+        # What the job keeps per host is kept for live hosts only (the round's and the live agents'): hosts come and
+        # go by new names for weeks.
+        live = agents.keys() | {host for host, _ in hosts}
+        self.snapshot_commits = {host: c for host, c in self.snapshot_commits.items() if host in live}
+        self.hang_doublings = {slot: d for slot, d in self.hang_doublings.items() if slot.rpartition(":")[0] in live}
         self._round_unsaved = True
         # The ranks of the round's slots, as job.assignments gives them: one per slot, in the order of `hosts`.
         slots = ((host, local_rank) for host, local_ranks in hosts for local_rank in local_ranks)

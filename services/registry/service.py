@@ -191,7 +191,7 @@ class RegistryService(Service):
             self._persist(now)
         return self.job.summary()
 
-    @handles("job", roles=(AGENT, OPERATOR))
+    @handles("job", roles=(AGENT, OPERATOR), replayable=True)
     def on_job(self, request: Request) -> dict[str, Any]:
         return {**self.job.summary(), "goodput": goodput.headline(self.job.ledger.totals(self._now().local))}
 
@@ -204,7 +204,7 @@ class RegistryService(Service):
             "goodput": self.job.ledger.view(now.local, now.as_wall),
         }
 
-    @handles("status", roles=(OPERATOR,))
+    @handles("status", roles=(OPERATOR,), replayable=True)
     def on_status(self, request: Request) -> dict[str, Any]:
         now = self._now()
         shown = self.job.ledger.view(now.local, now.as_wall)
@@ -224,7 +224,7 @@ class RegistryService(Service):
         self._persist(now)
         return {"recorded": recorded}
 
-    @handles("waits", roles=(AGENT,))
+    @handles("waits", roles=(AGENT,), replayable=True)
     def on_waits(self, request: Request) -> dict[str, Any]:
         host, rows = parse_waits(request.body)
         commit, now = parse_commit(request.body), self._now()

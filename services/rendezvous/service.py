@@ -261,7 +261,7 @@ class RendezvousService(Service):
         )
         return {"forgotten": join is not None}
 
-    @handles("status", roles=(SERVICE, OPERATOR))
+    @handles("status", roles=(SERVICE, OPERATOR), replayable=True)
     def on_status(self, request: Request) -> dict[str, Any]:
         """Counts, and the rejoins logged since the caller's cursor (`round`, `rejoins_from`): a cursor of another
         round than the latest is answered from the log's start."""

@@ -4,6 +4,8 @@ captured instead of sent."""
 
 from __future__ import annotations
 
+import tracemalloc
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 
 from elastic_control_plane.bus.contract import PUBLISH_KEY
 from elastic_control_plane.bus.envelope import Message, decode, encode
+from elastic_control_plane.bus.kept_requests import reply_cost
 from elastic_control_plane.bus.service import DEFERRED, ParkingLot, ReplyCache, Request, Service, handles
 from elastic_control_plane.services.notifier import service as notifier_module
 from elastic_control_plane.services.notifier.service import History, NotifierService
@@ -25,36 +28,83 @@ def frames_of(size: int) -> list[bytes]:
 
 # -- reply cache ---------------------------------------------------------------------------------------------------
 def test_reply_cache_drops_the_oldest_past_its_entries() -> None:
-    cache = ReplyCache(entries=2, max_bytes=1000, entry_bytes=100)
+    cache = ReplyCache(entries=2, max_bytes=10_000, entry_bytes=1000)
     for n in range(3):
         cache.put(("s", str(n)), frames_of(10))
     assert cache.get(("s", "0")) is None
     assert cache.get(("s", "2")) == frames_of(10)
-    assert (len(cache), cache.nbytes) == (2, 20)
+    assert (len(cache), cache.nbytes) == (2, 2 * reply_cost(frames_of(10)))
 
 
 def test_reply_cache_drops_the_oldest_past_its_bytes() -> None:
-    cache = ReplyCache(entries=100, max_bytes=100, entry_bytes=60)
+    room = reply_cost(frames_of(50)) + reply_cost(frames_of(40))
+    cache = ReplyCache(entries=100, max_bytes=room, entry_bytes=room)
     cache.put(("s", "a"), frames_of(50))
     cache.put(("s", "b"), frames_of(30))
     cache.put(("s", "c"), frames_of(40))
     assert cache.get(("s", "a")) is None and cache.get(("s", "b")) is not None and cache.get(("s", "c")) is not None
-    assert cache.nbytes == 70
+    assert cache.nbytes == reply_cost(frames_of(30)) + reply_cost(frames_of(40))
 
 
 def test_reply_cache_keeps_no_reply_larger_than_an_entry_may_be() -> None:
-    cache = ReplyCache(entries=10, max_bytes=1000, entry_bytes=50)
+    cache = ReplyCache(entries=10, max_bytes=10_000, entry_bytes=reply_cost(frames_of(50)))
     cache.put(("s", "small"), frames_of(50))
     cache.put(("s", "large"), frames_of(51))
     assert cache.get(("s", "large")) is None and cache.get(("s", "small")) is not None
-    assert cache.nbytes == 50
+    assert cache.nbytes == reply_cost(frames_of(50))
 
 
 def test_reply_cache_counts_a_replaced_reply_once() -> None:
-    cache = ReplyCache(entries=10, max_bytes=1000, entry_bytes=100)
+    cache = ReplyCache(entries=10, max_bytes=10_000, entry_bytes=1000)
     cache.put(("s", "a"), frames_of(40))
     cache.put(("s", "a"), frames_of(10))
-    assert (len(cache), cache.nbytes) == (1, 10)
+    assert (len(cache), cache.nbytes) == (1, reply_cost(frames_of(10)))
+
+
+@pytest.mark.parametrize("reply_bytes", [60, 250, 2000])
+def test_reply_cache_counts_the_memory_its_replies_hold(reply_bytes: int) -> None:
+    """Its byte bound bounds memory: what it counts is within 20 % of what tracemalloc sees it hold, for replies of
+    the sizes services give (a heartbeat's, a join's, a status's), with keys made as decoding makes them."""
+    cache, replies = ReplyCache(entries=100_000, max_bytes=2**40), 5000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(replies):
+            cache.put((f"agent-{uuid.uuid4().hex[:8]}", str(100_000 + n)), [b"h" * 40, bytes(reply_bytes)])
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.8 < cache.nbytes / held < 1.2, (cache.nbytes / replies, held / replies)
+
+
+def test_a_replayable_handler_keeps_no_reply(tmp_path: Path) -> None:
+    """A read or a heartbeat is answered afresh on a retry; a handler that changes state answers a retry from the
+    cache."""
+
+    class Counting(Service):
+        name = "counting"
+        calls = 0
+
+        @handles("read", replayable=True)
+        def on_read(self, request: Request) -> dict[str, Any]:
+            self.calls += 1
+            return {"calls": self.calls}
+
+        @handles("write")
+        def on_write(self, request: Request) -> dict[str, Any]:
+            self.calls += 1
+            return {"calls": self.calls}
+
+    service = Counting(f"ipc://{tmp_path}/counting")
+    sent: list[list[bytes]] = []
+    service._send = lambda route, frames: sent.append(frames)  # type: ignore[method-assign]
+    try:
+        for msg_type in ("read", "read", "write", "write"):
+            service._dispatch(b"r", encode(Message(type=msg_type, id=msg_type, sender="agent-1")))
+        assert [decode(frames).body["calls"] for frames in sent] == [1, 2, 3, 3]
+        assert len(service._replied) == 1
+    finally:
+        service.close()
 
 
 # -- parking lot ---------------------------------------------------------------------------------------------------

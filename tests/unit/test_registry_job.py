@@ -219,6 +219,22 @@ def test_rounds_after_the_first_are_resets_unless_they_replace_one_still_forming
     assert [job.reports[slot].rank for slot in (("a", 0), ("b", 0), ("b", 1))] == [0, 1, 2]
 
 
+def test_what_the_job_keeps_per_host_goes_with_the_host() -> None:
+    """Hosts come and go by new names for weeks (a pod's name, a requeued allocation's nodes): a host's snapshot
+    commit and its slots' hang doublings are kept while its agent lives, and no longer; the live ones' stay."""
+    job = Job.submitted(SPEC, 1, now=0.0)
+    for n in range(1, 1001):
+        host, previous = f"host-{n}", f"host-{n - 1}"
+        job.note_snapshot_commit(host, n)
+        job.hang_doublings[f"{host}:0"] = [1, 100 + n]
+        job.begin_round(n, [[host, [0]], ["stays", [0]]], float(n), {host: "i", "stays": "i", previous: "i"}, False)
+    assert sorted(job.snapshot_commits) == ["host-1000", "host-999"]
+    assert sorted(job.hang_doublings) == ["host-1000:0", "host-999:0"]
+    job.note_snapshot_commit("stays", 7)
+    job.begin_round(1001, [["stays", [0]]], 1001.0, {"stays": "i"}, False)
+    assert job.snapshot_commits == {"stays": 7} and job.hang_doublings == {}
+
+
 def test_recovery_runs_from_the_first_failure_until_a_round_is_released() -> None:
     job = Job.submitted(SPEC, 1, now=0.0)
     assert job.recovered(10.0) is None

@@ -199,7 +199,7 @@ PREPARES_DATA = """
 import subprocess, sys, time
 print("ready", flush=True)
 sys.stdin.readline()
-subprocess.run([sys.executable, "-c", "import time\\nt = time.time()\\nwhile time.time() - t < 0.4: pass"])
+subprocess.run([sys.executable, "-c", "import time\\nwhile time.process_time() < 0.4: pass"])
 print("prepared", flush=True)
 time.sleep(30)
 """
