@@ -195,7 +195,7 @@ class RegistryService(Service):
     def on_job(self, request: Request) -> dict[str, Any]:
         return {**self.job.summary(), "goodput": goodput.headline(self.job.ledger.totals(self._now().local))}
 
-    @handles("ledger", roles=(OPERATOR,))
+    @handles("ledger", roles=(OPERATOR,), replayable=True)
     def on_ledger(self, request: Request) -> dict[str, Any]:
         now = self._now()
         return {
