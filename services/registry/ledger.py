@@ -180,6 +180,13 @@ class Ledger:
             if commit > rollback["commit"]:
                 rollback["commit"], rollback["commit_at"] = commit, min(at, rollback["end"])
                 self._charge_rollback()
+        elif rollback["to"] == DETECTING and commit == rollback["commit"] + 1:
+            # A planned change keeps its state (nothing is restored): the commit after the one the fault knew is the
+            # one the workers left at, however late its report; if the fault knew that one already, the next was
+            # made after it and what is charged stays ~0 either way. Nothing is charged now: the rollback is final.
+            rollback["commit"], rollback["commit_at"] = commit, rollback["end"]
+            self._charge_rollback()
+            self.rollback = None
         else:
             self.rollback = None  # a commit of the new stretch: no earlier one can come late any more
 

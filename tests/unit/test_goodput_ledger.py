@@ -167,6 +167,21 @@ def test_a_commit_reported_after_the_fault_with_an_instant_after_it_was_made_bef
     assert shown["buckets"][DETECTING] == pytest.approx(0.1) and shown["interruptions"][-1]["rolled_back_to"] == 4
 
 
+def test_a_planned_change_s_commit_reported_after_training_resumed_is_still_the_one_the_workers_left_at():
+    ledger = started()
+    ledger.committed(8.0, commit=3, age_s=0.0)
+    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)  # the workers left at commit 4, at 9.95
+    ledger.decided(10.1)
+    ledger.released(10.3, 2, 3)
+    ledger.resumed(10.4, 2, age_s=0.0)
+    ledger.committed(11.0, commit=4, age_s=0.3)  # dated 10.7, after training resumed: its report was queued
+    assert view(ledger, 11.0)["buckets"][DETECTING] == pytest.approx(0.1) and ledger.rollback is None
+    assert ledger.timeline[-1]["rolled_back_to"] == 4
+    ledger.committed(12.0, commit=5, age_s=0.0)  # the new stretch's: the rollback is final
+    ledger.committed(12.5, commit=6, age_s=0.0)
+    assert assert_adds_up(ledger, 13.0)["buckets"][DETECTING] == pytest.approx(0.1)
+
+
 def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_detecting():
     ledger = started()
     ledger.committed(9.9, commit=4, age_s=0.0)  # the workers leave at this commit; the registry sees them at 10
