@@ -151,29 +151,31 @@ def test_a_hang_is_detected_from_the_start_of_its_stall():
     assert shown["hosts"] == {"host-2": 42.0}
 
 
-def test_a_commit_reported_after_the_fault_with_an_instant_after_it_was_made_before_it():
-    """A planned change interrupts at a commit; its report, queued behind a busy registry, dates it a little late."""
+def drained(resumed_at: float) -> Ledger:
+    """Commit 3 known at 8; host-3 drained: the registry sees the workers re-join at 10 (they left at commit 4, at
+    9.95, not reported yet), decides at 10.1, releases the next round at 10.3; its state is synced at `resumed_at`."""
     ledger = started()
     ledger.committed(8.0, commit=3, age_s=0.0)
-    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)  # the workers left at commit 4, at 9.95
+    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)
     ledger.decided(10.1)
-    ledger.released(10.5, 2, 3)
-    ledger.resumed(10.8, 2, age_s=0.0)
+    ledger.released(10.3, 2, 3)
+    ledger.resumed(resumed_at, 2, age_s=0.0)
+    return ledger
+
+
+def test_a_commit_reported_after_the_fault_with_an_instant_after_it_was_made_before_it():
+    """A planned change interrupts at a commit; its report, queued behind a busy registry, dates it a little late."""
+    ledger = drained(resumed_at=10.8)
     assert view(ledger, 10.8)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
     ledger.committed(10.85, commit=3, age_s=2.6)  # commit 3 again, its report queued: dated 8.25, nothing changes
     assert view(ledger, 10.85)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
-    ledger.committed(10.9, commit=4, age_s=0.6)  # dated 10.3: after the fault, before the new stretch
+    ledger.committed(10.9, commit=4, age_s=0.4)  # dated 10.5: after the fault, before the new stretch
     shown = assert_adds_up(ledger, 11.0)
     assert shown["buckets"][DETECTING] == pytest.approx(0.1) and shown["interruptions"][-1]["rolled_back_to"] == 4
 
 
 def test_a_planned_change_s_commit_reported_after_training_resumed_is_still_the_one_the_workers_left_at():
-    ledger = started()
-    ledger.committed(8.0, commit=3, age_s=0.0)
-    ledger.fault(10.0, 10.0, DRAIN, "host-3", "hosts changed", planned=True)  # the workers left at commit 4, at 9.95
-    ledger.decided(10.1)
-    ledger.released(10.3, 2, 3)
-    ledger.resumed(10.4, 2, age_s=0.0)
+    ledger = drained(resumed_at=10.4)
     ledger.committed(11.0, commit=4, age_s=0.3)  # dated 10.7, after training resumed: its report was queued
     assert view(ledger, 11.0)["buckets"][DETECTING] == pytest.approx(0.1) and ledger.rollback is None
     assert ledger.timeline[-1]["rolled_back_to"] == 4
