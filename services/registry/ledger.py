@@ -3,8 +3,9 @@
 Pure logic, driven by the registry's events with explicit instants of its own monotonic clock. At every instant the
 job is in exactly one bucket (BUCKETS), so the buckets always add up to the job's wall clock:
 
-- TRAINING / BELOW_SIZE: a round is released (every worker has its rank) at the size asked for (`--max-np`; without
-  one, the largest size the job has had) or below it; below it, the missing slot-seconds are counted too;
+- TRAINING / BELOW_SIZE: from a round's first step (its state synced, as reported; else its release: every worker
+  has its rank) at the size asked for (`--max-np`; without one, the largest size the job has had) or below it;
+  below it, the missing slot-seconds are counted too;
 - DETECTING: from a fault to the decision on it: a crash's exit report, the start of a hung rank's stall (the
   others waited since) to its kill, a lost host's last heartbeat to its loss; for a planned change (drain,
   scale-up, preemption), from the commit the workers left at to the decision;
@@ -19,7 +20,7 @@ job is in exactly one bucket (BUCKETS), so the buckets always add up to the job'
 - CHECKPOINTING: the seconds the hosts' snapshot writers spent saving commits (the mean over the round's hosts),
   moved out of the training bucket they stopped.
 
-Each interruption (a fault or planned change, up to the release that ends it) has a cause (CAUSES) and a host, and
+Each interruption (a fault or planned change, up to the next round's first step) has a cause (CAUSES) and a host, and
 its seconds (and its lost work) are charged to both. The job's start is an interruption of cause `start`. Bounded
 for a job that runs for weeks: the last TIMELINE_KEPT interruptions are kept (older ones stay in the totals);
 HOSTS_KEPT hosts are charged by name, the rest of the charge goes to OTHER_HOSTS; the save times of HOSTS_KEPT
@@ -331,8 +332,8 @@ class Ledger:
         return (self.progressed or self.bucket in INTERRUPTED) and now - self.saved_at >= SAVE_EVERY_S
 
     def saved(self, at: float, timeline: bool) -> None:
-        """What `to_saved` gave at `at` is saved (and `timeline_to_saved`'s, if `timeline`): the ledger is not `due`
-        until it changes or SAVE_EVERY_S pass."""
+        """What ledger_record.to_saved gave at `at` is saved (and its timeline, if `timeline`): the ledger is not
+        `due` until it changes or SAVE_EVERY_S pass."""
         self.changed, self.progressed, self.saved_at = False, False, at
         self.timeline_changed = self.timeline_changed and not timeline
 
