@@ -60,7 +60,7 @@ from elastic_control_plane.agent.hung_workers import HungWorkers
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.keeper import KeeperConfig, WorkerKeeper
 from elastic_control_plane.agent.launcher import Launcher
-from elastic_control_plane.agent.metrics import COMMIT_SECONDS, WorkerStates
+from elastic_control_plane.agent.metrics import WorkerStates
 from elastic_control_plane.agent.reports import ExitReports
 from elastic_control_plane.agent.round_entry import HostEntry, RoundKeyLookups
 from elastic_control_plane.agent.signal_wakeup import SignalWakeup
@@ -110,6 +110,7 @@ class AgentService(Service):
         server = ForkServer(config.fork_server, self.log)
         self.wait_watch = WaitWatch(host, self.registry, timing.heartbeat, self.log)
         self.launcher = Launcher(settings, server, self.wait_watch, self, timing.heartbeat, self.log)
+        self.wait_watch.progress = self.launcher.snapshots.progress  # sent with each report: the goodput ledger's
         reports = ExitReports(host, timing, self.registry, self.rendezvous, self.launcher.snapshots, self.log)
         self.keeper = WorkerKeeper(
             KeeperConfig(settings, slots, config.standby),
@@ -360,7 +361,12 @@ class AgentService(Service):
         seconds = field(request.body, "seconds", float)
         if seconds < 0:
             raise RequestError("bad_request", "seconds must be at least 0")
-        COMMIT_SECONDS.labels(self.host).observe(seconds)
+        self.launcher.snapshots.committed(seconds)
+        return {}
+
+    @handles("resumed")
+    def on_resumed(self, request: Request) -> dict[str, Any]:  # the host's snapshot writer synced a round (one-way)
+        self.launcher.snapshots.resumed_in(field(request.body, "round", int))
         return {}
 
     @handles("rank_and_size")

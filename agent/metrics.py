@@ -7,11 +7,14 @@ thread serving metrics must not iterate the agent's dicts.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge, Histogram
 
 from elastic_control_plane.agent.intervals import INTERVALS
-from elastic_control_plane.agent.keeper import WorkerKeeper
+
+if TYPE_CHECKING:  # the keeper's snapshots (agent/snapshots.py) observe COMMIT_SECONDS: no import back at run time
+    from elastic_control_plane.agent.keeper import WorkerKeeper
 
 WORKER_STATES = ("running", "starting", "stopping", "standby", "restarting")
 WORKERS_BY_STATE = Gauge(

@@ -1,4 +1,5 @@
-"""The agent's part in snapshots: it owns the host's snapshot buffers, reports them, flushes them to disk, removes them.
+"""The agent's part in snapshots: it owns the host's snapshot buffers, reports them, flushes them to disk, removes them;
+and the host's training progress its snapshot writer tells (`committed`, `resumed`), for the goodput ledger.
 
 For each job the agent creates two empty buffer files in shared memory
 (`ELASTIC_SHM_DIR`, default /dev/shm), named after its own pid and a random
@@ -23,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.agent.metrics import COMMIT_SECONDS
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.bus.lifetime import alive
 from elastic_control_plane.job.plan import JobPlan
@@ -56,6 +58,8 @@ class SnapshotKeeper:
         self.checkpoint_dir: Path | None = None
         self.checkpoint_interval = 30.0
         self.last_checkpoint: durable.Checkpoint | None = None
+        self.saving_s = 0.0  # seconds this job's snapshot writer on this host spent saving commits (`committed`)
+        self.resumed = (0, 0.0)  # the round its workers last resumed training in (`resumed_in`), and when
         self._next_flush_at = 0.0
         self._flushing: Future[durable.Checkpoint | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -67,6 +71,7 @@ class SnapshotKeeper:
         self.checkpoint_dir = Path(plan.spec.checkpoint_dir) if plan.spec.checkpoint_dir else None
         self.checkpoint_interval = plan.spec.checkpoint_interval
         self.last_checkpoint = None
+        self.saving_s, self.resumed = 0.0, (0, 0.0)
         self._flushing = None
         try:
             layout.create(self.prefix)
@@ -95,6 +100,30 @@ class SnapshotKeeper:
     def newest(self) -> layout.BufferHeader | None:
         header = layout.newest_header(layout.buffer_paths(self.prefix))
         return header if header is not None and header.job == self.job_key else None
+
+    def committed(self, seconds: float) -> None:
+        """The host's snapshot writer saved a commit in `seconds`."""
+        COMMIT_SECONDS.labels(self.host).observe(seconds)
+        self.saving_s += seconds
+
+    def resumed_in(self, round_number: int) -> None:
+        """The host's snapshot writer synced round `round_number`'s state: training resumes."""
+        self.resumed = (round_number, time.monotonic())
+
+    def progress(self) -> dict[str, Any]:
+        """For the registry's goodput ledger (sent with the `waits` report): the newest commit (0: none yet), its age
+        on this host's clock (None: none), the seconds the host's writer spent saving commits, and the round training
+        last resumed in (0: none yet) with how long ago."""
+        header = self.newest()
+        age = None if header is None else max(0.0, time.time() - header.written_at)
+        resumed_round, resumed_at = self.resumed
+        return {
+            "commit": 0 if header is None else header.commit,
+            "age_s": age,
+            "saving_s": self.saving_s,
+            "resumed_round": resumed_round,
+            "resumed_age_s": max(0.0, time.monotonic() - resumed_at) if resumed_round else None,
+        }
 
     def report(self) -> dict[str, Any]:
         """What the agent tells the control plane: the snapshot's commit, size and time, and the last checkpoint."""

@@ -14,7 +14,10 @@ then. The registry judges hangs and each rank's cost from the `waits` report (se
 every heartbeat interval, and at once when a worker's wait, busy or stalled time crosses one of the limits the
 registry's last reply gave, so a hang is judged within a tick of its limit. The reply also says for how long the
 host's workers may wait past the collective timeout (`excuse_s`: the rank they wait for is under the registry's
-judgement), which the agent writes into their records.
+judgement), which the agent writes into their records. Each report carries the host's training progress (`commit`:
+its newest commit, its age and the seconds the host's snapshot writer spent saving, and the round training last
+resumed in): the registry's goodput ledger counts lost work, checkpointing and re-forming from it
+(services/registry/ledger.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from elastic_control_plane.agent import process_tree
@@ -46,6 +49,8 @@ _FILE_NAME = re.compile(r"^elastic-(?:waits|stack)-(\d+)-")
 class WaitWatch:
     def __init__(self, host: str, registry: AsyncClient, heartbeat: float, log: Any) -> None:
         self.host, self.registry, self.heartbeat, self.log = host, registry, heartbeat, log
+        # The host's training progress, sent with each report (agent/snapshots.py `progress`; the agent sets it).
+        self.progress: Callable[[], dict[str, Any]] = dict
         self.directory = shm_dir()
         self.limits: tuple[float, ...] = ()
         self._in_flight = False
@@ -99,7 +104,11 @@ class WaitWatch:
         self._in_flight = True
         self.registry.send(
             "waits",
-            {"host": self.host, "slots": [{k: v for k, v in row.items() if k != "_episode"} for _, row in rows]},
+            {
+                "host": self.host,
+                "slots": [{k: v for k, v in row.items() if k != "_episode"} for _, row in rows],
+                "commit": self.progress(),
+            },
             on_reply=lambda reply: self._on_reply(reply, [watch for watch, _ in rows]),
             on_timeout=self._on_no_reply,
             timeout=self.heartbeat,

@@ -153,9 +153,9 @@ def chaos_cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
             signal.signal(sig, handler)
 
 
-def start_job(c: Cluster, setup: str, step_delay: float) -> tuple[subprocess.Popen[bytes], EventTail]:
-    """An agent with one slot (and the setup's fork server and spares) on each host, then the example job, logging its
-    events."""
+def start_job(c: Cluster, setup: str, step_delay: float, *job_args: str) -> tuple[subprocess.Popen[bytes], EventTail]:
+    """An agent with one slot (and the setup's fork server and spares) on each host, then the example job (with
+    `job_args` too), logging its events."""
     for host in HOSTS:
         c.start_agent(host, 1, agent_args(setup))
     log_dir = c.workdir / "train"
@@ -171,6 +171,7 @@ def start_job(c: Cluster, setup: str, step_delay: float) -> tuple[subprocess.Pop
         str(step_delay),
         "--log-dir",
         str(log_dir),
+        *job_args,
     )
     return job, EventTail(log_dir)
 

@@ -96,7 +96,7 @@ def follow(plane: ControlPlane, job_id: int, interrupts: Interrupts) -> int:
         if job["state"] in ("succeeded", "failed"):
             _say(
                 f"[elasticctl] job {job_id} {job['state']} after {job['resets']} reset(s): {job['reason']} (exit "
-                f"code {job['exit_code']})"
+                f"code {job['exit_code']}); {job.get('goodput') or 'no goodput ledger'}"
             )
             return int(job["exit_code"] or 0)
         line = progress_line(job)

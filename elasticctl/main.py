@@ -28,6 +28,9 @@ from elastic_control_plane.elasticctl.follow import CANCEL_WAIT, submit_and_foll
 from elastic_control_plane.elasticctl.local import run_local
 from elastic_control_plane.elasticctl.local_keys import live_local_keys
 from elastic_control_plane.elasticctl.options import build_spec, job_options
+from elastic_control_plane.elasticctl.report import as_json as report_json
+from elastic_control_plane.elasticctl.report import gather as gather_report
+from elastic_control_plane.elasticctl.report import render as render_report
 from elastic_control_plane.elasticctl.slurm import slurm
 from elastic_control_plane.elasticctl.status import as_json, gather, render, render_control_plane
 from elastic_control_plane.elasticctl.torchrun import LaunchError, parse_launch
@@ -191,6 +194,21 @@ def events(control: str | None, keys: Path | None, follow: bool, since: int) -> 
         print_history(plane, since)
     finally:
         plane.close()
+
+
+@cli.command()
+@control_option
+@keys_option
+@click.argument("job", type=int)
+@click.option("--json", "as_json_flag", is_flag=True, help="The whole ledger as stable JSON.")
+def report(control: str | None, keys: Path | None, job: int, as_json_flag: bool) -> None:
+    """Where job JOB's wall clock went (its goodput ledger): each bucket, each cause and host, each interruption."""
+    plane = _plane(control, keys)
+    try:
+        reply = gather_report(plane, job)
+    finally:
+        plane.close()
+    click.echo(report_json(reply) if as_json_flag else render_report(reply))
 
 
 def _host_command(name: str, description: str, past: str) -> None:

@@ -1,7 +1,8 @@
 """`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limits
 the agents are told, the ranks suspected of hanging, the waits ranks declared, and the ranks the others waited for
 most (the registry's `waits`); replicated, the control hosts (elasticctl/control_hosts.py) with etcd's database
-size."""
+size; the job's goodput (services/registry/ledger.py: the share of its wall clock spent training, and the three
+causes that cost most)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
     return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits}
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [headers] + [["-" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
@@ -42,6 +43,9 @@ def render(view: dict[str, Any], now: float) -> str:
     ]
     if job.get("reason"):
         lines.append(f"  reason: {job['reason']}")
+    goodput = job.get("goodput") or {}
+    if goodput.get("training_share") is not None:
+        lines.append(f"  {goodput['headline']} (elasticctl report {job['job']}: where the rest went)")
     spec = job.get("spec") or {}
     if "max_restarts" in spec:
         lines.append(f"  crashed workers: {crash_policy(spec['max_restarts'], spec['restart_window'])}")
@@ -82,7 +86,7 @@ def render(view: dict[str, Any], now: float) -> str:
         )
         host_rows.append([h["host"], h["slots"], h["state"], fork_server.get("state"), held, note])
     lines += (
-        _table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
+        table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
     )
     lines.append("")
     worker_rows = [
@@ -90,9 +94,7 @@ def render(view: dict[str, Any], now: float) -> str:
         for w in view["workers"]
     ]
     lines += (
-        _table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows)
-        if worker_rows
-        else ["no workers"]
+        table(["HOST", "LOCAL", "RANK", "STATE", "PID", "EXIT", "NOTE"], worker_rows) if worker_rows else ["no workers"]
     )
     suspected = [
         [r["host"], r["local_rank"], r["rank"], r["pid"], r["stalled_s"], r["kill_at_s"]]
@@ -100,17 +102,17 @@ def render(view: dict[str, Any], now: float) -> str:
     ]
     if suspected:
         lines += ["", "suspected of hanging (no progress in its process tree; its stack is in the job's output):"]
-        lines += _table(["HOST", "LOCAL", "RANK", "PID", "NO PROGRESS S", "KILLED AT S"], suspected)
+        lines += table(["HOST", "LOCAL", "RANK", "PID", "NO PROGRESS S", "KILLED AT S"], suspected)
     declared = [[r["host"], r["local_rank"], r["rank"], r["reason"], r["left_s"]] for r in waits.get("declared", [])]
     if declared:
         lines += ["", "declared waits (no hang judged while they last):"]
-        lines += _table(["HOST", "LOCAL", "RANK", "REASON", "LEFT S"], declared)
+        lines += table(["HOST", "LOCAL", "RANK", "REASON", "LEFT S"], declared)
     slowest = [
         [r["host"], r["local_rank"], r["rank"], r["lost_s_per_min"], r["lost_s"]] for r in waits.get("ranks", [])
     ]
     if slowest:
         lines += ["", "slowest ranks (seconds the others waited for each):"]
-        lines += _table(["HOST", "LOCAL", "RANK", "LOST S/MIN", "LOST S"], slowest)
+        lines += table(["HOST", "LOCAL", "RANK", "LOST S/MIN", "LOST S"], slowest)
     if view["history"]:
         lines += ["", "recent rounds:"] + [
             f"  round {h['round']}: {h['action']} ({h['reason'] or 'hosts changed'})" for h in view["history"][-5:]

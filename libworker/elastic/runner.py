@@ -80,6 +80,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     if not world.holds_state:
                         _restore_from_host(state)
                     _agreed_sync(state)
+                    snapshots.report_resumed()
                     return func(state, *args, **kwargs)
                 except WorkerInternalError:
                     state.restore()

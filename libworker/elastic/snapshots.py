@@ -10,7 +10,8 @@ enough. A fresh worker restores the newest of its host's snapshot and, with
 `--checkpoint-dir` (`ELASTIC_CHECKPOINT_DIR`), the newest complete checkpoint
 there; a checkpoint resumes a new job, so it is not checked against the job.
 The writer tells its agent how long each commit's save took (`report_commit`),
-for the agent's metric `elastic_commit_seconds`.
+for the agent's metric `elastic_commit_seconds`, and when a round's state is
+synced (`report_resumed`): both go on to the registry's goodput ledger.
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def report_commit(seconds: float) -> None:
     (a one-way message: the commit does not wait for the agent)."""
     if _writer is not None and world.slot.get("snapshot_writer") and world.link is not None:
         world.link.notify("committed", {"seconds": seconds})
+
+
+def report_resumed() -> None:
+    """Tell the agent that this round's state is synced and training resumes, when this process is its host's
+    snapshot writer (one per host; one-way): the registry's goodput ledger ends the round's re-forming there."""
+    if world.slot.get("snapshot_writer") and world.link is not None:
+        world.link.notify("resumed", {"round": world.round})
 
 
 def host_snapshot() -> Snapshot | None:

@@ -22,6 +22,7 @@ Its writes to peers (a round, a blacklist) wait for their answers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from elastic_control_plane.bus.client import TEMPORARY_REFUSALS, ServiceError, Unreachable
@@ -31,6 +32,7 @@ from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.services.registry import metrics
 from elastic_control_plane.services.registry.decisions import Decision, decide, reset_cause
 from elastic_control_plane.services.registry.exits import WorkerExit
+from elastic_control_plane.services.registry.goodput import headline, planned_change
 from elastic_control_plane.services.registry.hosts import (
     agent_incarnations,
     available_slots,
@@ -40,14 +42,26 @@ from elastic_control_plane.services.registry.hosts import (
 from elastic_control_plane.services.registry.job import FAILED, SUCCEEDED, WAITING, Job
 from elastic_control_plane.services.registry.peers import Peer
 from elastic_control_plane.services.registry.plan import round_plan
-from elastic_control_plane.services.registry.reports import SILENT, SUCCESS, Slot
+from elastic_control_plane.services.registry.reports import READY, SILENT, SUCCESS, Slot
 
 UNSENT_RETRY_S = 1.0  # a blacklist discovery refused for now is sent again this often
 
 
 class Driver:
-    def __init__(self, job: Job, discovery: Peer, rendezvous: Peer, outbox: Outbox, log: Any) -> None:
+    def __init__(
+        self,
+        job: Job,
+        discovery: Peer,
+        rendezvous: Peer,
+        outbox: Outbox,
+        log: Any,
+        lost_after: float = 0.0,
+        stalled_for: Callable[[float], float] = lambda now: 0.0,
+    ) -> None:
         self.job, self.discovery, self.rendezvous, self.outbox, self.log = job, discovery, rendezvous, outbox, log
+        # When a failure began, for the goodput ledger: a host is lost `lost_after` after its last heartbeat; the
+        # other ranks have waited `stalled_for(now)` in a collective (services/registry/waits.py `longest_wait`).
+        self.lost_after, self.stalled_for = lost_after, stalled_for
         # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
         # a new driver reads the log from its start, and a rejoin read twice is recorded once).
         self.rejoins_round, self.rejoins_from = 0, 0
@@ -83,6 +97,7 @@ class Driver:
         if current and rounds.get("released"):
             self._note_release(rounds.get("pids", []), now)
         self._note_rejoins(rejoins, now)
+        self._note_planned_change(hosts, now)
         self._check_hung(now)
         return self.job.reports.all_reported()
 
@@ -146,6 +161,7 @@ class Driver:
     def _note_release(self, pids: list[list[Any]], now: float) -> None:
         """The round is released: the failure that led to it, if any, is recovered from, and the workers that
         joined it ([host, local_rank, pid]) have their ranks."""
+        self.job.ledger.released(now, self.job.round, len(self.job.reports))
         recovery = self.job.recovered(now)
         if recovery is not None:
             metrics.recovered(recovery)
@@ -158,6 +174,17 @@ class Driver:
         for host, local_rank, pid, after_round in rejoins:
             if after_round >= self.job.round and self.job.reports.record_rejoined((host, local_rank), pid):
                 self.job.note_report(now)
+
+    def _note_planned_change(self, hosts: dict[str, Any], now: float) -> None:
+        """Workers re-join with no fault under way: the ledger's interruption is the change of hosts they saw, or,
+        none seen, a fault not told yet (its training stopped now)."""
+        if self.job.ledger.interruption is None and self.job.reports.count(READY):
+            change = planned_change(self.job.ledger, self.job.round_hosts, hosts)
+            if change is None:
+                self.job.ledger.stopped(now)
+                return
+            cause, host, planned = change
+            self.job.ledger.fault(now, now, cause, host, "hosts changed", planned=planned)
 
     def _check_hung(self, now: float) -> None:
         """Slots silent `hung_timeout` after the round's first report: after a success the job is done and the rest
@@ -195,7 +222,7 @@ class Driver:
             round=self.job.round,
         )
         if first:
-            self.job.note_failure(now)
+            self.job.note_failure(now, slot[0], reason, self.lost_after, self.stalled_for(now))
             self.outbox.put(Event.ABORT, {"round": self.job.round})
 
     # -- every slot reported -------------------------------------------------------------------
@@ -215,11 +242,11 @@ class Driver:
         return decision
 
     def _apply(self, decision: Decision, now: float) -> None:
-        self.job.note_decision(decision)
+        self.job.note_decision(decision, now)
         if decision.action == "succeed":
-            self.finish(SUCCEEDED, decision.reason, 0)
+            self.finish(SUCCEEDED, decision.reason, 0, now)
         elif decision.action == "fail":
-            self.finish(FAILED, decision.reason, decision.exit_code)
+            self.finish(FAILED, decision.reason, decision.exit_code, now)
         else:
             self._reset(decision, now)
 
@@ -235,11 +262,11 @@ class Driver:
         self.job.wait_for_next_round(now)
         metrics.job_state(self.job.state)
 
-    def fail_if_no_usable_host(self, snapshots: dict[str, Any], reason: str) -> None:
+    def fail_if_no_usable_host(self, snapshots: dict[str, Any], reason: str, now: float) -> None:
         """`snapshots`: discovery's answer to `snapshots`, which says whether any host is neither lost nor
         blacklisted."""
         if not snapshots.get("usable"):
-            self.finish(FAILED, f"every host is blacklisted ({reason})", 1)
+            self.finish(FAILED, f"every host is blacklisted ({reason})", 1, now)
 
     def blacklist(self, host: str, reason: str) -> None:
         """Tell discovery to blacklist `host`. Refused for now (`unavailable`) or unanswered, it is kept and sent
@@ -268,9 +295,9 @@ class Driver:
         """Start a round on the available hosts; True when it started. `replacing`: the current round is still
         forming (no worker has its rank) and the hosts changed since it began: a new round on the hosts as they
         are now replaces it at once, instead of waiting for it to form, train and reset (not counted as a reset)."""
-        if not self._enough_slots(hosts, now, replacing) or self._reset_limit_reached(replacing):
+        if not self._enough_slots(hosts, now, replacing) or self._reset_limit_reached(replacing, now):
             return False
-        reply = self._ask_for_round(hosts, replacing)
+        reply = self._ask_for_round(hosts, replacing, now)
         if reply is None:
             return False
         self._begin_round(reply, hosts, replacing)
@@ -280,23 +307,24 @@ class Driver:
         """Are `min_np` slots available? A job that waited longer than its `elastic_timeout` for them fails (a
         replacement does not wait: the forming round goes on)."""
         spec, total = self.spec, available_slots(hosts)
+        self.job.ledger.slots(now, enough=total >= spec.min_np)
         if total >= spec.min_np:
             return True
         if not replacing and now - self.job.waiting_since > spec.elastic_timeout:
             waited = f"timed out after {spec.elastic_timeout:g}s waiting for {spec.min_np} slot(s); {total} available"
-            self.finish(FAILED, waited, 1)
+            self.finish(FAILED, waited, 1, now)
         return False
 
-    def _reset_limit_reached(self, replacing: bool) -> bool:
+    def _reset_limit_reached(self, replacing: bool, now: float) -> bool:
         """A new round after the first is a reset (unless it replaces one still forming): at the reset limit the job
         fails instead (in torchrun mode `decide` does, counting the restarts after a failure only)."""
         limit = self.spec.reset_limit
         if replacing or self.job.round < 1 or limit is None or self.job.resets < limit or self.spec.mode == "torchrun":
             return False
-        self.finish(FAILED, f"reset limit {limit} reached", 1)
+        self.finish(FAILED, f"reset limit {limit} reached", 1, now)
         return True
 
-    def _ask_for_round(self, hosts: dict[str, Any], replacing: bool) -> dict[str, Any] | None:
+    def _ask_for_round(self, hosts: dict[str, Any], replacing: bool, now: float) -> dict[str, Any] | None:
         """The rendezvous' next round on the available hosts; None when it refused (a job no host survives fails)
         or could not be reached."""
         asked = {
@@ -311,7 +339,7 @@ class Driver:
             return self.rendezvous.write("new_round", asked)
         except ServiceError as exc:
             if exc.code == "no_surviving_host":
-                self.finish(FAILED, exc.message, 1)
+                self.finish(FAILED, exc.message, 1, now)
             elif exc.code != "released":
                 self.log.warning("round_refused", code=exc.code, reason=exc.message)
         except Unreachable as exc:
@@ -334,10 +362,13 @@ class Driver:
         )
         self.outbox.put(Event.ROUND, round_plan(self.job, reply["size"]))
 
-    def finish(self, state: str, reason: str, exit_code: int) -> None:
-        self.job.finish(state, reason, exit_code)
+    def finish(self, state: str, reason: str, exit_code: int, now: float) -> None:
+        self.job.finish(state, reason, exit_code, now)
         metrics.job_state(state)
-        self.log.info("job_finished", job=self.job.job_id, state=state, exit_code=exit_code, reason=reason)
+        goodput = headline(self.job.ledger.totals(now))
+        self.log.info(
+            "job_finished", job=self.job.job_id, state=state, exit_code=exit_code, reason=reason, goodput=goodput
+        )
         self.outbox.put(
             Event.JOB_FINISHED, {"job": self.job.job_id, "state": state, "exit_code": exit_code, "reason": reason}
         )

@@ -27,9 +27,13 @@ first failure not yet recovered from). `to_saved` and `from_saved` walk those fi
 
 Each job has a random key, handed to the agents with every `round`: host
 snapshots are tagged with it, so a snapshot of another job is never restored.
-The newest commit in a live host's snapshot (from the agents' heartbeats, via
-discovery, and from their exit reports: `snapshot_commits`) lets a job whose
-every worker failed resume from it (`resumed_from`).
+The job's goodput ledger (services/registry/ledger.py) is saved in parts of
+its own (services/registry/ledger_record.py: `ledger`, at each transition, and
+within seconds of progress or during an interruption, so a registry started
+again knows how long it was down; `ledger_timeline`, when an interruption
+ends). The newest commit in a live host's snapshot (from the agents'
+heartbeats, via discovery, and from their exit reports: `snapshot_commits`)
+lets a job whose every worker failed resume from it (`resumed_from`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from elastic_control_plane.job.spec import JobSpec
+from elastic_control_plane.services.registry import ledger_record
 from elastic_control_plane.services.registry.decisions import Decision
+from elastic_control_plane.services.registry.goodput import failure_cause, fault_instant
+from elastic_control_plane.services.registry.ledger import Ledger
 from elastic_control_plane.services.registry.reports import FAILURE, PENDING, ReportTable
 
 NO_JOB, WAITING, RUNNING_JOB, SUCCEEDED, FAILED = "none", "waiting", "running", "succeeded", "failed"
@@ -52,6 +59,8 @@ INSTANT = {"clock": "monotonic"}  # the metadata of a field that holds an instan
 ROUND_PART = "round"  # the part that holds ROUND_FIELDS and the report table's retired pids
 ROUND_FIELDS = ("round_hosts", "agents")
 REPORTS_PART = "reports/"  # + a host: the part that holds that host's reports
+LEDGER_PART = "ledger"  # the goodput ledger (services/registry/ledger.py), saved when it changed or is due
+TIMELINE_PART = "ledger_timeline"  # its interruptions, saved when one ends
 
 
 @dataclass(frozen=True)
@@ -98,14 +107,19 @@ class Job:
     waiting_since: float = field(default=0.0, metadata=INSTANT)
     first_report_at: float | None = field(default=None, metadata=INSTANT)
     failure_seen_at: float | None = field(default=None, metadata=INSTANT)
+    ledger: Ledger = field(default_factory=Ledger, compare=False)  # where the job's wall clock went
 
     def __post_init__(self) -> None:
         self._round_unsaved = True  # the round part changed since it was last saved
+        self._ledger_saving_at = 0.0  # the instant of the ledger part `unsaved_parts` last gave
 
     @classmethod
     def submitted(cls, spec: JobSpec, job_id: int, now: float, run_id: str = "") -> Job:
         job_key = uuid.uuid4().hex[:16]
-        return cls(spec=spec, job_id=job_id, job_key=job_key, run_id=run_id, state=WAITING, waiting_since=now)
+        ledger = Ledger(now, spec.max_np)
+        return cls(
+            spec=spec, job_id=job_id, job_key=job_key, run_id=run_id, state=WAITING, waiting_since=now, ledger=ledger
+        )
 
     @property
     def active(self) -> bool:
@@ -169,18 +183,24 @@ class Job:
         """The resets the reset limit counts: all of them, or in torchrun mode those after a failure."""
         return self.failure_resets if torchrun else self.resets
 
-    def finish(self, state: str, reason: str, exit_code: int) -> None:
+    def finish(self, state: str, reason: str, exit_code: int, now: float) -> None:
         self.state, self.reason, self.exit_code = state, reason, exit_code
+        self.ledger.ended(now)
 
     def note_report(self, now: float) -> None:
         """A slot reported: the hung timeout runs from the round's first report."""
         if self.first_report_at is None:
             self.first_report_at = now
 
-    def note_failure(self, now: float) -> None:
-        """The round's first failure: the recovery time runs from the first failure not yet recovered from."""
+    def note_failure(
+        self, now: float, host: str = "", reason: str = "", lost_after: float = 0.0, stalled_s: float = 0.0
+    ) -> None:
+        """The round's first failure (on `host`, why): the recovery time runs from the first failure not yet
+        recovered from; the ledger's interruption from when it began (goodput.fault_instant)."""
         if self.failure_seen_at is None:
             self.failure_seen_at = now
+        cause = failure_cause(reason)
+        self.ledger.fault(now, fault_instant(cause, now, lost_after, stalled_s), cause, host, reason)
 
     def recovered(self, now: float) -> float | None:
         """A round was released: the seconds since the failure it recovers from (None: none), now forgotten."""
@@ -191,7 +211,9 @@ class Job:
     def note_snapshot_commit(self, host: str, commit: int) -> None:
         self.snapshot_commits[host] = max(commit, self.snapshot_commits.get(host, 0))
 
-    def note_decision(self, decision: Decision) -> None:
+    def note_decision(self, decision: Decision, now: float) -> None:
+        if decision.action == "resume":
+            self.ledger.decided(now)
         self.history = [
             *self.history[-(HISTORY_KEPT - 1) :],
             {"round": self.round, "action": decision.action, "reason": decision.reason},
@@ -200,7 +222,7 @@ class Job:
     # -- saving --------------------------------------------------------------------------------
     def to_saved(self, now: Now) -> dict[str, Any]:
         """The record as the map the registry saves (its round and reports apart: `unsaved_parts`)."""
-        apart = ("reports", *ROUND_FIELDS)
+        apart = ("reports", "ledger", *ROUND_FIELDS)
         saved: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in apart}
         saved["spec"] = self.spec.to_dict() if self.spec else None
         for name in INSTANTS:
@@ -208,9 +230,15 @@ class Job:
             saved[name] = None if wall is None else round(wall, 3)
         return saved
 
-    def unsaved_parts(self) -> dict[str, str | None]:
-        """The parts saved apart that changed since `saved` was last called, as JSON (None: a part to delete)."""
+    def unsaved_parts(self, now: Now) -> dict[str, str | None]:
+        """The parts saved apart that changed since `saved` was last called (the ledger: or is due at `now`), as JSON
+        (None: a part to delete)."""
         parts: dict[str, str | None] = {REPORTS_PART + host: row for host, row in self.reports.unsaved_rows().items()}
+        if self.ledger.due(now.local):
+            self._ledger_saving_at = now.local
+            parts[LEDGER_PART] = json.dumps(ledger_record.to_saved(self.ledger, now.local, now.as_wall))
+            if self.ledger.timeline_changed:
+                parts[TIMELINE_PART] = json.dumps(ledger_record.timeline_to_saved(self.ledger, now.as_wall))
         if self._round_unsaved:
             apart = {name: getattr(self, name) for name in ROUND_FIELDS}
             parts[ROUND_PART] = json.dumps({**apart, "retired_pids": list(self.reports.retired_pids)})
@@ -218,9 +246,13 @@ class Job:
 
     def saved(self, parts: dict[str, str | None]) -> None:
         """`parts`, as `unsaved_parts` gave them, are saved."""
-        self.reports.saved({key[len(REPORTS_PART) :]: row for key, row in parts.items() if key != ROUND_PART})
+        self.reports.saved(
+            {key[len(REPORTS_PART) :]: row for key, row in parts.items() if key.startswith(REPORTS_PART)}
+        )
         if ROUND_PART in parts:
             self._round_unsaved = False
+        if LEDGER_PART in parts:
+            self.ledger.saved(self._ledger_saving_at, timeline=TIMELINE_PART in parts)
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any], parts: dict[str, Any], now: Now) -> Job:
@@ -233,6 +265,8 @@ class Job:
         values.update({name: apart[name] for name in ROUND_FIELDS if name in apart})
         rows = {key[len(REPORTS_PART) :]: row for key, row in parts.items() if key.startswith(REPORTS_PART)}
         values["reports"] = ReportTable.from_saved(rows, apart.get("retired_pids", []))
+        ledger = parts.get(LEDGER_PART), parts.get(TIMELINE_PART)
+        values["ledger"] = ledger_record.from_saved(*ledger, now.local, now.as_local)
         job = cls(**values)
         job._round_unsaved = ROUND_PART not in parts
         return job

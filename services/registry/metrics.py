@@ -28,6 +28,12 @@ that come and go over weeks do not add series forever.
 - `workers(counts)`: at the end of every driver pass, with the
   number of slots of the current round in each state
   (`ReportTable.counts()`).
+- `goodput(totals)`: at the end of every driver pass, with the job's
+  goodput ledger (services/registry/ledger.py `totals`): the seconds of its
+  wall clock in each bucket and charged to each cause. Gauges, not counters:
+  a bucket can shrink when the ledger moves seconds it had counted as
+  training to lost work (or back, for a commit reported late), and a new
+  job starts them from 0.
 
 From the agents' `waits` reports (services/registry/waits.py, the service's
 `on_waits`):
@@ -47,6 +53,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import Counter, Gauge, Histogram
 
 from elastic_control_plane.services.registry.job import JOB_STATES
+from elastic_control_plane.services.registry.ledger import BUCKETS, CAUSES
 from elastic_control_plane.services.registry.reports import STATES as WORKER_STATES
 
 RESET_CAUSES = ("worker_failed", "host_lost", "agent_restarted", "hosts_changed", "resume")
@@ -68,6 +75,16 @@ HANG_LIMIT = Gauge(
 HUNG_WORKERS = Counter("elastic_registry_hung_workers", "Workers judged hung from their waits and killed.")
 WAITED_FOR = Counter(
     "elastic_worker_waited_for_seconds", "Seconds the other ranks waited for the ranks of a host.", ["host"]
+)
+GOODPUT_SECONDS = Gauge(
+    "elastic_registry_goodput_seconds",
+    "Seconds of the job's wall clock in each bucket of its goodput ledger.",
+    ["bucket"],
+)
+GOODPUT_CAUSE_SECONDS = Gauge(
+    "elastic_registry_goodput_cause_seconds",
+    "Seconds of the job's wall clock its interruptions cost (with their lost work), by cause.",
+    ["cause"],
 )
 _waited_for_hosts: set[str] = set()
 
@@ -96,6 +113,14 @@ def workers(counts: Mapping[str, int]) -> None:
         _check("worker state", state, WORKER_STATES)
     for state in WORKER_STATES:
         WORKERS.labels(state.lower()).set(counts.get(state, 0))
+
+
+def goodput(totals: Mapping[str, Mapping[str, float]]) -> None:
+    """`totals`: a ledger's `totals` (its `buckets` and `causes` in seconds)."""
+    for bucket in BUCKETS:
+        GOODPUT_SECONDS.labels(bucket).set(totals["buckets"][bucket])
+    for cause in CAUSES:
+        GOODPUT_CAUSE_SECONDS.labels(cause).set(totals["causes"][cause])
 
 
 def hang_limit(seconds: float | None) -> None:
@@ -129,3 +154,4 @@ job_state("none")
 workers({})
 for _cause in RESET_CAUSES:
     RESETS.labels(_cause)
+goodput({"buckets": dict.fromkeys(BUCKETS, 0.0), "causes": dict.fromkeys(CAUSES, 0.0)})

@@ -9,9 +9,11 @@ Messages:
   cancel {reason}                     stop the job (elasticctl run interrupted)
   worker_exited {host, local_rank, pid, exit_code, restarting, gave_up, after_script_end, snapshot_commit,
                  hung, stack}         -> {recorded}   from agents (services/registry/exits.py)
-  waits {host, slots}                 -> {limit_s, kill_s, upper_s, excuse_s}   from agents: how long each worker
+  waits {host, slots, commit?}        -> {limit_s, kill_s, upper_s, excuse_s}   from agents: how long each worker
                                       waits for the others (services/registry/waits.py judges hangs and stragglers
-                                      from them)
+                                      from them); commit {commit, age_s, saving_s, resumed_round, resumed_age_s}:
+                                      the host's training progress
+  ledger                              -> job, state, goodput: the job's goodput ledger (services/registry/ledger.py)
 
 The job is one record (services/registry/job.py) whose round's reports are a
 table (services/registry/reports.py). The registry drives it in passes, each
@@ -50,6 +52,7 @@ agents (`settling`), the driver neither starts rounds nor judges hosts.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from elastic_control_plane.bus.client import ServiceError, Unreachable, incarnation_id
@@ -59,16 +62,17 @@ from elastic_control_plane.bus.outbox import Outbox, QueuedEvent
 from elastic_control_plane.bus.roles import AGENT, OPERATOR
 from elastic_control_plane.bus.service import Request, RequestError, Service, handles
 from elastic_control_plane.job.spec import JobSpec, SpecError
-from elastic_control_plane.services.registry import metrics
+from elastic_control_plane.services.registry import goodput, metrics
 from elastic_control_plane.services.registry.driver import Driver
 from elastic_control_plane.services.registry.exits import WorkerExit
 from elastic_control_plane.services.registry.hang_limits import judged_limits
 from elastic_control_plane.services.registry.hosts import discovery_settings, host_marks
 from elastic_control_plane.services.registry.job import FAILED, RUNNING_JOB, Job, Now
+from elastic_control_plane.services.registry.ledger import HANG
 from elastic_control_plane.services.registry.peers import Pass, Peer, Read, Steps
 from elastic_control_plane.services.registry.reports import PENDING
 from elastic_control_plane.services.registry.store import JobStore, StoreError
-from elastic_control_plane.services.registry.wait_rows import parse_waits
+from elastic_control_plane.services.registry.wait_rows import CommitReport, parse_commit, parse_waits
 from elastic_control_plane.services.registry.waits import FRESH_HEARTBEATS, Seen, WaitBoard
 
 RUN_ID_MAX = 128  # a submitter's name for its run (elasticctl run --attach)
@@ -82,6 +86,7 @@ class RegistryService(Service):
         sender = incarnation_id(self.name)
         self.discovery, self.rendezvous = Peer(self, peers.discovery, sender), Peer(self, peers.rendezvous, sender)
         self.store = store
+        self.lost_after = timing.lost_after
         self.outbox = Outbox(self, peers.notifier, sender, self.security)
         self.brief_hosts: dict[str, Any] = {}  # discovery's brief host list last read: asked again only when changed
         self.waits = WaitBoard(fresh_s=FRESH_HEARTBEATS * timing.heartbeat)
@@ -108,8 +113,13 @@ class RegistryService(Service):
         self.last_job_id: int = saved.get("last_job_id", 0)
         self.discovery_incarnation: str | None = saved.get("discovery_incarnation")
         job = Job.from_saved(saved["job"], parts, self._now()) if saved else Job()
-        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
+        self.driver = self._driver(job)
         metrics.job_state(job.state)
+
+    def _driver(self, job: Job) -> Driver:
+        """The driver of `job`; when a failure began, the others' waits tell (the goodput ledger's fault instant)."""
+        stalled_for = functools.partial(self.waits.longest_wait, job)
+        return Driver(job, self.discovery, self.rendezvous, self.outbox, self.log, self.lost_after, stalled_for)
 
     def _persist(self, now: Now) -> None:
         """Save what changed, in one transaction, then send the events it caused (`outbox.put` only queues them):
@@ -126,7 +136,7 @@ class RegistryService(Service):
             "outbox": [list(event) for event in self.outbox.queued],
             "job": self.job.to_saved(now),
         }
-        parts = self.job.unsaved_parts()
+        parts = self.job.unsaved_parts(now)
         try:
             self.store.save(saved, parts)
         except StoreError as exc:  # a disk or etcd that refuses, or the role lost: nothing is answered or published
@@ -166,7 +176,7 @@ class RegistryService(Service):
         self.last_job_id += 1
         job = Job.submitted(spec, self.last_job_id, now.local, run_id)
         job.reports.replaces(self.job.reports)  # the old job's rows go with the new job's first save
-        self.driver = Driver(job, self.discovery, self.rendezvous, self.outbox, self.log)
+        self.driver = self._driver(job)
         self.discovery_incarnation = configured.get("incarnation")
         metrics.job_state(job.state)
         self.log.info("job_submitted", job=job.job_id, command=spec.command, min_np=spec.min_np, max_np=spec.max_np)
@@ -176,18 +186,32 @@ class RegistryService(Service):
     @handles("cancel", roles=(OPERATOR,))
     def on_cancel(self, request: Request) -> dict[str, Any]:
         if self.job.active:
-            self.driver.finish(FAILED, str(request.body.get("reason") or "cancelled"), 130)
-            self._persist(self._now())
+            now = self._now()
+            self.driver.finish(FAILED, str(request.body.get("reason") or "cancelled"), 130, now.local)
+            self._persist(now)
         return self.job.summary()
 
     @handles("job", roles=(AGENT, OPERATOR), replayable=True)
     def on_job(self, request: Request) -> dict[str, Any]:
-        return self.job.summary()
+        return {**self.job.summary(), "goodput": goodput.headline(self.job.ledger.totals(self._now().local))}
+
+    @handles("ledger", roles=(OPERATOR,), replayable=True)
+    def on_ledger(self, request: Request) -> dict[str, Any]:
+        now = self._now()
+        return {
+            "job": self.job.job_id,
+            "state": self.job.state,
+            "goodput": self.job.ledger.view(now.local, now.as_wall),
+        }
 
     @handles("status", roles=(OPERATOR,), replayable=True)
     def on_status(self, request: Request) -> dict[str, Any]:
+        now = self._now()
+        shown = self.job.ledger.view(now.local, now.as_wall)
+        shown.pop("interruptions")  # elasticctl report shows them
         return {
             **self.job.summary(),
+            "goodput": {**shown, "headline": goodput.headline(shown)},
             "workers": self.job.reports.status_rows(),
             "history": self.job.history[-20:],
             "waits": self.waits.summary(self.job, self._now().local),
@@ -203,14 +227,24 @@ class RegistryService(Service):
     @handles("waits", roles=(AGENT,), replayable=True)
     def on_waits(self, request: Request) -> dict[str, Any]:
         host, rows = parse_waits(request.body)
-        now = self._now()
+        commit, now = parse_commit(request.body), self._now()
         seen = self.waits.note(self.job, host, rows, now.local)
-        self._act_on_waits(seen)
+        self._act_on_waits(seen, now.local)
+        if commit is not None and self.job.active:
+            self._note_commit(host, commit, now.local)
         if seen.job_changed or seen.suspects or seen.kills or seen.stragglers:
             self._persist(now)
         return seen.reply()
 
-    def _act_on_waits(self, seen: Seen) -> None:
+    def _note_commit(self, host: str, commit: CommitReport, now: float) -> None:
+        """A host's newest commit, for the ledger's lost work and checkpointing."""
+        ledger = self.job.ledger
+        ledger.committed(now, commit.commit, commit.age_s)
+        if commit.resumed_round and commit.resumed_age_s is not None:
+            ledger.resumed(now, commit.resumed_round, commit.resumed_age_s)
+        ledger.saved_commits(now, host, commit.saving_s, len(self.job.round_hosts))
+
+    def _act_on_waits(self, seen: Seen, now: float) -> None:
         """Queue the suspects, kills and straggler events a `waits` report made; log and count them."""
         if seen.new_round:
             metrics.keep_hosts(host for host, _ in self.job.round_hosts)
@@ -225,6 +259,8 @@ class RegistryService(Service):
             self.log.warning("worker_hung", **shown, rank=kill.rank, resent=not kill.first, round=self.job.round)
             if kill.first:
                 metrics.hung_worker()
+                host, reason = kill.event["host"], kill.event["reason"]
+                self.job.ledger.fault(now, now - kill.waited_s, HANG, host, reason)
         for straggler in seen.stragglers:
             self.outbox.put(Event.STRAGGLER, straggler)
             self.log.warning("straggler", **straggler, round=self.job.round)
@@ -236,9 +272,14 @@ class RegistryService(Service):
             Pass(
                 self._pass(driver),
                 wanted=lambda: self.driver is driver and driver.job.active,
-                blind=driver.blind,
+                blind=lambda exc: self._blind(driver, exc),
                 done=self._end_of_pass,
             )
+
+    def _blind(self, driver: Driver, exc: Exception) -> None:
+        """A pass could not read its peers: nothing can be decided meanwhile (an interruption is paused)."""
+        driver.blind(exc)
+        driver.job.ledger.control_plane(self._now().local, available=False)
 
     def _pass(self, driver: Driver) -> Steps:
         """One pass: read the host set and the rounds, act on them, and once every slot has reported read the
@@ -254,10 +295,12 @@ class RegistryService(Service):
         hosts = self.brief_hosts
         now = self._now()
         try:
-            if not self._reconciled(hosts, rounds, now):
-                return
+            reconciled = self._reconciled(hosts, rounds, now)
         except (Unreachable, ServiceError) as exc:
             driver.blind(exc)
+            reconciled = False
+        job.ledger.control_plane(now.local, available=reconciled)
+        if not reconciled:
             return
         if not driver.drive(hosts, rounds, now.local):
             return
@@ -265,14 +308,16 @@ class RegistryService(Service):
         decision = driver.judge(snapshots, self._now().local)
         if decision.action == "resume" and decision.blacklist:
             (snapshots,) = yield [Read(self.discovery, "snapshots", {})]
-            driver.fail_if_no_usable_host(snapshots, decision.reason)
+            driver.fail_if_no_usable_host(snapshots, decision.reason, self._now().local)
 
     def _end_of_pass(self) -> None:
         """The pass's one write: the metrics and the store catch up with what it changed."""
         metrics.workers(self.job.reports.counts())
         limits = judged_limits(self.job)
         metrics.hang_limit(None if limits is None else limits.limit_s)
-        self._persist(self._now())
+        now = self._now()
+        metrics.goodput(self.job.ledger.totals(now.local))
+        self._persist(now)
 
     def _reconciled(self, hosts: dict[str, Any], rounds: dict[str, Any], now: Now) -> bool:
         """Give a restarted discovery or rendezvous back what the job had; True when both agree with the job and

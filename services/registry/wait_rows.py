@@ -1,5 +1,6 @@
 """The `waits` report at the registry's door: one row per worker, as its agent saw it (agent/wait_watch.py), parsed
-into `WaitRow`s or refused with a `bad_request` error naming the first field that is wrong."""
+into `WaitRow`s, and the host's newest commit (`CommitReport`), or refused with a `bad_request` error naming the
+first field that is wrong."""
 
 from __future__ import annotations
 
@@ -47,6 +48,33 @@ class WaitRow:
             busy_s=None if self.busy_s is None else self.busy_s + seconds,
             stalled_s=None if self.stalled_s is None else self.stalled_s + seconds,
         )
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """The host's newest commit, sent with its `waits` (agent/snapshots.py `commit_report`), for the goodput ledger."""
+
+    commit: int  # 0: none yet
+    age_s: float | None  # how long ago it was made (None: none yet)
+    saving_s: float  # seconds the host's snapshot writer spent saving commits in this job
+    resumed_round: int = 0  # the round its state was last synced in: training resumed (0: none yet)
+    resumed_age_s: float | None = None  # how long ago
+
+
+def parse_commit(body: dict[str, Any]) -> CommitReport | None:
+    """The `commit` of a `waits` request (None: an agent that sends none); `bad_request` naming a wrong field."""
+    item = body.get("commit")
+    if item is None:
+        return None
+    if not isinstance(item, dict):
+        raise RequestError("bad_request", "field 'commit' must be a map")
+    return CommitReport(
+        _count(item, "commit", "commit"),
+        _seconds(item, "age_s", "commit", optional=True),
+        _seconds(item, "saving_s", "commit"),
+        _count(item, "resumed_round", "commit") if "resumed_round" in item else 0,
+        _seconds(item, "resumed_age_s", "commit", optional=True),
+    )
 
 
 def parse_waits(body: dict[str, Any]) -> tuple[str, list[WaitRow]]:

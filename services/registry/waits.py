@@ -96,6 +96,7 @@ class Kill:
     event: dict[str, Any]  # the `kill_worker` event's body
     rank: int
     first: bool  # the first for this worker (not a resend)
+    waited_s: float = 0.0  # how long the others had waited for it (the goodput ledger's fault began then)
 
 
 @dataclass
@@ -358,7 +359,19 @@ class WaitBoard:
                 seen.job_changed = True
                 reason += f"; its slot's next limits double (killed at {limits.doubled(doublings + 1).kill_s:.0f}s)"
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
-            seen.kills.append(Kill(event, rank, first=first))
+            seen.kills.append(Kill(event, rank, first=first, waited_s=max(waits)))
+
+    def longest_wait(self, job: Job, now: float) -> float:
+        """How long the live rank waiting longest in a collective has waited by `now` (0: none waits): a fault found
+        now stopped training at least that long ago (the goodput ledger's fault instant). A wait counts only when it
+        had lasted at least as long as its report is old: a short one reported a while ago (a step's ordinary wait)
+        has most likely ended since."""
+        longest = 0.0
+        for slot, state in self._slots.items():
+            age, waiting = now - state.received_at, state.row.waiting_s
+            if waiting is not None and waiting >= age and self._live(job, slot, now):
+                longest = max(longest, state.row.aged(age).waiting_s or 0.0)
+        return longest
 
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
         """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its

@@ -30,6 +30,7 @@ def _saved_running_job(tmp_path: Path) -> None:
     job.begin_round(1, [["a", [0, 1]], ["b", [0]]], 1.0, {}, replacing=False)
     for host, local_rank, pid in (("a", 0, 100), ("a", 1, 101), ("b", 0, 110)):
         job.reports.record_started((host, local_rank), pid)
+    job.ledger.released(time.monotonic(), 1, 3)  # training: a hang opens an interruption in the goodput ledger
     store = SqliteJobStore(tmp_path)
     saved = {
         "last_job_id": 1,
@@ -37,7 +38,7 @@ def _saved_running_job(tmp_path: Path) -> None:
         "outbox": [],
         "job": job.to_saved(Now.read(time.monotonic)),
     }
-    store.save(saved, job.unsaved_parts())
+    store.save(saved, job.unsaved_parts(Now.read(time.monotonic)))
     store.close()
 
 
@@ -142,6 +143,16 @@ def test_waits_are_answered_with_the_limits_a_stalled_rank_is_suspected_then_kil
         with pytest.raises(ServiceError) as refused:
             agent.request("waits", {"host": "b", "slots": [slot(0, 110, waits=True)]})
         assert (refused.value.code, "slots[0].waits" in str(refused.value)) == ("bad_request", True)
+
+        ledger = agent.request("ledger").body["goodput"]
+        (hang,) = [entry for entry in ledger["interruptions"] if entry["cause"] == "hang"]
+        assert hang["host"] == "a" and hang["reason"].startswith("hung: the others waited 40.2s for rank 1")
+        assert set(ledger["hosts"]) == {"a"}, "the host the others waited for is charged, not the one that waited"
+        for commit, field in (("7", "commit"), ({"commit": -1, "saving_s": 0.0}, "commit.commit")):
+            with pytest.raises(ServiceError) as refused:
+                agent.request("waits", {"host": "b", "slots": [slot(0, 110)], "commit": commit})
+            assert refused.value.code == "bad_request" and field in str(refused.value), refused.value
+        agent.request("waits", {"host": "b", "slots": [slot(0, 110)], "commit": {"commit": 3, "saving_s": 0.5}})
     finally:
         agent.close()
         events.close()

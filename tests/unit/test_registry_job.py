@@ -97,7 +97,7 @@ def running_job() -> Job:
 
 def through_json(job: Job, now: Now) -> tuple[dict, dict]:
     """What the store keeps of the job: its map and its parts, as JSON gives them back."""
-    parts = {key: json.loads(text) for key, text in job.unsaved_parts().items() if text is not None}
+    parts = {key: json.loads(text) for key, text in job.unsaved_parts(now).items() if text is not None}
     return json.loads(json.dumps(job.to_saved(now))), parts
 
 
@@ -146,9 +146,9 @@ def test_a_job_saved_before_the_fields_added_since_loads() -> None:
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
         "and is saved again to the letter, with the fields it predates"
     )
-    assert job.unsaved_parts() == {}, "its parts are saved already"
+    assert job.unsaved_parts(SAVED_AT) == {}, "its parts are saved already"
     job.reports.record_rejoined(("host-1", 0), 101)
-    assert {key: json.loads(text) for key, text in job.unsaved_parts().items()} == {
+    assert {key: json.loads(text) for key, text in job.unsaved_parts(SAVED_AT).items()} == {
         "reports/host-1": [[0, 0, "READY", 101, None, "", 0, False], OLDER_PARTS["reports/host-1"][1]]
     }, "a change saves its host's row, and nothing else"
 
@@ -162,14 +162,14 @@ def test_a_field_the_saved_map_lacks_takes_its_default() -> None:
 def test_the_job_goes_through_the_store_and_back(tmp_path: Path) -> None:
     job = running_job()
     store = SqliteJobStore(tmp_path)
-    parts = job.unsaved_parts()
+    parts = job.unsaved_parts(SAVED_AT)
     store.save({"job": job.to_saved(SAVED_AT)}, parts)
     job.saved(parts)
     store.close()
     loaded = SqliteJobStore(tmp_path).load()
     assert loaded is not None
     saved, saved_parts = loaded
-    assert sorted(saved_parts) == ["reports/host-1", "reports/host-2", "round"]
+    assert sorted(saved_parts) == ["ledger", "ledger_timeline", "reports/host-1", "reports/host-2", "round"]
     assert Job.from_saved(saved["job"], saved_parts, SAVED_AT) == job
 
 
@@ -178,15 +178,15 @@ def test_a_new_round_saves_every_row_and_drops_the_rows_of_hosts_it_left(tmp_pat
     store = SqliteJobStore(tmp_path)
     for hosts in ([["host-1", [0, 1]], ["host-2", [0]]], [["host-1", [0, 1]], ["host-3", [0, 1]]]):
         job.begin_round(job.round + 1, hosts, 3.0, {}, replacing=False)
-        parts = job.unsaved_parts()
+        parts = job.unsaved_parts(SAVED_AT)
         store.save({"job": job.to_saved(SAVED_AT)}, parts)
         job.saved(parts)
     assert parts["reports/host-2"] is None and parts["reports/host-3"] is not None
-    assert job.unsaved_parts() == {}
+    assert job.unsaved_parts(SAVED_AT) == {}
     store.close()
     loaded = SqliteJobStore(tmp_path).load()
     assert loaded is not None
-    assert sorted(loaded[1]) == ["reports/host-1", "reports/host-3", "round"]
+    assert sorted(loaded[1]) == ["ledger", "ledger_timeline", "reports/host-1", "reports/host-3", "round"]
     again = Job.from_saved(loaded[0]["job"], loaded[1], SAVED_AT)
     assert again == job and again.round_hosts == [["host-1", [0, 1]], ["host-3", [0, 1]]]
 
@@ -248,13 +248,13 @@ def test_history_keeps_the_newest_decisions() -> None:
     job = Job.submitted(SPEC, 1, now=0.0)
     for number in range(HISTORY_KEPT + 5):
         job.round = number
-        job.note_decision(Decision("resume", f"round {number}"))
+        job.note_decision(Decision("resume", f"round {number}"), float(number))
     assert len(job.history) == HISTORY_KEPT and job.history[0]["round"] == 5
 
 
 def test_the_summary_answers_job() -> None:
     job = running_job()
-    job.finish(FAILED, "cancelled", 130)
+    job.finish(FAILED, "cancelled", 130, 20.0)
     summary = job.summary()
     assert (summary["job"], summary["state"], summary["exit_code"], summary["size"], summary["spec"]) == (
         3,

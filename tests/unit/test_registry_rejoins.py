@@ -58,11 +58,11 @@ def test_a_rejoin_read_twice_or_of_an_older_round_changes_nothing() -> None:
     driver = running_driver()
     driver.drive(HOSTS_READ, status(pids=[["a", 0, 100], ["a", 1, 101], ["b", 0, 110]]), now=2.0)
     driver.drive(HOSTS_READ, status(rejoins=[["a", 0, 100, 1]], rejoins_next=1), now=3.0)
-    unchanged = driver.job.unsaved_parts()
+    unchanged = driver.job.unsaved_parts(Now(local=3.0, wall=1_700_000_000.0))
     driver.job.saved(unchanged)
     driver.drive(HOSTS_READ, status(rejoins=[["a", 0, 100, 1], ["b", 0, 110, 0]], rejoins_next=2), now=4.0)
     assert driver.job.reports[("b", 0)].state == RUNNING, "a join after round 0 is no rejoin of round 1"
-    assert driver.job.unsaved_parts() == {}
+    assert driver.job.unsaved_parts(Now(local=4.0, wall=1_700_000_001.0)) == {}
 
 
 def test_an_idle_pass_saves_nothing(tmp_path: Path) -> None:
@@ -71,13 +71,14 @@ def test_an_idle_pass_saves_nothing(tmp_path: Path) -> None:
     driver = running_driver()
     driver.drive(HOSTS_READ, status(pids=[["a", 0, 100], ["a", 1, 101], ["b", 0, 110]]), now=2.0)
     store = SqliteJobStore(tmp_path)
-    parts = driver.job.unsaved_parts()
-    assert store.save({"job": driver.job.to_saved(Now(local=10.0, wall=1_700_000_000.0))}, parts)
+    saved_at = Now(local=10.0, wall=1_700_000_000.0)
+    parts = driver.job.unsaved_parts(saved_at)
+    assert store.save({"job": driver.job.to_saved(saved_at)}, parts)
     driver.job.saved(parts)
     assert not driver.drive(HOSTS_READ, status(), now=3.0)
     jittered = Now(local=20.0, wall=1_700_000_010.00001)
-    assert driver.job.unsaved_parts() == {}
-    assert not store.save({"job": driver.job.to_saved(jittered)}, driver.job.unsaved_parts())
+    assert driver.job.unsaved_parts(jittered) == {}
+    assert not store.save({"job": driver.job.to_saved(jittered)}, driver.job.unsaved_parts(jittered))
     store.close()
 
 
@@ -88,11 +89,11 @@ def test_an_idle_pass_over_32768_slots_does_no_work_per_slot() -> None:
     job.begin_round(1, hosts, 1.0, {}, replacing=False)
     driver = Driver(job, None, None, Outbox(), structlog.get_logger())  # type: ignore[arg-type]
     driver.drive(HOSTS_READ, status(pids=[[h, s, 1] for h, slots in hosts for s in slots]), now=2.0)
-    job.saved(job.unsaved_parts())
+    job.saved(job.unsaved_parts(Now(local=2.0, wall=1_700_000_000.0)))
     began = time.process_time()
     for tick in range(1000):
         driver.drive(HOSTS_READ, status(), now=3.0 + tick)
-        assert job.unsaved_parts() == {}
+        assert job.unsaved_parts(Now(local=3.0 + tick, wall=1_700_000_001.0 + tick)) == {}
     assert time.process_time() - began < 1.0
 
 

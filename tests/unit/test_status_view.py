@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 from elastic_control_plane.elasticctl.status import render
+from elastic_control_plane.services.registry.goodput import headline
+from elastic_control_plane.services.registry.ledger import Ledger
 
 
 def host(name: str, snapshot: dict | None, checkpoint: dict | None, fork_server: dict | None = None) -> dict:
@@ -146,3 +148,20 @@ def test_a_limit_at_the_upper_bound_says_so_and_nothing_is_shown_without_limits_
     assert "slowest ranks" not in capped and "suspected" not in capped and "declared" not in capped
     for waits in ({"limit_s": None, "upper_s": None, "ranks": []}, None):
         assert "hang limit" not in render(waits_view(waits), 0.0), "no running job detects hangs, or an older registry"
+
+
+def test_the_table_shows_the_goodput_line_from_the_registrys_ledger() -> None:
+    ledger = Ledger(0.0, 2)
+    ledger.released(10.0, 1, 2)
+    ledger.fault(50.0, 50.0, "crash", "host-2", "exited with code 1")
+    ledger.released(52.0, 2, 2)
+    totals = ledger.totals(100.0)
+    view = waits_view(None)
+    view["job"]["goodput"] = {**totals, "headline": headline(totals)}
+    lines = render(view, 0.0).splitlines()
+    assert (
+        lines[1]
+        == "  goodput 88.0% of 100.0s; most lost to start 10.0s, crash 2.0s (elasticctl report 1: where the rest went)"
+    )
+    view["job"]["goodput"] = None  # a registry from before the ledger
+    assert "goodput" not in render(view, 0.0)

@@ -302,7 +302,9 @@ def watched_worker(
     is reaped at the end as the keeper reaps it."""
     monkeypatch.setenv("ELASTIC_SHM_DIR", str(tmp_path))
     registry = Registry(limits)
+    commits = {"commit": 7, "age_s": 0.5, "saving_s": 0.25}
     watch = WaitWatch("host-1", registry, 1.0, structlog.get_logger())  # type: ignore[arg-type]
+    watch.progress = lambda: commits
     files = watch.new_files()
     assert files is not None
     worker = Worker(0, subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))  # type: ignore[arg-type]
@@ -323,6 +325,7 @@ def test_the_agent_reports_at_once_when_a_worker_crosses_a_limit_and_not_again(
     with watched_worker(tmp_path, monkeypatch, {"limit_s": 0.2, "upper_s": 5.0}) as (watch, registry, record):
         watch.report()
         assert [row["round"] for row in registry.sent[-1]["slots"]] == [1] and len(registry.sent) == 1
+        assert registry.sent[-1]["commit"] == {"commit": 7, "age_s": 0.5, "saving_s": 0.25}  # for the goodput ledger
         record.__enter__()  # the worker waits for the others
         wait_for(lambda: watch.tick() or len(registry.sent) == 2, 5, "a report once the wait passed the limit")
         assert registry.sent[-1]["slots"][0]["waiting_s"] >= 0.2
