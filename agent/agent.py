@@ -249,12 +249,10 @@ class AgentService(Service):
         self.log.info("draining", workers=len(self.keeper.workers))
         if self.keeper.workers:
             self.link.drain(self.config.drain_timeout)
-        else:
-            self.launcher.snapshots.flush_now()
-            self.link.unregister(self.stop)
+        self.check_drain()  # no workers: gone at once
 
     def check_drain(self) -> None:
-        """Draining: once the workers have left, unregister and exit; past the drain timeout, stop those left."""
+        """Draining: once the workers have left, checkpoint, unregister, exit; past the drain timeout, stop the rest."""
         workers = self.keeper.workers
         if not self.keeper.draining or workers and not self.keeper.drain_overdue(self.config.drain_timeout):
             return
