@@ -17,6 +17,7 @@ COPY elasticctl/ elasticctl/
 COPY snapshot/ snapshot/
 COPY slot_processes/ slot_processes/
 COPY replication/ replication/
+COPY slurm/ slurm/
 RUN pip wheel --no-deps --wheel-dir /wheels . \
     && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/*.whl')[0]).namelist(); \
 sys.exit(not any('snapshot/_snapcopy' in name for name in names))"
