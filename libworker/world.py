@@ -6,9 +6,10 @@ round's store: rank 0 of the round serves a TCPStore and publishes its address
 under the round's prefix in the rendezvous key-value store; the others read it
 there (parked until it is set) and connect. Entering the round is
 slot_processes/rounds.py's, shared with torchrun-mode slot supervisors. The process group is built once
-every rank has reached the store, so a peer that dies while the round forms
-ends the others' wait at the control plane's abort, not after the collective
-timeout. A worker whose slot is not in the new round leaves: the process
+every rank has reached the store, and gloo's group on a store whose waits end
+at the round's abort (libworker.forming_store), so a peer that dies while the
+round forms ends the others' wait at the control plane's abort, not after the
+collective timeout. A worker whose slot is not in the new round leaves: the process
 exits 0 at once.
 
 Leaving a round releases its process group, its store connections and
@@ -52,6 +53,7 @@ from elastic_control_plane.slot_processes import rounds, wait_record
 from elastic_control_plane.slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
+from libworker.forming_store import AbortableStore, RoundFormationAborted
 
 FLIGHT_PRUNE_MIN = 64
 HOST_ADDED, HOST_REMOVED = 1, 2
@@ -251,10 +253,15 @@ def enter_next_round() -> None:
     world.backend = devices.backend()
     if world.backend == "gloo" and isinstance(world.waits, wait_record.WaitRecord):
         timeout = judged_group_timeout()
+    if world.backend == "gloo":
+        round_number = world.round
+        store = AbortableStore(store, lambda: world.aborted_round >= round_number)
     try:
         dist.init_process_group(
             world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout
         )
+    except RoundFormationAborted as exc:
+        raise _formation_failed(str(exc)) from None
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
