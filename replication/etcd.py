@@ -285,7 +285,7 @@ class EtcdClient:
         before = self._largest_backend()
         self.compact(self.get_at(b"\0")[1])
         for endpoint in self.endpoints:
-            self._call_member(endpoint, "/v3/maintenance/defragment", {}, member_timeout)
+            self.call_member(endpoint, "/v3/maintenance/defragment", {}, member_timeout)
         for alarm in self.alarms():
             if alarm.get("alarm") == "NOSPACE":
                 request = {"action": "DEACTIVATE", "memberID": str(alarm.get("memberID", 0)), "alarm": "NOSPACE"}
@@ -300,7 +300,7 @@ class EtcdClient:
         sizes = [status["db_size"] for endpoint in self.endpoints if (status := self.endpoint_status(endpoint))]
         return max(sizes, default=0)
 
-    def _call_member(self, endpoint: str, path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def call_member(self, endpoint: str, path: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
         """A call that only `endpoint` must answer (a member's own maintenance)."""
         with self._lock:
             try:

@@ -6,7 +6,8 @@ The process is one replica of its service: it registers as a standby, campaigns 
 reads its state from etcd and binds its sockets (a standby binds nothing,
 so clients given every control host reach the active replica only). When
 it loses the role it stops at once and starts again as a standby (`exec` of
-the same command: nothing it held in memory survives).
+the same command: nothing it held in memory survives). While active, it keeps
+etcd's leader off the active replicas' hosts (replication/leader_placement.py).
 
 The layout under PREFIX: `schema` (STORE_SCHEMA; a newer one is refused),
 `leader/<service>` and `replicas/<service>/<replica>` (election.py),
@@ -35,6 +36,7 @@ from elastic_control_plane.bus import metrics
 from elastic_control_plane.bus.service import Service
 from elastic_control_plane.replication.election import ElectionTiming, Leadership, Outage
 from elastic_control_plane.replication.etcd import EtcdClient, EtcdError, create_revision_is, put_op
+from elastic_control_plane.replication.leader_placement import LeaderPlacement
 from elastic_control_plane.replication.store_choice import StoreChoice
 from elastic_control_plane.replication.store_metrics import REPLICA_ACTIVE, EtcdSizeCollector
 
@@ -167,6 +169,7 @@ def serve_replica(
             return
         step_down(leadership, module, log)
     service.may_serve = lambda: leadership.held() and not stopping.is_set()
+    LeaderPlacement(client, choice.prefix, leadership.held, log).start(stopping)
     _mark_corrupt(client, corrupt_key(choice.prefix, name), None, replica_name, log)
     metrics.watch_service(service)
     REGISTRY.register(EtcdSizeCollector(client))
