@@ -111,14 +111,44 @@ def check_endpoint_list(setting: str, value: str) -> str:
 
 
 def control_hosts(setting: str, value: str) -> list[str]:
-    """The hosts of `--control A,B,C` (each a host name or an IP address, none named twice), else `ConfigError`."""
-    hosts = value.split(LIST_SEPARATOR)
-    for host in hosts:
-        problem = _host_problem(host) if host else "an empty host"
-        if problem:
-            raise ConfigError(setting, value, problem)
-    _refuse_twice_named(setting, value, hosts)
-    return hosts
+    """The hosts of `--control A,B,C` (each a host name or an IP address, with or without `:PORT`, none named twice),
+    else `ConfigError`."""
+    return [host for host, _ in control_addresses(setting, value)]
+
+
+def control_addresses(setting: str, value: str) -> list[tuple[str, int]]:
+    """`--control A,B:6550,[::1]:6560` as (host, base port) pairs: the services listen on the base port (discovery's,
+    DEFAULT_PORTS' first when none is given) and the four after it, in DEFAULT_PORTS' order; else `ConfigError`."""
+    items = value.split(LIST_SEPARATOR)
+    addresses = [split_control_address(setting, value, item) for item in items]
+    twice = next((items[i] for i, address in enumerate(addresses) if address in addresses[:i]), None)
+    if twice is not None:
+        raise ConfigError(setting, value, f"{twice!r} is named twice")
+    return addresses
+
+
+def split_control_address(setting: str, value: str, item: str) -> tuple[str, int]:
+    """One control host of `value`: `HOST`, `HOST:PORT` or `[IPV6]:PORT` (a bare IPv6 address has no port)."""
+    host, port = item, ""
+    if item.startswith("[") and "]:" in item:
+        host, _, port = item.rpartition(":")
+    elif item.count(":") == 1:
+        host, _, port = item.partition(":")
+    problem = _host_problem(host) if host else "an empty host"
+    if not problem and port:
+        highest = 65535 - (len(DEFAULT_PORTS) - 1)
+        if not port.isdigit() or not 1 <= int(port) <= highest:
+            problem = f"port {port!r} of {item!r} is not a number from 1 to {highest} (the first of five)"
+    if problem:
+        raise ConfigError(setting, value, problem)
+    return host, int(port) if port else DEFAULT_PORTS["discovery"]
+
+
+def control_address(host: str, base_port: int) -> str:
+    """What `--control` takes for the services on `host` from `base_port` (the host alone on the default ports)."""
+    if base_port == DEFAULT_PORTS["discovery"]:
+        return host
+    return f"[{host}]:{base_port}" if ":" in host else f"{host}:{base_port}"
 
 
 def _refuse_twice_named(setting: str, value: str, items: list[str]) -> None:
@@ -178,11 +208,14 @@ class Endpoints:
         return cls.on_hosts([host])
 
     @classmethod
-    def on_hosts(cls, hosts: list[str]) -> Endpoints:
-        """Each service on the default ports of every host, in order: an endpoint list per service."""
+    def on_hosts(cls, hosts: list[str] | list[tuple[str, int]]) -> Endpoints:
+        """Each service on every host, in order: an endpoint list per service. A host alone listens on DEFAULT_PORTS;
+        a (host, base port) pair on the base port and the four after it."""
+        first = DEFAULT_PORTS["discovery"]
+        pairs = [(host, first) if isinstance(host, str) else host for host in hosts]
         return cls(
             **{
-                name: LIST_SEPARATOR.join(tcp_endpoint(host, port) for host in hosts)
+                name: LIST_SEPARATOR.join(tcp_endpoint(host, base + port - first) for host, base in pairs)
                 for name, port in DEFAULT_PORTS.items()
             }
         )
@@ -193,7 +226,7 @@ class Endpoints:
         overridable by ELASTIC_<NAME>_ENDPOINT (an endpoint list); every value checked (`ConfigError`)."""
         if not control:
             control, control_setting = os.environ.get("ELASTIC_CONTROL") or DEFAULT_HOST, "ELASTIC_CONTROL"
-        base = cls.on_hosts(control_hosts(control_setting, control))
+        base = cls.on_hosts(control_addresses(control_setting, control))
         chosen = {}
         for f in fields(cls):
             setting = f"ELASTIC_{f.name.upper()}_ENDPOINT"

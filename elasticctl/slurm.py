@@ -141,7 +141,10 @@ def slurm_options(fn: Any) -> Any:
             help="1: the control plane on the batch host (a replicated one runs outside the allocation: --control).",
         ),
         click.option(
-            "--control", default=None, metavar="HOST[,HOST...]", help="A control plane outside the allocation."
+            "--control",
+            default=None,
+            metavar="HOST[:PORT][,...]",
+            help="A control plane outside the allocation (PORT: its first port, when not 5550).",
         ),
         click.option("--join", default=None, metavar="JOB", help="Add this allocation's nodes to running job JOB."),
         click.option(

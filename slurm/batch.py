@@ -1,6 +1,7 @@
 """The driver the batch script runs inside the allocation (`python -m elastic_control_plane.slurm.batch`).
 
-It starts the control plane on the batch host (unless `--control` names one outside the allocation), one agent per
+It starts the control plane on the batch host (on the default ports, or the next five free there: another job's
+control plane may hold them), unless `--control` names one outside the allocation, one agent per
 node of the allocation as its own step (`srun -N1 -n1 -w NODE --no-kill --kill-on-bad-exit=0 --overlap`: a lost
 node ends only its own step), and submits the job with `elasticctl run --attach slurm-JOB` (a control plane that
 outlived a requeue follows the job it has), then waits:
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elastic_control_plane.bus.config import Endpoints
+from elastic_control_plane.bus.config import DEFAULT_PORTS, Endpoints, control_address
 from elastic_control_plane.bus.sockets import generate_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
 from elastic_control_plane.elasticctl.local_processes import (
@@ -49,7 +51,29 @@ START_TIMEOUT = 60.0  # seconds for the services to answer
 DRAIN_TIMEOUT = 90.0  # seconds the agents may take to reach a commit and write it after USR1
 AGENTS_TIMEOUT = 30.0  # seconds the first round waits for every node's agent
 AGENTS_STOP = 10.0  # seconds the agents have to leave once the job has ended
+PORT_STEP, PORT_BLOCKS = 10, 100  # the control plane's ports: blocks of five, ten apart, from the default ones
+START_ATTEMPTS = 3  # ports taken by another job's control plane between the look and the bind: the next block
 FOLLOWER_STOP = 10.0  # seconds `elasticctl run` and the services have to exit after SIGTERM, before SIGKILL
+
+
+def free_port_block(address: str, after: int = 0) -> int:
+    """The first port from DEFAULT_PORTS' first, in steps of ten and past `after`, that starts five ports free on
+    `address` (the control plane's: its first is discovery's)."""
+    first = DEFAULT_PORTS["discovery"]
+    for base in range(max(first, after + PORT_STEP), first + PORT_STEP * PORT_BLOCKS, PORT_STEP):
+        if all(port_free(address, base + offset) for offset in range(len(DEFAULT_PORTS))):
+            return base
+    raise StartFailed(f"no five free ports on {address} from {first} to {first + PORT_STEP * PORT_BLOCKS - 1}")
+
+
+def port_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((address.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def say(line: str) -> None:
@@ -86,29 +110,43 @@ class Driver:
             generate_keys(self.keys)
 
     def start_control_plane(self) -> str:
-        """The services on this (the batch) host; their address, written to STATE/JOB/control."""
+        """The services on this (the batch) host, on the first block of five ports free there (another job's control
+        plane may hold the default ones); their address (`HOST` or `HOST:PORT`), written to STATE/JOB/control."""
         address = commands.node_address(os.environ["SLURMD_NODENAME"])
         logs = self.job_dir / "logs"
         logs.mkdir(exist_ok=True)
-        env = {
-            **os.environ,
-            **Endpoints.on_host(address).as_env(),
-            "ELASTIC_KEYS": str(self.keys),
-            "ELASTIC_STATE_DIR": tempfile.mkdtemp(prefix="elastic-slurm-state-"),
-            "ELASTIC_SLURM_JOB": self.job_id,
-        }
-        for service in SERVICES:
-            self.processes.start(service, service_argv(service), env, logs / f"{service}-{self.restarts}.log")
-        plane = ControlPlane(Endpoints.on_host(address), self.keys, timeout=0.5)
-        try:
+        base = 0
+        for attempt in range(1, START_ATTEMPTS + 1):
+            base = free_port_block(address, after=base)
+            endpoints = Endpoints.on_hosts([(address, base)])
+            env = {
+                **os.environ,
+                **endpoints.as_env(),
+                "ELASTIC_KEYS": str(self.keys),
+                "ELASTIC_STATE_DIR": tempfile.mkdtemp(prefix="elastic-slurm-state-"),
+                "ELASTIC_SLURM_JOB": self.job_id,
+            }
             for service in SERVICES:
-                self.processes.wait_until(
-                    lambda s=service: plane.call(s, "ping"), START_TIMEOUT, f"{service} to answer", SERVICES
-                )
-        finally:
-            plane.close()
-        (self.job_dir / "control").write_text(address + "\n")
-        return address
+                self.processes.start(service, service_argv(service), env, logs / f"{service}-{self.restarts}.log")
+            plane = ControlPlane(endpoints, self.keys, timeout=0.5)
+            try:
+                for service in SERVICES:
+                    self.processes.wait_until(
+                        lambda s=service: plane.call(s, "ping"), START_TIMEOUT, f"{service} to answer", SERVICES
+                    )
+                break
+            except StartFailed as exc:  # most likely a port taken between the look and the bind: the next block
+                if attempt == START_ATTEMPTS:
+                    raise
+                last = base + len(DEFAULT_PORTS) - 1
+                say(f"the control plane did not start on ports {base}-{last} ({exc}): trying the next ports")
+                for service in SERVICES:
+                    self.processes.stop(service, signal.SIGKILL)
+            finally:
+                plane.close()
+        control = control_address(address, base)
+        (self.job_dir / "control").write_text(control + "\n")
+        return control
 
     # -- agents --------------------------------------------------------------------------------------
     def start_agents(self, control: str, skip: frozenset[str] = frozenset()) -> None:

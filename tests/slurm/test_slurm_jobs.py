@@ -2,11 +2,12 @@
 a job trains across the three nodes, loses one set DOWN by the admin and one whose slurmd and agent are SIGKILLed,
 trains on within seconds on what is left and finishes with every commit; a node lost while a job starts does not
 hold its start; a second allocation joins a running job and leaves it; a preemption signal checkpoints, requeues,
-and the rerun resumes from the checkpoint with no committed step lost."""
+and the rerun resumes from the checkpoint with no committed step lost; two jobs' batch scripts share a host."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -142,6 +143,19 @@ def test_a_node_lost_while_the_job_starts_and_a_second_allocation_that_joins_the
     assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
     done = [e for e in slurm.events("log") if e["event"] == "done"]
     assert done and all(e["total"] == sum(range(500)) for e in done)
+
+
+def test_two_jobs_whose_batch_scripts_share_a_host_each_run_their_own_control_plane(slurm: SlurmCluster) -> None:
+    """Every node here is 127.0.0.1: the second job's control plane finds the default ports taken by the first's
+    and takes the next ones; both jobs train to the end, each with its own job 1."""
+    placed = (("a", "node1"), ("b", "node2"))
+    jobs = {log: slurm.submit("-w", node, *job_args(log, 200, nodes=1)) for log, node in placed}
+    for log, job in jobs.items():
+        assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+        done = [e for e in slurm.events(log) if e["event"] == "done"]
+        assert done and all(e["total"] == sum(range(200)) for e in done)
+    addresses = {re.search(r"control plane at (\S+):", slurm.output(job)).group(1) for job in jobs.values()}
+    assert len(addresses) == 2 and addresses <= {"127.0.0.1", *(f"127.0.0.1:{p}" for p in range(5560, 6550, 10))}
 
 
 def test_joining_a_job_slurm_does_not_have_is_one_line_and_exit_2(slurm: SlurmCluster) -> None:

@@ -16,6 +16,8 @@ from elastic_control_plane.bus.config import (
     Timing,
     check_endpoint,
     check_host,
+    control_address,
+    control_hosts,
     endpoint_list,
     is_loopback,
     tcp_endpoint,
@@ -210,12 +212,28 @@ def test_a_bad_endpoint_of_a_list_is_one_line_naming_the_setting(
         ("a,b c", "'b c' is not a host name or an IP address"),
         ("a,,b", "an empty host"),
         ("a,tcp://b:5550", "'tcp://b:5550' is not a host name or an IP address"),
+        ("a,a:5550", "'a:5550' is named twice"),
+        ("a:http", "port 'http' of 'a:http' is not a number from 1 to 65531 (the first of five)"),
+        ("a:65533", "port '65533' of 'a:65533' is not a number from 1 to 65531 (the first of five)"),
+        (":6550", "an empty host"),
     ],
 )
 def test_a_bad_or_twice_named_control_host_is_refused(control: str, problem: str) -> None:
     with pytest.raises(ConfigError) as raised:
         Endpoints.from_env(control)
     assert str(raised.value) == f"--control={control!r}: {problem}"
+
+
+def test_a_control_host_with_a_port_puts_the_services_on_it_and_the_four_after() -> None:
+    endpoints = Endpoints.from_env("node1:6550,[::1]:6560,10.0.0.3,::2")
+    assert endpoints.discovery == "tcp://node1:6550,tcp://[::1]:6560,tcp://10.0.0.3:5550,tcp://[::2]:5550"
+    assert endpoints.events == "tcp://node1:6554,tcp://[::1]:6564,tcp://10.0.0.3:5554,tcp://[::2]:5554"
+    assert control_hosts("--control", "node1:6550,[::1]:6560,::2") == ["node1", "[::1]", "::2"]
+    assert [control_address("node1", 5550), control_address("node1", 6550), control_address("::1", 6560)] == [
+        "node1",
+        "node1:6550",
+        "[::1]:6560",
+    ]
 
 
 def test_unresolved_hosts_of_endpoint_lists() -> None:
