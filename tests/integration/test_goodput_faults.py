@@ -19,7 +19,9 @@ from tests.integration.training import host_row, steps
 HOSTS = ("host-1", "host-2", "host-3")
 INNOCENT, LOST, HUNG, NEW = "host-1", "host-2", "host-3", "host-4"
 STALLS = [sys.executable, "tests/workers/stalls.py"]
-HUNG_TIMEOUT = 6.0  # seconds: the others' wait for the hung rank, and the hang's detecting, within a couple
+# Seconds: the others' wait for the hung rank, and the hang's detecting, within a couple. It also bounds how long
+# workers may stay silent after a round's first report: under it, ranks still starting on a loaded machine are hung.
+HUNG_TIMEOUT = 10.0
 HANG_AT = 20  # steps: well into the first round at full size, at a commit (the others make it, the hung rank not)
 
 
