@@ -5,9 +5,10 @@ A run is the built-in checks, then the operator's `--health-check` command:
 - the memory available (MemAvailable) is at least `min_memory_mib` MiB;
 - on a host that hands out GPUs, at least as many are visible as when the agent started (agent/gpus.py); without
   GPUs the check is skipped (said once in the log);
-- the command, run with `sh -c` in a session of its own, must exit 0 within `timeout` seconds: past it, its whole
-  process group is killed and the run fails; the group is killed after a run in any case, so nothing it started
-  outlives it. The last lines of its output are logged and the last one is the failure's reason.
+- the command, run with `sh -c` in a session of its own (under a shell that keeps its exit status), must exit 0
+  within `timeout` seconds: past it, its whole process group is killed and the run fails; the group is killed after
+  a run in any case, so nothing it started outlives it. The last lines of its output are logged and the last one
+  is the failure's reason.
 
 The command comes only from the agent's own command line: nothing discovery sends names a command or changes one
 (a heartbeat reply may only ask for a run, by number).
@@ -39,6 +40,9 @@ SHM = Path("/dev/shm")
 MEMINFO = Path("/proc/meminfo")
 OUTPUT_LINES = 5  # the last lines of the command's output that are logged
 MIB = 1024 * 1024
+# The command runs under a shell that writes its exit status to a file: the agent reaps any child it does not know
+# (slot_processes/forking.py `reap_orphans`), so the status Popen would read may be gone.
+WRAPPER = '/bin/sh -c "$1"; echo $? > "$2"'
 
 
 @dataclass(frozen=True)
@@ -126,31 +130,34 @@ class CommandRun:
         self._stopped = threading.Event()
 
     def run(self) -> Outcome:
-        with tempfile.TemporaryFile() as output:
+        with tempfile.TemporaryFile() as output, tempfile.NamedTemporaryFile(prefix="health-status-") as status:
             try:
                 self.process = subprocess.Popen(
-                    ["/bin/sh", "-c", self.command],
+                    ["/bin/sh", "-c", WRAPPER, "health-check", self.command, status.name],
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             except OSError as exc:
-                return Outcome(False, f"the health check did not start: {exc.strerror}", [])
+                return Outcome(False, f"did not start: {exc.strerror}", [])
             try:
-                code: int | None = self.process.wait(self.timeout)
+                self.process.wait(self.timeout)
+                timed_out = False
             except subprocess.TimeoutExpired:
-                code = None
+                timed_out = True
             kill_group(self.process.pid)  # what it left behind, or the whole check past its timeout
             self.process.wait()
             output.seek(0)
             lines = output.read().decode(errors="replace").splitlines()[-OUTPUT_LINES:]
+            written = status.read().decode().strip()
         last = lines[-1].strip() if lines else ""
-        if code is None:
-            return Outcome(False, f"the health check timed out after {self.timeout:g}s", lines)
+        if timed_out:
+            return Outcome(False, f"timed out after {self.timeout:g}s", lines)
+        code = int(written) if written.isdigit() else None
         if code != 0:
-            why = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
-            return Outcome(False, f"the health check failed ({why})" + (f": {last}" if last else ""), lines)
+            why = "killed before it exited" if code is None else f"exit code {code}"
+            return Outcome(False, why + (f": {last}" if last else ""), lines)
         return Outcome(True, "", lines)
 
     def stop(self) -> None:
