@@ -126,6 +126,36 @@ def test_uncordon_lets_a_blacklisted_host_back(cluster: Cluster, tmp_path: Path)
     assert cluster.wait_job_end(job, 300) == 0, cluster.output("elasticctl-run")
 
 
+def test_a_host_out_of_its_cooldown_enters_only_after_a_fresh_check_passes(cluster: Cluster, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    cluster.start_agent("host-1", 2)
+    cluster.start_agent(
+        "host-2",
+        2,
+        ["--health-check", f"test ! -e {broken} || (echo {broken}; exit 1)", "--health-check-interval", "0.5"],
+    )
+    log_dir = tmp_path / "train"
+    job = cluster.submit(
+        *("--min-np", "2", "--blacklist-cooldown", "3", "3", "--max-restarts", "0", "--"),
+        *(*JOB, "--epochs", "10", "--step-delay", "0.1", "--log-dir", str(log_dir)),
+    )
+    wait_for_size(log_dir, 4)
+    broken.touch()  # its last check passed; the one after its cooldown will not
+    os.kill(worker_pid(cluster, "host-2", 1), signal.SIGKILL)
+    wait_for(lambda: row(cluster, "host-2")["state"] == "blacklisted", 30, "host-2 blacklisted")
+    wait_for(lambda: row(cluster, "host-2")["state"] == "unhealthy", 30, "host-2 rechecked after its cooldown")
+    host2 = row(cluster, "host-2")
+    assert host2["health_hold"] == f"health check failed: exit code 1: {broken}" and host2["health"]["request"] >= 1
+    assert host2["blacklist_count"] == 1 and host2["blacklist_reason"]
+    held_from = time.time()
+    wait_for_size(log_dir, 2, after=held_from)
+    broken.unlink()
+    healthy_from = time.time()
+    wait_for_size(log_dir, 4, after=healthy_from)
+    assert not [e for e in steps(log_dir) if held_from < e["time"] < healthy_from and e["size"] == 4]
+    assert cluster.wait_job_end(job, 300) == 0, cluster.output("elasticctl-run")
+
+
 def test_bad_check_settings_get_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "ELASTIC_RUN_DIR": str(tmp_path)}
     for args, message in [
