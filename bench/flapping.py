@@ -8,7 +8,7 @@ after `--probation-clean` seconds without one) and with a flat cooldown (`--blac
 Goodput is the registry's ledger (`elasticctl report JOB --json`): the window's training share (training at full
 size, below it, and checkpointing, over the window's wall clock), read at the window's start and end. A crash is a
 SIGKILL of host-3's running worker, with `--max-restarts 0`, so every crash blacklists host-3. Intervals are the
-test harness's (heartbeat 0.2 s); every process started here is stopped on the way out.
+production defaults (heartbeat 1 s); every process started here is stopped on the way out.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.common import cluster
 from bench.gpu_smoke import running_pid
+from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.services.registry.ledger import BELOW_SIZE, BUCKETS, CHECKPOINTING, TRAINING
 from testing.harness import Cluster, wait_for
 
@@ -66,7 +67,7 @@ def running_on(c: Cluster, host: str) -> int | None:
 
 
 def one_run(name: str, cooldown: tuple[float, float], clean: float, duration: float, crash_after: float) -> dict:
-    with cluster() as c:
+    with cluster(Timing().as_env()) as c:
         for host in HOSTS:
             c.start_agent(host, 1)
         job = c.submit(
