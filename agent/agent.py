@@ -3,7 +3,7 @@
 The agent is built from its host's `AgentConfig` (agent/host_options.py) and
 the control plane's endpoints and timing. The parts, each with one job:
 - agent/discovery_link.py: registration and heartbeats with discovery, slot and drain
-  reports, whether the control plane answers;
+  reports, whether the control plane answers, the host's health checks (agent/host_health.py);
 - agent/keeper.py: the worker processes (start, reap, restart in place,
   standbys, warm-up, stop), carrying out the decisions of the host's slot
   book (agent/slots.py: crashes and back-off, down slots, warm-up, drain),
@@ -55,6 +55,7 @@ from typing import Any
 from elastic_control_plane.agent.discovery_link import DiscoveryLink
 from elastic_control_plane.agent.fork_choice import own_key
 from elastic_control_plane.agent.fork_server import ForkServer
+from elastic_control_plane.agent.host_health import HostHealth
 from elastic_control_plane.agent.host_options import AgentConfig
 from elastic_control_plane.agent.hung_workers import HungWorkers
 from elastic_control_plane.agent.intervals import INTERVALS
@@ -95,16 +96,14 @@ class AgentService(Service):
         self.incarnation = incarnation_id("agent", host)
         self.sender_id = self.incarnation
         self.log = self.log.bind(host=host)
-        self.link = DiscoveryLink(
+        self.health, discovery = (
+            HostHealth(config.health, self.log),
             AsyncClient(self, control.discovery, self.incarnation, security),
-            host,
-            slots,
-            self.incarnation,
-            timing,
-            control.values(),
-            self,
-            self.log,
         )
+        self.link = DiscoveryLink(
+            discovery, host, slots, self.incarnation, timing, control.values(), self, self.log, self.health
+        )
+        self.watch(self.health.fileno(), self.link.health_checked)
         self.rendezvous = AsyncClient(self, control.rendezvous, self.incarnation, security)
         self.registry = AsyncClient(self, control.registry, self.incarnation, security)
         server = ForkServer(config.fork_server, self.log)
@@ -395,6 +394,7 @@ class AgentService(Service):
         return DEFERRED
 
     def close(self) -> None:
+        self.health.close()
         self.events.close()
         self.signals.close()
         super().close()

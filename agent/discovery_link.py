@@ -9,6 +9,9 @@ the agent stops its workers (`HostSide.host_lost`) before registering afresh. An
 unreachable control plane leaves the workers running while the link keeps
 trying, with a warning naming where it tries (then one a minute) and one line
 when discovery answers again.
+
+Each registration and heartbeat carries the host's last health check (agent/host_health.py); a check that ends is
+sent at once, and a reply's `check_health` asks for a new one (a number, nothing else is read from it).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from elastic_control_plane.agent.host_health import HostHealth
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing, unresolved_hosts
@@ -46,6 +50,7 @@ class DiscoveryLink:
         control_endpoints: list[str],
         side: HostSide,
         log: Any,
+        health: HostHealth,
     ) -> None:
         self.discovery, self.host, self.slots, self.incarnation, self.timing = (
             discovery,
@@ -55,23 +60,27 @@ class DiscoveryLink:
             timing,
         )
         self.control_endpoints = control_endpoints
-        self.side, self.log = side, log
+        self.side, self.log, self.health = side, log, health
         self.control_plane = Reachability(timing.lost_after, time.monotonic())
         self.registered = False
         self.warm = False
         self._in_flight = False
         self._reported_warm = False
+        self._reported_health: dict[str, Any] | None = None
 
     def beat(self) -> None:
         """Every heartbeat interval: register until registered, then heartbeat (never two at once)."""
         if self._in_flight:
             return
+        self.health.due()
         if not self.registered:
             self.register()
             return
         self._ping("heartbeat", {}, self._on_heartbeat_reply)
 
     def register(self) -> None:
+        """Register (the host's checks run first, or again: it is not available before they pass)."""
+        self.health.start()
         self._ping("register", {"slots": self.slots, **self.side.slots_down()}, self._on_registered)
 
     def become_warm(self) -> None:
@@ -79,8 +88,15 @@ class DiscoveryLink:
         self.warm = True
         self._report_warmth()
 
+    def health_checked(self) -> None:
+        """A health check ended (the loop was woken): its result goes to discovery now."""
+        if self.health.finished():
+            self._report_warmth()
+
     def _report_warmth(self) -> None:
-        if self.warm and self.registered and not self._reported_warm and not self._in_flight:
+        """Send what discovery has not heard yet (the host became warm, a health check ended) with a heartbeat now."""
+        unsent = self.warm and not self._reported_warm or self.health.report() != self._reported_health
+        if unsent and self.registered and not self._in_flight:
             self.beat()
 
     def report_down(self, then: Callable[[], None] | None = None) -> None:
@@ -114,10 +130,17 @@ class DiscoveryLink:
 
     def _ping(self, msg_type: str, body: dict[str, Any], on_reply: Callable[[Message], None]) -> None:
         self._in_flight = True
-        self._reported_warm = self.warm
+        self._reported_warm, self._reported_health = self.warm, self.health.report()
         self.discovery.send(
             msg_type,
-            {"host": self.host, "incarnation": self.incarnation, "warm": self.warm, **self.side.host_report(), **body},
+            {
+                "host": self.host,
+                "incarnation": self.incarnation,
+                "warm": self.warm,
+                "health": self._reported_health,
+                **self.side.host_report(),
+                **body,
+            },
             on_reply=on_reply,
             on_timeout=self._no_reply,
             timeout=self.timing.heartbeat,
@@ -133,6 +156,7 @@ class DiscoveryLink:
         if not self.registered:
             self.log.info("registered")
         self.registered = True
+        self.health.ask(reply.body.get("check_health"))
         self._report_warmth()
 
     def _on_heartbeat_reply(self, reply: Message) -> None:
@@ -145,6 +169,7 @@ class DiscoveryLink:
             self.registered = False
             self.register()
         else:
+            self.health.ask(reply.body.get("check_health"))
             self._report_warmth()
 
     def _no_reply(self) -> None:

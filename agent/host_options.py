@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from elastic_control_plane.agent.host_health import HealthSettings
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
 
 
@@ -50,7 +51,7 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 class AgentConfig:
     """One agent's host, as `elastic-agent` read it: its name, its slots and standbys (`--standby`; None: the
     default), the address its workers advertise, whether they share GPUs and may fork from a zygote, how long a drain
-    waits for them, and the run directory that holds its ipc socket."""
+    waits for them, the run directory that holds its ipc socket, and its health checks (agent/host_health.py)."""
 
     host: str
     slots: int
@@ -60,3 +61,4 @@ class AgentConfig:
     standby: int | None = None
     fork_server: bool = True
     drain_timeout: float = 60.0
+    health: HealthSettings = HealthSettings()

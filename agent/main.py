@@ -13,6 +13,7 @@ from click.core import ParameterSource
 from elastic_control_plane.agent.agent import AgentService
 from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
+from elastic_control_plane.agent.host_health import HealthSettings, check_settings
 from elastic_control_plane.agent.host_options import AgentConfig, host_options
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus import health, metrics
@@ -65,6 +66,31 @@ from elastic_control_plane.bus.sockets import Security, SecurityError
     default=None,
     help="Serve Prometheus metrics over HTTP on this port, on the advertised address (default: off).",
 )
+@click.option(
+    "--health-check",
+    metavar="CMD",
+    default=None,
+    help="A shell command run on this host before it enters the job (and when discovery asks again); exit 0 means "
+    "healthy. Built-in checks (free /dev/shm and memory, visible GPUs) always run.",
+)
+@click.option(
+    "--health-check-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds --health-check may run; past them it is killed and the check fails.",
+)
+@click.option(
+    "--health-check-interval",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="While the checks fail, seconds between two runs.",
+)
+@click.option("--health-min-shm", type=float, default=16.0, show_default=True, help="MiB /dev/shm must have free.")
+@click.option(
+    "--health-min-memory", type=float, default=256.0, show_default=True, help="MiB of memory that must be available."
+)
 def main(
     host: str,
     slots: int | None,
@@ -76,6 +102,11 @@ def main(
     standby: int | None,
     no_fork_server: bool,
     metrics_port: str | None,
+    health_check: str | None,
+    health_check_timeout: float,
+    health_check_interval: float,
+    health_min_shm: float,
+    health_min_memory: float,
 ) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
@@ -92,6 +123,10 @@ def main(
             local = not control or all(map(is_loopback, control_hosts(control_setting, control)))
             advertise_addr = "127.0.0.1" if local else socket.getfqdn()
         check_slots(slots, gpus, share_gpus)
+        health_settings = HealthSettings(
+            health_check, health_check_timeout, health_check_interval, health_min_shm, health_min_memory, gpus
+        )
+        check_settings(health_settings)
         if standby is not None:
             check_standby(standby, slots)
         if metrics_port is not None:
@@ -108,6 +143,7 @@ def main(
             standby=standby,
             fork_server=not no_fork_server and fork_server_enabled(os.environ),
             drain_timeout=drain_timeout,
+            health=health_settings,
         )
         agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT, host=host), log=log)
         health.ready_when(agent.readiness)

@@ -227,6 +227,11 @@ def _host_command(name: str, description: str, past: str) -> None:
 
 _host_command("drain", "Take HOST out gracefully: its workers leave at their next commit (no rollback).", "draining")
 _host_command("undrain", "Put HOST back into the job from the next round.", "undrained")
+_host_command(
+    "uncordon",
+    "Clear HOST's blacklist, cooldown and failure count; it enters the job again once a fresh health check passes.",
+    "uncordoned",
+)
 
 
 @cli.command()

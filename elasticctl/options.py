@@ -62,6 +62,12 @@ def job_options(fn: Any) -> Any:
                 metavar="MIN MAX",
             ),
             _spec_option(
+                "--probation-clean",
+                float,
+                "Seconds a blacklisted host must run clean after its return before its failures are forgotten (its "
+                "next cooldown starts again from MIN); each failure before that doubles the cooldown.",
+            ),
+            _spec_option(
                 "--hung-timeout",
                 float,
                 "Upper bound, in seconds, on how long the others wait for a rank before it counts as hung (the limit "
@@ -162,6 +168,7 @@ FROM_OPTIONS: dict[str, Callable[[dict[str, Any]], Any]] = {
             "restart_window",
             "checkpoint_interval",
             "mode",
+            "probation_clean",
         )
     },
 }

@@ -2,11 +2,13 @@
 the agents are told, the ranks suspected of hanging, the waits ranks declared, and the ranks the others waited for
 most (the registry's `waits`); replicated, the control hosts (elasticctl/control_hosts.py) with etcd's database
 size; the job's goodput (services/registry/ledger.py: the share of its wall clock spent training, and the three
-causes that cost most)."""
+causes that cost most); each host's record (its failures, the last reason, what holds it back and when it is
+checked next: `next_check_in`)."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from elastic_control_plane.elasticctl.control import ControlPlane
@@ -21,11 +23,24 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
         state = host["state"]
         if state == "draining" and host["host"] not in busy:
             state = "drained"
-        rows.append({**host, "state": state})
+        rows.append({**host, "state": state, "next_check_in": next_check_in(host, time.time())})
     workers = job.pop("workers", [])
     history = job.pop("history", [])
     waits = job.pop("waits", None)
     return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits}
+
+
+def next_check_in(host: dict[str, Any], now: float) -> float | None:
+    """Seconds until the host is checked for (re)admission: its cooldown's end, its agent's next health check while
+    the last one failed, 0 while a recheck is asked (at its next heartbeat); None when nothing holds it back."""
+    if host.get("blacklisted"):
+        return host.get("cooldown_left")
+    health = host.get("health") or {}
+    if not host.get("health_hold"):
+        return None
+    if health.get("next_check") is not None:
+        return round(max(0.0, health["next_check"] - now), 1)
+    return 0.0
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -66,7 +81,10 @@ def render(view: dict[str, Any], now: float) -> str:
         note = ""
         if h["state"] == "blacklisted":
             left = "forever" if h["cooldown_left"] is None else f"{h['cooldown_left']:.0f}s left"
-            note = f"{h['blacklist_reason']} (cooldown {left})"
+            note = f"{h['blacklist_reason']} (cooldown {left}, then a health check)"
+        elif h["state"] == "unhealthy":
+            when = h.get("next_check_in")
+            note = h["health_hold"] + ("" if when is None else f" (next check in {when:.0f}s)")
         elif h["state"] == "lost":
             note = f"no heartbeat for {h['lost_for']:.1f}s" + (
                 f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else ""
@@ -84,10 +102,13 @@ def render(view: dict[str, Any], now: float) -> str:
             if snapshot
             else None
         )
-        host_rows.append([h["host"], h["slots"], h["state"], fork_server.get("state"), held, note])
-    lines += (
-        table(["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "NOTE"], host_rows) if host_rows else ["no hosts"]
-    )
+        if h.get("blacklist_count") and h["state"] not in ("blacklisted", "lost"):
+            failed = f"last failure: {h['blacklist_reason']}"
+            note = f"{note}; {failed}" if note else failed
+        failures = h.get("blacklist_count", 0)
+        host_rows.append([h["host"], h["slots"], h["state"], fork_server.get("state"), held, failures, note])
+    headers = ["HOST", "SLOTS", "STATE", "FORK SERVER", "SNAPSHOT", "FAILURES", "NOTE"]
+    lines += table(headers, host_rows) if host_rows else ["no hosts"]
     lines.append("")
     worker_rows = [
         [w["host"], w["local_rank"], w["rank"], w["state"], w["pid"], w["exit_code"], w["reason"]]

@@ -149,6 +149,7 @@ class JobSpec:
     elastic_timeout: float = _rule(_seconds, 600.0)
     discovery_script: str | None = _rule(_optional(_text("must be a path")), None)
     cooldown: tuple[float, float] | None = _rule(_optional(_cooldown), (60.0, 600.0))
+    probation_clean: float | None = _rule(_optional(_seconds), 600.0)  # a host's failures forgotten after a clean run
     hung_timeout: float = _rule(_seconds, 120.0)
     max_restarts: int = _rule(_count(0), 3)
     restart_window: float = _rule(_seconds, 60.0)

@@ -1,5 +1,5 @@
 """What discovery reads in its requests' bodies, checked field by field: an agent's down slots, snapshot and
-checkpoint, fork server and warmth; the registry's job settings, marks and expected hosts.
+checkpoint, fork server, health and warmth; the registry's job settings, marks and expected hosts.
 
 Every function takes a request's body (or one field of it) and returns plain
 values, or raises `RequestError("bad_request", ...)` naming the field, so a
@@ -13,6 +13,7 @@ from typing import Any
 
 from elastic_control_plane.bus.service import RequestError, field
 from elastic_control_plane.services.discovery.hostset import Mark, slot_ids
+from elastic_control_plane.services.discovery.probation import DEFAULT_CLEAN_WINDOW
 
 MAX_PATH = 4096
 MAX_REASON = 500
@@ -90,6 +91,37 @@ def fork_server(body: dict[str, Any]) -> dict[str, str] | None:
     return {"state": report["state"], "reason": report.get("reason", "")[:MAX_REASON]}
 
 
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def health(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The agent's last health check (None from an agent that does not report one): {ok, reason, checked_at (its
+    wall-clock seconds; null while the first check runs), request (the recheck it answers), next_check (when it
+    checks again by itself, or null)}."""
+    report = body.get("health")
+    if report is None:
+        return None
+    if not (
+        isinstance(report, dict)
+        and isinstance(report.get("ok"), bool)
+        and isinstance(report.get("reason", ""), str)
+        and (report.get("checked_at") is None or _is_time(report.get("checked_at")))
+        and _is_count(report.get("request", 0))
+        and (report.get("next_check") is None or _is_time(report.get("next_check")))
+    ):
+        raise RequestError(
+            "bad_request", "field 'health' must be a map {ok: bool, reason, checked_at, request, next_check}"
+        )
+    return {
+        "ok": report["ok"],
+        "reason": report.get("reason", "")[:MAX_REASON],
+        "checked_at": report.get("checked_at"),
+        "request": report.get("request", 0),
+        "next_check": report.get("next_check"),
+    }
+
+
 def warm(body: dict[str, Any]) -> bool:
     value = body.get("warm", True)
     if not isinstance(value, bool):
@@ -104,10 +136,14 @@ class Settings:
     max_np: int | None
     discovery_script: str | None
     cooldown: tuple[float, float] | None
+    probation_clean: float | None = DEFAULT_CLEAN_WINDOW  # null: a host's blacklist count is never forgotten
 
 
 def settings(body: dict[str, Any]) -> Settings:
     max_np, script, cooldown = body.get("max_np"), body.get("discovery_script"), body.get("cooldown")
+    clean = body.get("probation_clean", DEFAULT_CLEAN_WINDOW)
+    if clean is not None and not (_is_time(clean) and clean >= 0):
+        raise RequestError("bad_request", "probation_clean must be seconds >= 0 or null")
     if max_np is not None and not isinstance(max_np, int):
         raise RequestError("bad_request", "max_np must be an integer or null")
     if script is not None and not isinstance(script, str):
@@ -116,7 +152,12 @@ def settings(body: dict[str, Any]) -> Settings:
         isinstance(cooldown, list) and len(cooldown) == 2 and all(isinstance(c, (int, float)) for c in cooldown)
     ):
         raise RequestError("bad_request", "cooldown must be [min, max] seconds or null")
-    return Settings(max_np, script, None if cooldown is None else (float(cooldown[0]), float(cooldown[1])))
+    return Settings(
+        max_np,
+        script,
+        None if cooldown is None else (float(cooldown[0]), float(cooldown[1])),
+        None if clean is None else float(clean),
+    )
 
 
 def marks(raw: Any, local_now: float, wall_now: float) -> dict[str, Mark]:

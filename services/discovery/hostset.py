@@ -2,8 +2,9 @@
 
 A host is *available* when its agent is live (registered, heartbeating) and
 warm (its workers, if it started some to join a running job, are ready), it is
-not draining, not blacklisted, and, if a discovery script is configured, the
-script lists it (slots: the smaller of the script's and the agent's). The
+not draining, not blacklisted, not held by the health gate (admission.py),
+and, if a discovery script is configured, the script lists it (slots: the
+smaller of the script's and the agent's). The
 assignment order is the order in which hosts became available: surviving hosts
 keep their place, a host that returns goes last, so rank 0 stays on the oldest.
 
@@ -22,22 +23,23 @@ from __future__ import annotations
 
 import heapq
 import random
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_control_plane.services.discovery.admission import cooldown, health_hold
 from elastic_control_plane.services.discovery.lost_hosts import LostHosts
 
 SlotIds = tuple[int, ...]
-ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING = (
+ACTIVE, LOST, DRAINING, BLACKLISTED, UNLISTED, WARMING, UNHEALTHY = (
     "active",
     "lost",
     "draining",
     "blacklisted",
     "unlisted",
     "warming",
+    "unhealthy",
 )
 
 
@@ -57,6 +59,9 @@ class HostRecord:
     down_version: int = 0
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     fork_server: dict[str, str] | None = None  # its agent's last report: {"state", "reason"} (agent/fork_server.py)
+    health: dict[str, Any] | None = None  # its agent's last health report (services/discovery/admission.py)
+    health_wanted: int = 0  # the number of the last recheck asked of its agent
+    clean_since: float | None = None  # on probation: available (not failed again) since then (probation.py)
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,6 @@ def hosts_updated_body(
     else:
         event["set"], event["remove"] = [[name, list(slots)] for name, slots in diff.set], diff.remove
     return event
-
-
-def cooldown(count: int, low: float, high: float, rng: random.Random) -> float:
-    """Exponential backoff with jitter, like Horovod's blacklist cooldown: low * 2^(count-1), capped at high."""
-    base = min(high, low * (2 ** max(0, count - 1)))
-    return min(high, base * (1.0 + 0.25 * rng.random()))
 
 
 class HostSet:
@@ -218,7 +217,7 @@ class HostSet:
         if record is None:
             return None
         record.blacklist_count += 1
-        record.blacklist_reason = reason
+        record.blacklist_reason, record.clean_since = reason, None
         if self.cooldown_range is None:
             record.blacklisted_until = float("inf")
         else:
@@ -270,6 +269,8 @@ class HostSet:
             return BLACKLISTED
         if record.draining:
             return DRAINING
+        if health_hold(record.health, record.health_wanted) is not None:
+            return UNHEALTHY
         if self.script_hosts is not None and record.name not in self.script_hosts:
             return UNLISTED
         return ACTIVE
@@ -318,6 +319,9 @@ class HostSet:
                     "snapshot": record.snapshots.get("snapshot"),
                     "checkpoint": record.snapshots.get("checkpoint"),
                     "fork_server": record.fork_server,
+                    "health": record.health,
+                    "health_hold": health_hold(record.health, record.health_wanted),
+                    "clean_for": None if record.clean_since is None else round(now - record.clean_since, 3),
                 }
             )
         return rows
@@ -384,17 +388,3 @@ def apply_diff(before: Sequence[tuple[str, Sequence[int]]], diff: HostsDiff) -> 
     for name, slots in diff.set:
         hosts[name] = tuple(slots)
     return list(hosts.items())
-
-
-def parse_script_output(text: str) -> dict[str, int | None]:
-    """Lines `host` or `host:slots`; blank lines and '#' comments ignored."""
-    hosts: dict[str, int | None] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name, sep, slots = line.partition(":")
-        if not name.strip() or " " in name.strip() or (sep and not re.fullmatch(r"[0-9]+", slots.strip())):
-            raise ValueError(f"line {number}: {line!r} is not 'host' or 'host:slots'")
-        hosts[name.strip()] = int(slots) if sep else None
-    return hosts

@@ -3,7 +3,15 @@ from the loop, and `elastic_discovery_heartbeats_total{status}`."""
 
 from prometheus_client import Counter, Gauge
 
-from elastic_control_plane.services.discovery.hostset import ACTIVE, BLACKLISTED, DRAINING, LOST, UNLISTED, WARMING
+from elastic_control_plane.services.discovery.hostset import (
+    ACTIVE,
+    BLACKLISTED,
+    DRAINING,
+    LOST,
+    UNHEALTHY,
+    UNLISTED,
+    WARMING,
+)
 
 METRICS_INTERVAL = 1.0
 HOSTS_BY_STATE = Gauge("elastic_discovery_hosts", "Hosts known to discovery, by state (set every second).", ["state"])
@@ -16,5 +24,5 @@ HEARTBEATS_BY_STATUS = {status: HEARTBEATS.labels(status) for status in ("ok", "
 
 
 def count_hosts_by_state(states: list[str]) -> None:
-    for state in (ACTIVE, LOST, DRAINING, BLACKLISTED, WARMING, UNLISTED):
+    for state in (ACTIVE, LOST, DRAINING, BLACKLISTED, WARMING, UNLISTED, UNHEALTHY):
         HOSTS_BY_STATE.labels(state).set(states.count(state))

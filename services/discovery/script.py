@@ -1,17 +1,16 @@
 """The operator's discovery script: one run at a time, in the background, and the hosts it printed.
 
 Discovery runs the script every `discovery_poll` seconds, and waits for a run when a job is configured or
-restored. A run that cannot start, exits non-zero or prints what is not a host list (hostset.parse_script_output)
+restored. A run that cannot start, exits non-zero or prints what is not a host list (`parse_script_output`)
 is logged and yields nothing: the hosts the last good run printed stay in force.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import structlog
-
-from elastic_control_plane.services.discovery.hostset import parse_script_output
 
 
 class DiscoveryScript:
@@ -60,3 +59,17 @@ class DiscoveryScript:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
+
+
+def parse_script_output(text: str) -> dict[str, int | None]:
+    """Lines `host` or `host:slots`; blank lines and '#' comments ignored."""
+    hosts: dict[str, int | None] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, slots = line.partition(":")
+        if not name.strip() or " " in name.strip() or (sep and not re.fullmatch(r"[0-9]+", slots.strip())):
+            raise ValueError(f"line {number}: {line!r} is not 'host' or 'host:slots'")
+        hosts[name.strip()] = int(slots) if sep else None
+    return hosts

@@ -21,10 +21,11 @@ Messages:
 - snapshots -> {incarnation, commits: {host: commit}, usable}: each live host's snapshot, and whether any host is
   neither lost nor blacklisted (the registry, judging a round).
 - drain {host} / undrain {host}: the operator. blacklist {host, reason}: the registry, after a failure on the host.
-- configure {discovery_script, max_np, cooldown} -> {incarnation}: the registry, when a job is submitted.
-- restore {discovery_script, max_np, cooldown, marks, expected}: the registry, to a discovery that restarted during a
-  job. marks {host: {draining, blacklisted, until (wall-clock seconds, or null: for good), count, reason}}; expected
-  [[host, [slot ids]]]: the hosts of the job's current round.
+- health reports, rechecks and `uncordon {host}`: services/discovery/readmission.py.
+- configure {discovery_script, max_np, cooldown, probation_clean} -> {incarnation}: the registry, at a job's submission.
+- restore {discovery_script, max_np, cooldown, probation_clean, marks, expected}: the registry, to a discovery that
+  restarted during a job. marks {host: {draining, blacklisted, until (wall-clock seconds, or null: for good), count,
+  reason}}; expected [[host, [slot ids]]]: the hosts of the job's current round.
 
 Each request's body is checked field by field before anything changes (services/discovery/bodies.py).
 
@@ -63,7 +64,7 @@ from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.bus.roles import AGENT, OPERATOR, SERVICE
 from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
-from elastic_control_plane.services.discovery import bodies, metrics
+from elastic_control_plane.services.discovery import bodies, metrics, probation
 from elastic_control_plane.services.discovery.brief import BriefGenerations
 from elastic_control_plane.services.discovery.hostset import (
     LOST,
@@ -75,6 +76,7 @@ from elastic_control_plane.services.discovery.hostset import (
 )
 from elastic_control_plane.services.discovery.kubernetes import PodSource, pods_and_script
 from elastic_control_plane.services.discovery.marks_log import MarksLog, marks_saved
+from elastic_control_plane.services.discovery.readmission import Readmission
 from elastic_control_plane.services.discovery.script import DiscoveryScript
 from elastic_control_plane.services.discovery.slurm import SlurmSource
 
@@ -83,7 +85,7 @@ COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
 LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
 
 
-class DiscoveryService(Service):
+class DiscoveryService(Readmission, Service):
     name = "discovery"
 
     def __init__(
@@ -97,7 +99,7 @@ class DiscoveryService(Service):
     ) -> None:
         super().__init__(endpoint, **kw)
         self.timing = timing
-        self.hostset = HostSet()
+        self.hostset, self.probation = HostSet(), probation.Probation()
         self.marks_log = marks_log
         if marks_log is not None:
             self.hostset.restore(bodies.marks(marks_log.load(), self.clock(), time.time()))
@@ -108,8 +110,7 @@ class DiscoveryService(Service):
         self.max_np: int | None = None
         self.script = DiscoveryScript(self.log, wait_timeout=timing.discovery_poll * 10)
         self.published: list[tuple[str, tuple[int, ...]]] = []
-        self.version = 0
-        self.timestamp = time.time()
+        self.version, self.timestamp = 0, time.time()
         self._change_pending = False
         self.brief = BriefGenerations(self.incarnation)
         self._last_expire_check = self.clock()
@@ -130,20 +131,13 @@ class DiscoveryService(Service):
         if not 1 <= slots <= MAX_SLOTS_PER_HOST:
             raise RequestError("bad_request", f"slots must be 1 to {MAX_SLOTS_PER_HOST} (got {slots})")
         down, version = bodies.down_slots(request.body) if "down" in request.body else ((), 0)
-        self.hostset.register(
-            host,
-            slots,
-            field(request.body, "incarnation", str),
-            self.clock(),
-            warm=bodies.warm(request.body),
-            down=down,
-            down_version=version,
-        )
+        incarnation, health = field(request.body, "incarnation", str), bodies.health(request.body)
+        self.hostset.register(host, slots, incarnation, self.clock(), bodies.warm(request.body), down, version)
         self.hostset.hosts[host].snapshots = bodies.snapshots(request.body)
         self.hostset.hosts[host].fork_server = bodies.fork_server(request.body)
         self.log.info("host_registered", host=host, slots=slots, down=list(down))
         self._changed()
-        return {"heartbeat": self.timing.heartbeat}
+        return {"heartbeat": self.timing.heartbeat, **self._take_health(host, health)}
 
     @handles("slots", roles=(AGENT,))
     def on_slots(self, request: Request) -> dict[str, Any]:
@@ -165,7 +159,7 @@ class DiscoveryService(Service):
         reports_changed = record is None or not bodies.same_reports(body, record.snapshots, record.fork_server)
         if reports_changed:
             snapshots, fork_server = bodies.snapshots(body), bodies.fork_server(body)
-        was_warm = record is not None and record.warm
+        was_warm, health = record is not None and record.warm, self._checked_health(body, record)
         status = self.hostset.heartbeat(host, incarnation, self.clock(), warm=warm)
         metrics.HEARTBEATS_BY_STATUS[status].inc()
         if status != "ok":
@@ -175,7 +169,7 @@ class DiscoveryService(Service):
         if warm and not was_warm:
             self.log.info("host_warm", host=host)
             self._changed()
-        return {"status": status}
+        return {"status": status, **self._take_health(host, health)}
 
     @handles("unregister", roles=(AGENT,))
     def on_unregister(self, request: Request) -> dict[str, Any]:
@@ -196,6 +190,7 @@ class DiscoveryService(Service):
             return
         lost = self.hostset.expire(now, self.timing.lost_after)
         lifted = self.hostset.lift_cooldowns(now)
+        self._readmit(now, lifted)
         for host in self.hostset.lost.forget_due(self.hostset.hosts, now):
             self.log.info("lost_host_forgotten", host=host)
         for host in lost:
@@ -339,7 +334,7 @@ class DiscoveryService(Service):
 
     def _apply_settings(self, settings: bodies.Settings) -> None:
         self.max_np, self.script.path = settings.max_np, settings.discovery_script
-        self.hostset.cooldown_range = settings.cooldown
+        self.hostset.cooldown_range, self.probation.clean_window = settings.cooldown, settings.probation_clean
         self.hostset.script_hosts = None if self.pods is None else self.pods.hosts() or {}
 
     # -- discovery script ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ def discovery_settings(spec: JobSpec) -> dict[str, Any]:
         "max_np": spec.max_np,
         "discovery_script": spec.discovery_script,
         "cooldown": list(spec.cooldown) if spec.cooldown else None,
+        "probation_clean": spec.probation_clean,
     }
 
 

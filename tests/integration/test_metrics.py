@@ -86,7 +86,7 @@ def test_services_and_agent_serve_their_metrics_during_a_job(tmp_path: Path) -> 
         )
         assert handled(discovery, "discovery", "heartbeat") > 0
         assert value(discovery, "elastic_discovery_heartbeats_total", status="ok") > 0
-        for state in ("lost", "draining", "blacklisted", "warming", "unlisted"):
+        for state in ("lost", "draining", "blacklisted", "warming", "unlisted", "unhealthy"):
             assert value(discovery, "elastic_discovery_hosts", state=state) == 0, state
         registry = scrape(port["registry"])
         assert handled(registry, "registry", "submit") == 1

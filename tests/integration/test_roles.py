@@ -29,6 +29,7 @@ ATTACKS = {
         ("discovery", "configure", {"min_np": 1}),
         ("rendezvous", "new_round", {"hosts": [["evil", 1]], "min_np": 1, "max_np": None, "hosts_timestamp": 9.0}),
         ("discovery", "undrain", {"host": "host-1"}),
+        ("discovery", "uncordon", {"host": "host-1"}),
     ],
     OPERATOR: [
         ("notifier", "publish", {"type": "round", "data": ROUND}),

@@ -18,8 +18,8 @@ from elastic_control_plane.services.discovery.hostset import (
     compare,
     effective,
     hosts_diff,
-    parse_script_output,
 )
+from elastic_control_plane.services.discovery.script import parse_script_output
 
 LOST_AFTER = 3.0
 

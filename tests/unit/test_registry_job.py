@@ -141,7 +141,14 @@ def test_a_job_saved_before_the_fields_added_since_loads() -> None:
         "failure_resets": 0,
         "wait_calibration": {},
         "hang_doublings": {},
-        "spec": {**OLDER_JOB["spec"], "mode": "horovod", "preload": [], "fork_server": True, "hang_detection": True},
+        "spec": {
+            **OLDER_JOB["spec"],
+            "mode": "horovod",
+            "preload": [],
+            "fork_server": True,
+            "hang_detection": True,
+            "probation_clean": 600.0,
+        },
     }
     assert job.to_saved(SAVED_AT) == {**OLDER_JOB, **newer_fields}, (
         "and is saved again to the letter, with the fields it predates"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from elastic_control_plane.elasticctl.status import render
+from elastic_control_plane.elasticctl.status import next_check_in, render
 from elastic_control_plane.services.registry.goodput import headline
 from elastic_control_plane.services.registry.ledger import Ledger
 
@@ -165,3 +165,37 @@ def test_the_table_shows_the_goodput_line_from_the_registrys_ledger() -> None:
     )
     view["job"]["goodput"] = None  # a registry from before the ledger
     assert "goodput" not in render(view, 0.0)
+
+
+def test_each_hosts_record_failures_last_reason_and_next_check() -> None:
+    failing = {"ok": False, "reason": "exit code 1: no mount", "checked_at": 90.0, "request": 0, "next_check": 120.0}
+    unhealthy = {
+        **host("host-1", None, None),
+        "state": "unhealthy",
+        "health": failing,
+        "health_hold": "health check failed: exit code 1: no mount",
+        "blacklist_count": 0,
+    }
+    cooling = {
+        **host("host-2", None, None),
+        "state": "blacklisted",
+        "blacklisted": True,
+        "cooldown_left": 40.0,
+        "blacklist_reason": "round 3: crashed",
+        "blacklist_count": 2,
+    }
+    returned = {**host("host-3", None, None), "blacklist_count": 1, "blacklist_reason": "round 2: crashed"}
+    assert next_check_in(unhealthy, 100.0) == 20.0
+    assert next_check_in(cooling, 100.0) == 40.0
+    assert next_check_in(returned, 100.0) is None
+    assert next_check_in({**unhealthy, "health": {**failing, "next_check": None}}, 100.0) == 0.0
+    view = {
+        **waits_view(None),
+        "hosts": [{**h, "next_check_in": next_check_in(h, 100.0)} for h in (unhealthy, cooling)],
+    }
+    view["hosts"].append(returned)
+    rows = {line.split()[0]: line for line in render(view, 100.0).splitlines() if line.strip()}
+    assert "FAILURES" in rows["HOST"]
+    assert rows["host-1"].endswith("health check failed: exit code 1: no mount (next check in 20s)")
+    assert rows["host-2"].endswith("round 3: crashed (cooldown 40s left, then a health check)")
+    assert rows["host-3"].split()[5] == "1" and rows["host-3"].endswith("last failure: round 2: crashed")
