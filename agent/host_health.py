@@ -3,8 +3,9 @@
 A run is the built-in checks, then the operator's `--health-check` command:
 - /dev/shm has at least `min_shm_mib` MiB free (workers' shared memory, the host's snapshot);
 - the memory available (MemAvailable) is at least `min_memory_mib` MiB;
-- on a host that hands out GPUs, at least as many are visible as when the agent started (agent/gpus.py); without
-  GPUs the check is skipped (said once in the log);
+- on a host that hands out GPUs, at least as many are visible to the driver (/proc/driver/nvidia, nvidia-smi) as
+  when the agent started; without GPUs, or with a driver that shows none (a container without its files), the check
+  is skipped (said once in the log);
 - the command, run with `sh -c` in a session of its own (under a shell that keeps its exit status), must exit 0
   within `timeout` seconds: past it, its whole process group is killed and the run fails; the group is killed after
   a run in any case, so nothing it started outlives it. The last lines of its output are logged and the last one
@@ -48,7 +49,8 @@ WRAPPER = '/bin/sh -c "$1"; echo $? > "$2"'
 @dataclass(frozen=True)
 class HealthSettings:
     """The checks of one host: the operator's command (None: the built-in checks only), its timeout, how often a
-    failing host checks again, the floors of free /dev/shm and memory (0: not checked), and the GPUs it hands out."""
+    failing host checks again, the floors of free /dev/shm and memory (0: not checked), and the GPUs the driver
+    showed when the agent started, on a host that hands GPUs out (0: not checked)."""
 
     command: str | None = None
     timeout: float = 30.0
@@ -177,7 +179,7 @@ class HostHealth:
         self.asked = 0  # the highest recheck discovery asked for
         self._report: dict[str, Any] = {"ok": False, "reason": "", "checked_at": None, "request": 0, "next_check": None}
         if not settings.gpus:
-            log.info("health_gpu_check_skipped", reason="this host hands out no GPUs")
+            log.info("health_gpu_check_skipped", reason="this host hands out no GPUs, or the driver shows none")
 
     def fileno(self) -> int:
         return self._wake_read

@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from elastic_control_plane.agent.agent import AgentService
 from elastic_control_plane.agent.fork_server import enabled as fork_server_enabled
 from elastic_control_plane.agent.gpus import check_slots, check_standby, default_slots, gpu_devices
-from elastic_control_plane.agent.host_health import HealthSettings, check_settings
+from elastic_control_plane.agent.host_health import HealthSettings, check_settings, visible_gpus
 from elastic_control_plane.agent.host_options import AgentConfig, host_options
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.bus import health, metrics
@@ -124,7 +124,12 @@ def main(
             advertise_addr = "127.0.0.1" if local else socket.getfqdn()
         check_slots(slots, gpus, share_gpus)
         health_settings = HealthSettings(
-            health_check, health_check_timeout, health_check_interval, health_min_shm, health_min_memory, gpus
+            health_check,
+            health_check_timeout,
+            health_check_interval,
+            health_min_shm,
+            health_min_memory,
+            visible_gpus() if gpus else 0,
         )
         check_settings(health_settings)
         if standby is not None:
