@@ -157,8 +157,9 @@ def test_discovery_refuses_a_kubernetes_source_it_cannot_use(args: list[str], en
         (["--control", "not a host"], {}, "--control='not a host': 'not a host' is not a host name or an IP address"),
         (
             [],
-            {"ELASTIC_CONTROL": "host:5550"},
-            "ELASTIC_CONTROL='host:5550': 'host:5550' is not a host name or an IP address",
+            {"ELASTIC_CONTROL": "host:70000"},
+            "ELASTIC_CONTROL='host:70000': port '70000' of 'host:70000' is not a number from 1 to 65531 (the first of "
+            "five)",
         ),
         (
             [],
