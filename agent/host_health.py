@@ -40,6 +40,7 @@ from elastic_control_plane.agent.gpus import PROC_GPUS, nvidia_smi_gpu_count, pr
 SHM = Path("/dev/shm")
 MEMINFO = Path("/proc/meminfo")
 OUTPUT_LINES = 5  # the last lines of the command's output that are logged
+OUTPUT_TAIL_BYTES = 64 * 1024  # the output read back for its last lines
 MIB = 1024 * 1024
 # The command runs under a shell that writes its exit status to a file: the agent reaps any child it does not know
 # (slot_processes/forking.py `reap_orphans`), so the status Popen would read may be gone.
@@ -150,7 +151,7 @@ class CommandRun:
                 timed_out = True
             kill_group(self.process.pid)  # what it left behind, or the whole check past its timeout
             self.process.wait()
-            output.seek(0)
+            output.seek(max(0, output.tell() - OUTPUT_TAIL_BYTES))  # a check that printed megabytes: its end only
             lines = output.read().decode(errors="replace").splitlines()[-OUTPUT_LINES:]
             written = status.read().decode().strip()
         last = lines[-1].strip() if lines else ""

@@ -120,3 +120,9 @@ def test_a_run_asked_for_while_one_goes_on_follows_it():
     assert finish(health) and health.report()["request"] == 0
     assert finish(health) and health.report()["request"] == 1
     health.close()
+
+
+def test_a_check_that_prints_megabytes_is_judged_by_its_last_lines_read_from_the_end_alone() -> None:
+    outcome = CommandRun("yes filler | head -c 8000000; echo; echo 'disk 3 failed'; exit 4", timeout=30.0).run()
+    assert not outcome.ok and outcome.reason == "exit code 4: disk 3 failed"
+    assert outcome.output[-1] == "disk 3 failed" and len(outcome.output) <= 5
