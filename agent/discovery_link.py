@@ -11,7 +11,8 @@ trying, with a warning naming where it tries (then one a minute) and one line
 when discovery answers again.
 
 Each registration and heartbeat carries the host's last health check (agent/host_health.py); a check that ends is
-sent at once, and a reply's `check_health` asks for a new one (a number, nothing else is read from it).
+sent at once, and a reply's `check_health` asks for a new one (a number, nothing else is read from it); a reply's
+`probe` asks for a collective probe (agent/collective_probe.py).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ class DiscoveryLink:
             self.log.info("registered")
         self.registered = True
         self.health.ask(reply.body.get("check_health"))
+        self.health.ask_probe(reply.body.get("probe"))
         self._report_warmth()
 
     def _on_heartbeat_reply(self, reply: Message) -> None:
@@ -170,6 +172,7 @@ class DiscoveryLink:
             self.register()
         else:
             self.health.ask(reply.body.get("check_health"))
+            self.health.ask_probe(reply.body.get("probe"))
             self._report_warmth()
 
     def _no_reply(self) -> None:

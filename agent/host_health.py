@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.agent.collective_probe import CollectiveProbe
 from elastic_control_plane.agent.gpus import PROC_GPUS, nvidia_smi_gpu_count, proc_gpu_count
 
 SHM = Path("/dev/shm")
@@ -59,6 +60,7 @@ class HealthSettings:
     min_shm_mib: float = 16.0
     min_memory_mib: float = 256.0
     gpus: int = 0
+    probe_address: str | None = None  # where the collective probe's process serves its store (None: no probe)
 
 
 def check_settings(settings: HealthSettings) -> None:
@@ -179,6 +181,7 @@ class HostHealth:
         self._started_for = 0  # the recheck the run under way answers
         self.asked = 0  # the highest recheck discovery asked for
         self._report: dict[str, Any] = {"ok": False, "reason": "", "checked_at": None, "request": 0, "next_check": None}
+        self.probe = CollectiveProbe(settings.probe_address, self._wake, log) if settings.probe_address else None
         if not settings.gpus:
             log.info("health_gpu_check_skipped", reason="this host hands out no GPUs, or the driver shows none")
 
@@ -186,7 +189,12 @@ class HostHealth:
         return self._wake_read
 
     def report(self) -> dict[str, Any]:
-        return dict(self._report)
+        return {**self._report, "probe": self.probe.report()} if self.probe is not None else dict(self._report)
+
+    def ask_probe(self, probe: Any) -> None:
+        """Discovery asks for a collective probe (a heartbeat reply's `probe`; ignored without one)."""
+        if self.probe is not None and probe is not None:
+            self.probe.assign(probe)
 
     def start(self) -> None:
         """Begin a run unless one is under way."""
@@ -215,6 +223,9 @@ class HostHealth:
             self._outcome = Outcome(False, failure, [])
         else:
             self._outcome = self._run.run() if self._run is not None else Outcome(True, "", [])
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_write, b"x")
         except OSError:  # the agent closed while the run went on: nobody reads it
@@ -228,7 +239,7 @@ class HostHealth:
         except BlockingIOError:
             return False
         if self._thread is None or self._outcome is None:
-            return False
+            return self.probe is not None  # woken by the probe: its report may have changed
         self._thread.join()
         outcome, self._thread, self._run, self._outcome = self._outcome, None, None, None
         now = self.clock()
@@ -256,5 +267,7 @@ class HostHealth:
 
     def close(self) -> None:
         self.stop()
+        if self.probe is not None:
+            self.probe.close()
         os.close(self._wake_read)
         os.close(self._wake_write)

@@ -91,6 +91,13 @@ from elastic_control_plane.bus.sockets import Security, SecurityError
 @click.option(
     "--health-min-memory", type=float, default=256.0, show_default=True, help="MiB of memory that must be available."
 )
+@click.option(
+    "--collective-probe",
+    envvar="ELASTIC_COLLECTIVE_PROBE",
+    is_flag=True,
+    help="Before this host enters the job, it runs a short timed all-reduce with the other hosts entering; a host "
+    "much slower than the others is held back (discovery's --probe-slow-factor).",
+)
 def main(
     host: str,
     slots: int | None,
@@ -107,6 +114,7 @@ def main(
     health_check_interval: float,
     health_min_shm: float,
     health_min_memory: float,
+    collective_probe: bool,
 ) -> None:
     """Run the elastic agent of one host."""
     log = setup_logging("agent", host=host)
@@ -130,6 +138,7 @@ def main(
             health_min_shm,
             health_min_memory,
             visible_gpus() if gpus else 0,
+            advertise_addr if collective_probe else None,
         )
         check_settings(health_settings)
         if standby is not None:

@@ -47,7 +47,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    instance = Cluster(tmp_path)
+    """Services started for the test; `@pytest.mark.cluster_env({...})` on a test or module adds to their
+    environment."""
+    marker = request.node.get_closest_marker("cluster_env")
+    instance = Cluster(tmp_path, marker.args[0] if marker is not None else None)
     try:
         instance.start_services()
         yield instance

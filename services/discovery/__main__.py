@@ -9,12 +9,13 @@ import click
 from elastic_control_plane.bus.config import ConfigError, Endpoints, Timing
 from elastic_control_plane.bus.sockets import Security
 from elastic_control_plane.services.cli import service_command
+from elastic_control_plane.services.discovery.collective_probe import DEFAULT_SLOW_FACTOR
 from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource, default_namespace
 from elastic_control_plane.services.discovery.marks_log import MarksLog
 from elastic_control_plane.services.discovery.service import DiscoveryService
 from elastic_control_plane.services.discovery.slurm import SlurmSource
 
-KUBERNETES_OPTIONS = [
+DISCOVERY_OPTIONS = [
     click.Option(
         ["--kubernetes-selector"],
         envvar="ELASTIC_KUBERNETES_SELECTOR",
@@ -39,6 +40,15 @@ KUBERNETES_OPTIONS = [
         help="Take the hosts from Slurm: the nodes of this job and of the allocations that joined it, less those "
         "Slurm marks down or drained (elasticctl slurm's batch script sets it).",
     ),
+    click.Option(
+        ["--probe-slow-factor"],
+        envvar="ELASTIC_PROBE_SLOW_FACTOR",
+        type=click.FloatRange(min=1.0, min_open=True),
+        default=DEFAULT_SLOW_FACTOR,
+        show_default=True,
+        help="A host entering the job whose share of the collective probe takes this many times the others' median "
+        "is held back (agents run with --collective-probe).",
+    ),
 ]
 
 
@@ -52,6 +62,7 @@ def discovery(
     kubernetes_selector: str | None,
     kubernetes_namespace: str | None,
     slurm_job: str | None,
+    probe_slow_factor: float,
 ) -> DiscoveryService:
     """The service; with a selector, watching the pods it matches; with a Slurm job, its nodes."""
     pods: PodSource | SlurmSource | None = None
@@ -68,12 +79,13 @@ def discovery(
         timing,
         marks_log=MarksLog(replica) if replica is not None else None,
         pods=pods,
+        probe_slow_factor=probe_slow_factor,
         security=security,
         log=log,
     )
 
 
-main = service_command("discovery", discovery, options=KUBERNETES_OPTIONS)
+main = service_command("discovery", discovery, options=DISCOVERY_OPTIONS)
 
 if __name__ == "__main__":
     main()

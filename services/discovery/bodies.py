@@ -113,12 +113,40 @@ def health(body: dict[str, Any]) -> dict[str, Any] | None:
         raise RequestError(
             "bad_request", "field 'health' must be a map {ok: bool, reason, checked_at, request, next_check}"
         )
-    return {
+    checked = {
         "ok": report["ok"],
         "reason": report.get("reason", "")[:MAX_REASON],
         "checked_at": report.get("checked_at"),
         "request": report.get("request", 0),
         "next_check": report.get("next_check"),
+    }
+    return {**checked, "probe": probe(report["probe"])} if report.get("probe") is not None else checked
+
+
+def probe(report: Any) -> dict[str, Any]:
+    """The agent's collective probe (agent/collective_probe.py): {store (None while its process starts), id (the
+    last probe's, or None), seconds, collective_s, error}."""
+    if not isinstance(report, dict):
+        raise RequestError(
+            "bad_request", "field 'health.probe' must be a map {store, id, seconds, collective_s, error}"
+        )
+    store, probe_id, error = report.get("store"), report.get("id"), report.get("error")
+    seconds, collective = report.get("seconds"), report.get("collective_s")
+    if not (
+        (store is None or isinstance(store, str) and 0 < len(store) <= MAX_PATH)
+        and (probe_id is None or isinstance(probe_id, int) and not isinstance(probe_id, bool))
+        and all(value is None or _is_time(value) and value >= 0 for value in (seconds, collective))
+        and (error is None or isinstance(error, str))
+    ):
+        raise RequestError(
+            "bad_request", "field 'health.probe' must be a map {store, id, seconds, collective_s, error}"
+        )
+    return {
+        "store": store,
+        "id": probe_id,
+        "seconds": seconds,
+        "collective_s": collective,
+        "error": error[:MAX_REASON] if error else None,
     }
 
 

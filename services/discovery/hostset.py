@@ -2,7 +2,7 @@
 
 A host is *available* when its agent is live (registered, heartbeating) and
 warm (its workers, if it started some to join a running job, are ready), it is
-not draining, not blacklisted, not held by the health gate (admission.py),
+not draining, not blacklisted, not held by the health gate (admission.py) or the collective probe,
 and, if a discovery script is configured, the script lists it (slots: the
 smaller of the script's and the agent's). The
 assignment order is the order in which hosts became available: surviving hosts
@@ -62,6 +62,7 @@ class HostRecord:
     health: dict[str, Any] | None = None  # its agent's last health report (services/discovery/admission.py)
     health_wanted: int = 0  # the number of the last recheck asked of its agent
     clean_since: float | None = None  # on probation: available (not failed again) since then (probation.py)
+    probe_hold: str | None = None  # why the collective probe holds it back (services/discovery/collective_probe.py)
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ class HostSet:
             return UNHEALTHY
         if self.script_hosts is not None and record.name not in self.script_hosts:
             return UNLISTED
-        return ACTIVE
+        return ACTIVE if record.probe_hold is None else UNHEALTHY
 
     def _slots(self, record: HostRecord) -> int:
         listed = self.script_hosts.get(record.name) if self.script_hosts is not None else None
@@ -320,7 +321,7 @@ class HostSet:
                     "checkpoint": record.snapshots.get("checkpoint"),
                     "fork_server": record.fork_server,
                     "health": record.health,
-                    "health_hold": health_hold(record.health, record.health_wanted),
+                    "health_hold": health_hold(record.health, record.health_wanted) or record.probe_hold,
                     "clean_for": None if record.clean_since is None else round(now - record.clean_since, 3),
                 }
             )

@@ -35,6 +35,7 @@ class Readmission:
     clock: Callable[[], float]
     _changed: Callable[[], None]  # the service's: the host set changed
     _known: Callable[[Request], str]  # the service's: the request's host, known, else unknown_host
+    _take_probe: Callable[[str, dict[str, Any] | None], dict[str, Any]]  # services/discovery/collective_probe.py
     _swept_at: float = float("-inf")
 
     def _checked_health(self, body: dict[str, Any], record: HostRecord | None) -> dict[str, Any] | None:
@@ -44,7 +45,7 @@ class Readmission:
         return bodies.health(body)
 
     def _take_health(self, host: str, health: dict[str, Any] | None) -> dict[str, Any]:
-        """Keep `host`'s health report; what the agent is asked in reply (a recheck, or nothing)."""
+        """Keep `host`'s health report; what the agent is asked in reply (a recheck, a collective probe, or nothing)."""
         record = self.hostset.hosts[host]
         held = health_hold(record.health, record.health_wanted)
         record.health = health
@@ -52,9 +53,10 @@ class Readmission:
         if now_held != held:
             self.log.info("host_health", host=host, ok=now_held is None, hold=now_held)
             self._changed()
+        asked = self._take_probe(host, health)
         if health is not None and health["request"] < record.health_wanted:
-            return {"check_health": record.health_wanted}
-        return {}
+            asked["check_health"] = record.health_wanted
+        return asked
 
     def _readmit(self, now: float, lifted: list[str]) -> None:
         """Hosts whose cooldown ended are asked for a recheck; once a second, probation forgives the counts of the

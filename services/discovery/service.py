@@ -21,7 +21,8 @@ Messages:
 - snapshots -> {incarnation, commits: {host: commit}, usable}: each live host's snapshot, and whether any host is
   neither lost nor blacklisted (the registry, judging a round).
 - drain {host} / undrain {host}: the operator. blacklist {host, reason}: the registry, after a failure on the host.
-- health reports, rechecks and `uncordon {host}`: services/discovery/readmission.py.
+- health reports, rechecks and `uncordon {host}`: services/discovery/readmission.py; the collective probe of the
+  hosts entering the job: services/discovery/collective_probe.py.
 - configure {discovery_script, max_np, cooldown, probation_clean} -> {incarnation}: the registry, at a job's submission.
 - restore {discovery_script, max_np, cooldown, probation_clean, marks, expected}: the registry, to a discovery that
   restarted during a job. marks {host: {draining, blacklisted, until (wall-clock seconds, or null: for good), count,
@@ -66,6 +67,7 @@ from elastic_control_plane.bus.service import Request, RequestError, Service, fi
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
 from elastic_control_plane.services.discovery import bodies, metrics, probation
 from elastic_control_plane.services.discovery.brief import BriefGenerations
+from elastic_control_plane.services.discovery.collective_probe import DEFAULT_SLOW_FACTOR, CollectiveProbes
 from elastic_control_plane.services.discovery.hostset import (
     LOST,
     HostSet,
@@ -85,7 +87,7 @@ COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
 LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
 
 
-class DiscoveryService(Readmission, Service):
+class DiscoveryService(Readmission, CollectiveProbes, Service):
     name = "discovery"
 
     def __init__(
@@ -95,10 +97,12 @@ class DiscoveryService(Readmission, Service):
         timing: Timing,
         marks_log: MarksLog | None = None,
         pods: PodSource | SlurmSource | None = None,
+        probe_slow_factor: float = DEFAULT_SLOW_FACTOR,
         **kw: Any,
     ) -> None:
         super().__init__(endpoint, **kw)
         self.timing = timing
+        self.start_probes(probe_slow_factor)
         self.hostset, self.probation = HostSet(), probation.Probation()
         self.marks_log = marks_log
         if marks_log is not None:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,9 @@ from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import REPO, Cluster, wait_for, worker_pid
 from tests.integration.training import JOB, start_training, steps, wait_for_size
 
-
-@pytest.fixture
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    """tests/conftest.py's cluster with a 0.5 s heartbeat (lost after 1.5 s of silence, not 0.6 s): these jobs run
-    long enough that a machine shared with other suites stalls an agent past 0.6 s, and a host lost is not what they
-    test."""
-    instance = Cluster(tmp_path, {"ELASTIC_HEARTBEAT": "0.5"})
-    try:
-        instance.start_services()
-        yield instance
-    finally:
-        instance.close()
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            print(instance.dump_logs())
+# A 0.5 s heartbeat (lost after 1.5 s of silence, not 0.6 s): a machine shared with other suites stalls an agent past
+# 0.6 s, and a host lost is not what these tests test.
+pytestmark = pytest.mark.cluster_env({"ELASTIC_HEARTBEAT": "0.5"})
 
 
 def row(cluster: Cluster, name: str) -> dict:
