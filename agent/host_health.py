@@ -4,8 +4,9 @@ A run is the built-in checks, then the operator's `--health-check` command:
 - /dev/shm has at least `min_shm_mib` MiB free (workers' shared memory, the host's snapshot);
 - the memory available (MemAvailable) is at least `min_memory_mib` MiB;
 - on a host that hands out GPUs, at least as many are visible to the driver (/proc/driver/nvidia, nvidia-smi) as
-  when the agent started; without GPUs, or with a driver that shows none (a container without its files), the check
-  is skipped (said once in the log);
+  when the agent started, and NVML finds none of the machine's GPUs failing (agent/nvml_state.py: retired pages
+  pending, a failed row remapping, uncorrectable ECC errors); without GPUs, or with a driver that shows none (a
+  container without its files), the check is skipped (said once in the log);
 - the command, run with `sh -c` in a session of its own (under a shell that keeps its exit status), must exit 0
   within `timeout` seconds: past it, its whole process group is killed and the run fails; the group is killed after
   a run in any case, so nothing it started outlives it. The last lines of its output are logged and the last one
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.agent import nvml_state
 from elastic_control_plane.agent.collective_probe import CollectiveProbe
 from elastic_control_plane.agent.gpus import PROC_GPUS, nvidia_smi_gpu_count, proc_gpu_count
 
@@ -95,7 +97,7 @@ def visible_gpus() -> int:
     return nvidia_smi_gpu_count(binary) if binary else 0
 
 
-def builtin_failure(settings: HealthSettings, shm: Path = SHM) -> str | None:
+def builtin_failure(settings: HealthSettings, shm: Path = SHM, nvml: Any | None = None) -> str | None:
     """Why the built-in checks fail (None: they pass)."""
     if settings.min_shm_mib:
         try:
@@ -109,7 +111,7 @@ def builtin_failure(settings: HealthSettings, shm: Path = SHM) -> str | None:
         return f"{memory:.0f} MiB of memory available, below {settings.min_memory_mib:g} MiB"
     if settings.gpus and (seen := visible_gpus()) < settings.gpus:
         return f"{seen} of the host's {settings.gpus} GPU(s) visible"
-    return None
+    return nvml_state.gpus_failure(nvml) if settings.gpus else None
 
 
 def kill_group(pgid: int) -> None:
@@ -182,8 +184,11 @@ class HostHealth:
         self.asked = 0  # the highest recheck discovery asked for
         self._report: dict[str, Any] = {"ok": False, "reason": "", "checked_at": None, "request": 0, "next_check": None}
         self.probe = CollectiveProbe(settings.probe_address, self._wake, log) if settings.probe_address else None
+        self._nvml = nvml_state.load() if settings.gpus else None
         if not settings.gpus:
             log.info("health_gpu_check_skipped", reason="this host hands out no GPUs, or the driver shows none")
+        elif self._nvml is None:
+            log.info("health_nvml_check_skipped", reason="libnvidia-ml.so.1 is absent or does not start")
 
     def fileno(self) -> int:
         return self._wake_read
@@ -218,7 +223,7 @@ class HostHealth:
             self.start()
 
     def _check(self) -> None:
-        failure = builtin_failure(self.settings)
+        failure = builtin_failure(self.settings, nvml=self._nvml)
         if failure is not None:
             self._outcome = Outcome(False, failure, [])
         else:
