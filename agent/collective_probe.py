@@ -7,7 +7,9 @@ the last probe's result. Discovery (services/discovery/collective_probe.py) asks
 `probe: {id, rank, size, store}`; `assign()` checks it and hands it to the process. Nothing in a reply names a
 command: a probe is four values, and the process only runs its fixed workload with them.
 
-A reader thread takes the process's lines and wakes the agent's loop (`wake`), which sends the new report at once.
+A reader thread takes the process's lines and wakes the agent's loop (`wake`), which sends the new report at once;
+a process that exits is said (the report's `error`, its store None: discovery holds the host meanwhile) and started
+again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 MAX_ADDRESS = 300
+RESTART_AFTER = 5.0  # seconds before a probe process that exited is started again
 
 
 def valid_assignment(probe: Any) -> dict[str, Any] | None:
@@ -38,18 +41,22 @@ def valid_assignment(probe: Any) -> dict[str, Any] | None:
 
 class CollectiveProbe:
     def __init__(self, address: str, wake: Callable[[], None], log: Any) -> None:
-        self.wake, self.log = wake, log
+        self.address, self.wake, self.log = address, wake, log
         self._lock = threading.Lock()
         self._report: dict[str, Any] = {"store": None, "id": None, "seconds": None, "collective_s": None, "error": None}
         self._assigned: int | None = None
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "elastic_control_plane.agent.probe_process", address],
+        self._closed = threading.Event()
+        self.process = self._start()
+        self._reader = threading.Thread(target=self._read, name="collective-probe", daemon=True)
+        self._reader.start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "elastic_control_plane.agent.probe_process", self.address],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        self._reader = threading.Thread(target=self._read, name="collective-probe", daemon=True)
-        self._reader.start()
 
     def report(self) -> dict[str, Any]:
         with self._lock:
@@ -65,35 +72,47 @@ class CollectiveProbe:
         try:
             self.process.stdin.write(json.dumps(checked) + "\n")
             self.process.stdin.flush()
-        except (BrokenPipeError, OSError):  # the process is gone: the reader says so
+        except (BrokenPipeError, OSError):  # the process is gone: the reader says so and starts another
             pass
 
     def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
+        """The process's lines, for its life; a process that exits is said, and started again RESTART_AFTER
+        seconds later (until the agent closes)."""
+        while True:
+            for line in self.process.stdout:
+                self._take(line)
+            code = self.process.wait()
+            if self._closed.is_set():
+                return
             with self._lock:
-                self._report["store"] = message.get("store")
-                if "id" in message:
-                    self._report.update(
-                        id=message["id"],
-                        seconds=message.get("seconds"),
-                        collective_s=message.get("collective_s"),
-                        error=message.get("error"),
-                    )
-            if "id" in message:
-                self.log.info("collective_probe_ran", **{k: v for k, v in message.items() if k != "store"})
+                self._report.update(store=None, error=f"the probe process exited (code {code})")
+            self.log.warning("collective_probe_process_exited", code=code, restart_in_s=RESTART_AFTER)
             self.wake()
-        code = self.process.wait()
+            if self._closed.wait(RESTART_AFTER):
+                return
+            self.process = self._start()
+
+    def _take(self, line: str) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return
         with self._lock:
-            self._report.update(store=None, error=f"the probe process exited (code {code})")
-        self.log.warning("collective_probe_process_exited", code=code)
+            self._report["store"] = message.get("store")
+            if "id" in message:
+                self._report.update(
+                    id=message["id"],
+                    seconds=message.get("seconds"),
+                    collective_s=message.get("collective_s"),
+                    error=message.get("error"),
+                )
+        if "id" in message:
+            self.log.info("collective_probe_ran", **{k: v for k, v in message.items() if k != "store"})
         self.wake()
 
     def close(self) -> None:
         """Stop the process and its reader (before the agent closes what `wake` writes to)."""
+        self._closed.set()
         self.wake = lambda: None
         if self.process.poll() is None:
             self.process.kill()

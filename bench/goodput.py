@@ -153,9 +153,11 @@ def chaos_cluster(extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
             signal.signal(sig, handler)
 
 
-def start_job(c: Cluster, setup: str, step_delay: float, *job_args: str) -> tuple[subprocess.Popen[bytes], EventTail]:
+def start_job(
+    c: Cluster, setup: str, step_delay: float, *job_args: str, options: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], EventTail]:
     """An agent with one slot (and the setup's fork server and spares) on each host, then the example job (with
-    `job_args` too), logging its events."""
+    `job_args` too; `options` are elasticctl run's), logging its events."""
     for host in HOSTS:
         c.start_agent(host, 1, agent_args(setup))
     log_dir = c.workdir / "train"
@@ -163,6 +165,7 @@ def start_job(c: Cluster, setup: str, step_delay: float, *job_args: str) -> tupl
         "--min-np",
         "2",
         *RESTART_IN_PLACE,
+        *options,
         "--",
         *JOB,
         "--epochs",

@@ -6,8 +6,11 @@ committed samples per second in the same run.
 
 The job and cluster are bench/goodput.py's (3 hosts x 1 slot, `examples/train_elastic.py`, production intervals,
 the agents' defaults), with `--commit-every` steps between commits (default 20: about a second). Faults cycle
-through a worker SIGKILL (restarted in place), a drain (undrained `--drain-seconds` later) and an agent SIGKILL
-(started again at once), each at a random host, every `--fault-every` seconds of the `--duration` window.
+through a worker SIGKILL (restarted in place), a drain (undrained `--drain-seconds` later), an agent SIGKILL
+(started again at once), a hang (a worker SIGSTOPped: the registry kills it at the job's `--hung-timeout`, 10 s) and
+a lost host (its agent SIGSTOPped for `--drain-seconds` + 3 s: lost after three missed heartbeats, back when it
+resumes), each at a random host, every `--fault-every` seconds of the `--duration` window: the causes crash, drain,
+scale_up, hang and lost_host.
 
 The ledger over the window: the difference of the registry's `ledger` read at its start and at its end. Its
 training is training + training below size + checkpointing (a commit's save happens inside a step as the ranks see
@@ -25,7 +28,9 @@ Every process started here is stopped on the way out, whatever happens.
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -46,12 +51,14 @@ from bench.goodput import (
     start_job,
     wait_for_standbys,
 )
+from bench.gpu_smoke import running_pid
 from elastic_control_plane.bus.config import Timing
 from elastic_control_plane.services.registry.ledger import BELOW_SIZE, BUCKETS, CHECKPOINTING, LOST_WORK, TRAINING
 from testing.harness import Cluster
 
 SETUP = "default"
-FAULTS = ("worker", "drain", "agent")
+FAULTS = ("worker", "drain", "agent", "hang", "lost")
+HUNG_TIMEOUT = 10.0
 
 
 def ledger(c: Cluster) -> dict[str, Any]:
@@ -63,7 +70,8 @@ def chaos(
 ) -> tuple[Run, dict[str, Any], list[str]]:
     """The window's ledger (the difference of its buckets), its run (the ranks' events) and the faults injected."""
     with chaos_cluster(Timing().as_env()) as c:
-        job, tail = start_job(c, SETUP, step_delay, "--commit-every", str(commit_every))
+        options = ("--hung-timeout", str(HUNG_TIMEOUT))
+        job, tail = start_job(c, SETUP, step_delay, "--commit-every", str(commit_every), options=options)
         events: list[Event] = []
         tail.wait(
             lambda _: (
@@ -87,6 +95,13 @@ def chaos(
                 kill_worker(c, host)
             elif kind == "agent":
                 restart_agent(c, host, SETUP)
+            elif kind == "hang":
+                os.kill(running_pid(c, host), signal.SIGSTOP)
+            elif kind == "lost":
+                agent = c.processes[f"agent-{host}"]
+                agent.send_signal(signal.SIGSTOP)
+                time.sleep(drain_seconds + 3)
+                agent.send_signal(signal.SIGCONT)
             else:
                 set_drained(c, host, True)
                 time.sleep(drain_seconds)

@@ -6,6 +6,8 @@ and the hosts already in the job are never probed again; bad probe reports are r
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -92,3 +94,30 @@ def test_a_malformed_probe_report_is_refused_and_changes_nothing(cluster: Cluste
             cluster.call("discovery", "register", body)
         assert refused.value.code == "bad_request" and "health.probe" in str(refused.value)
     assert "host-9" not in [h["host"] for h in cluster.call("discovery", "hosts")["all"]]
+
+
+def probe_processes(agent_pid: int) -> list[int]:
+    """The agent's children that run the probe process (a child started by a thread is listed under that thread)."""
+    children = [
+        pid for task in Path(f"/proc/{agent_pid}/task").iterdir() for pid in (task / "children").read_text().split()
+    ]
+    return [int(pid) for pid in children if b"probe_process" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_probe_process_that_dies_holds_its_host_is_started_again_and_none_outlives_its_agent(
+    cluster: Cluster,
+) -> None:
+    start_agent(cluster, "host-1")
+    agent = cluster.processes["agent-host-1"]
+    first = wait_for(lambda: probe_processes(agent.pid), 10, "the agent's probe process")[0]
+    os.kill(first, signal.SIGKILL)  # while it imports torch: the host is due for its first probe
+    wait_for(
+        lambda: "exited (code -9)" in (row(cluster, "host-1")["health_hold"] or ""),
+        10,
+        "the host held with the reason",
+    )
+    wait_for(lambda: row(cluster, "host-1")["state"] == "active", 60, "host-1 probed again with a new process")
+    second = probe_processes(agent.pid)
+    assert second and first not in second
+    cluster.stop("agent-host-1")
+    wait_for(lambda: not Path(f"/proc/{second[0]}").exists(), 10, "the probe process gone with its agent")
