@@ -27,6 +27,9 @@ from tests.integration.training import JOB, host_row, steps, wait_for_size
 
 HOSTS = ("host-1", "host-2", "host-3")
 COMMIT_EVERY = 40  # steps: a commit every second or two, so the work a restart rolls back is measurable
+# An epoch of 170 steps at 3 ranks: its end (a commit too) never falls within a few steps after half a commit interval
+# past a commit, where the test kills every worker (a commit then could lose its log line to the kill).
+SAMPLES = 8192
 TRAINED = ("training", "training_below_size")
 
 
@@ -36,8 +39,8 @@ def start(cluster: Cluster, log_dir: Path, epochs: int) -> tuple[subprocess.Pope
     for host in HOSTS:
         cluster.start_agent(host, 1, ["--standby", "0"])
     run = cluster.submit(
-        "--min-np", "3", "--max-np", "3", "--", *JOB, "--epochs", str(epochs), "--step-delay", "0.02",
-        "--commit-every", str(COMMIT_EVERY), "--log-dir", str(log_dir),
+        "--min-np", "3", "--max-np", "3", "--", *JOB, "--epochs", str(epochs), "--samples", str(SAMPLES),
+        "--step-delay", "0.02", "--commit-every", str(COMMIT_EVERY), "--log-dir", str(log_dir),
     )  # fmt: skip
     return run, wait_for(lambda: cluster.job().get("spec") is not None and time.time(), 30, "the job to be submitted")
 
@@ -81,15 +84,21 @@ def test_every_worker_killed_at_once_is_a_restart_from_snapshots_charged_to_no_h
     cluster: Cluster, tmp_path: Path
 ) -> None:
     log_dir = tmp_path / "train"
-    run, began = start(cluster, log_dir, epochs=12)
+    run, began = start(cluster, log_dir, epochs=2)
     wait_for_size(log_dir, 3)
     wait_for(lambda: report(cluster)["commits_seen"], 30, "the agents to report the job's commits")
-    wait_for(lambda: midway_between_commits(log_dir), 60, "half a commit interval of steps after a commit")
-
     victims = [worker_pid(cluster, host, 0) for host in HOSTS]
-    killed_at = time.time()
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+
+    def kill_midway() -> float | None:
+        """Every worker killed at once as soon as they are midway between commits (not seconds later)."""
+        if not midway_between_commits(log_dir):
+            return None
+        killed_at = time.time()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        return killed_at
+
+    killed_at = wait_for(kill_midway, 60, "half a commit interval of steps after a commit")
     made = commits(log_dir, killed_at)
     lost_measured = killed_at - last_commit_before(log_dir, killed_at)
     back = wait_for(
