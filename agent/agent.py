@@ -278,11 +278,11 @@ class AgentService(Service):
         self.keeper.warm_up(plan)
 
     def readiness(self) -> str | None:
-        """None when this host may be given work: registered with discovery, its workers' interpreter warm; else why
-        not (read by the metrics thread for /readyz: plain attributes only)."""
+        """None when this host may be given work: registered with discovery, its last health check passed, its workers'
+        interpreter warm; else why not (read by the metrics thread for /readyz: plain attributes only)."""
         if not self.link.registered:
             return "not registered with discovery"
-        return None if self.link.warm else "the workers' interpreter is not warm yet"
+        return self.health.unready() or (None if self.link.warm else "the workers' interpreter is not warm yet")
 
     def _become_warm(self) -> None:
         if self.link.warm:

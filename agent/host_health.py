@@ -19,7 +19,7 @@ A run goes in a thread of its own, never in the agent's loop, and wakes the loop
 The checks run once at the start (the host is not available before they pass), again when discovery asks (`ask`:
 a host whose cooldown ended or that an operator uncordoned), and every `interval` seconds while the last run
 failed (`due`). `report()` is what the agent sends with its registration and heartbeats
-(services/discovery/bodies.py `health`).
+(services/discovery/bodies.py `health`); `unready()` is why its /readyz says not ready (bus/health.py).
 """
 
 from __future__ import annotations
@@ -200,6 +200,15 @@ class HostHealth:
         """Discovery asks for a collective probe (a heartbeat reply's `probe`; ignored without one)."""
         if self.probe is not None and probe is not None:
             self.probe.assign(probe)
+
+    def unready(self) -> str | None:
+        """Why the host may not be given work by its checks (None: its last run passed), in discovery's words
+        (services/discovery/admission.py): its first run goes on, or its last one failed (and until one passes).
+        Read by the metrics thread for /readyz: the report is replaced, never changed in place."""
+        report = self._report
+        if report["checked_at"] is None:
+            return "first health check running"
+        return None if report["ok"] else f"health check failed: {report['reason']}"
 
     def start(self) -> None:
         """Begin a run unless one is under way."""

@@ -3,8 +3,9 @@
 - `/healthz` (liveness): 503 when the process's loop (bus/service.py `run`) last turned more than LOOP_STALL_S ago,
   naming how long ago; 200 otherwise, and while no loop runs (a replica standing by). A kubelet restarts a process
   whose loop is stuck; a slow request does not stall the loop this long.
-- `/readyz` (readiness): 200 once the process says it is ready (`ready_when`: an agent, registered with discovery
-  and its workers' interpreter warm), else 503 with the reason; 200 for a process that sets no condition.
+- `/readyz` (readiness): 200 once the process says it is ready (`ready_when`: an agent, registered with discovery,
+  its last health check passed and its workers' interpreter warm), else 503 with the reason; 200 for a process
+  that sets no condition.
 
 The loop's thread writes one float (`loop_turned`) and the HTTP thread reads it; a readiness condition is called from
 the HTTP thread, so it must only read plain attributes.

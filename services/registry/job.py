@@ -213,7 +213,7 @@ class Job:
 
     def note_decision(self, decision: Decision, now: float) -> None:
         if decision.action == "resume":
-            self.ledger.decided(now)
+            self.ledger.decided(now, restart=bool(decision.resume_from))
         self.history = [
             *self.history[-(HISTORY_KEPT - 1) :],
             {"round": self.round, "action": decision.action, "reason": decision.reason},

@@ -21,7 +21,9 @@ job is in exactly one bucket (BUCKETS), so the buckets always add up to the job'
   moved out of the training bucket they stopped.
 
 Each interruption (a fault or planned change, up to the next round's first step) has a cause (CAUSES) and a host, and
-its seconds (and its lost work) are charged to both. The job's start is an interruption of cause `start`. Bounded
+its seconds (and its lost work) are charged to both. The job's start is an interruption of cause `start`; every worker
+failed at once, resumed from the hosts' snapshots, is one of cause `restart` and no host (the decision says so: the
+interruption opened by the first failure told is charged there instead). Bounded
 for a job that runs for weeks: the last TIMELINE_KEPT interruptions are kept (older ones stay in the totals);
 HOSTS_KEPT hosts are charged by name, the rest of the charge goes to OTHER_HOSTS; the save times of HOSTS_KEPT
 hosts are followed.
@@ -39,8 +41,8 @@ BUCKETS = (TRAINING, BELOW_SIZE, LOST_WORK, DETECTING, REFORMING, WAITING_FOR_HO
 TRAINED = (TRAINING, BELOW_SIZE)
 INTERRUPTED = (DETECTING, REFORMING, WAITING_FOR_HOSTS, PAUSED)  # charged to the open interruption
 START, CRASH, HANG, LOST_HOST = "start", "crash", "hang", "lost_host"
-DRAIN, SCALE_UP, PREEMPTION = "drain", "scale_up", "preemption"
-CAUSES = (START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION)
+DRAIN, SCALE_UP, PREEMPTION, RESTART = "drain", "scale_up", "preemption", "restart"
+CAUSES = (START, CRASH, HANG, LOST_HOST, DRAIN, SCALE_UP, PREEMPTION, RESTART)
 TIMELINE_KEPT = 100
 HOSTS_KEPT = 256
 OTHER_HOSTS = "(other hosts)"
@@ -108,8 +110,12 @@ class Ledger:
         if self.bucket in TRAINED and self.stopped_at is None:
             self.stopped_at = now
 
-    def decided(self, now: float) -> None:
-        """The registry decided on the fault (a new round): re-forming begins."""
+    def decided(self, now: float, restart: bool = False) -> None:
+        """The registry decided on the fault (a new round): re-forming begins. `restart`: every worker had failed and
+        the job resumes from the hosts' snapshots: the interruption is the whole job's (RESTART, no host), whichever
+        failure was told first, and what it was charged so far moves there."""
+        if restart and self.interruption is not None and self.interruption["cause"] != RESTART:
+            self._recharge(self.interruption, RESTART, "")
         if self.bucket == DETECTING:
             self._switch(REFORMING, now)
         elif self.bucket == PAUSED and self.resume_bucket == DETECTING:
@@ -243,6 +249,20 @@ class Ledger:
             least = min((h for h in self.by_host if h != OTHER_HOSTS), key=self.by_host.__getitem__)
             self.by_host[OTHER_HOSTS] = self.by_host.get(OTHER_HOSTS, 0.0) + self.by_host.pop(least)
         self.by_host[host] = self.by_host.get(host, 0.0) + seconds
+
+    def _recharge(self, interruption: dict[str, Any], cause: str, host: str) -> None:
+        """`interruption` is of `cause` and `host` after all: what it was charged moves from its old ones."""
+        charged = sum(interruption[bucket] for bucket in (*INTERRUPTED, LOST_WORK))
+        self.by_cause[interruption["cause"]] -= charged
+        old = interruption["host"]
+        old = old if old in self.by_host else OTHER_HOSTS if old and OTHER_HOSTS in self.by_host else ""
+        if old:
+            self.by_host[old] -= charged
+            if abs(self.by_host[old]) < 1e-9:
+                del self.by_host[old]
+        interruption["cause"], interruption["host"] = cause, host
+        self._charge(interruption, charged)
+        self.changed = True
 
     def _close_interruption(self) -> None:
         interruption, self.interruption = self.interruption, None

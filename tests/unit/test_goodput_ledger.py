@@ -23,6 +23,7 @@ from elastic_control_plane.services.registry.ledger import (
     OTHER_HOSTS,
     PAUSED,
     REFORMING,
+    RESTART,
     SAVE_EVERY_S,
     START,
     TIMELINE_KEPT,
@@ -218,6 +219,35 @@ def test_a_second_fault_during_an_interruption_is_counted_in_it():
     shown = assert_adds_up(ledger, 13.0)
     assert shown["interruptions"][-1]["faults"] == 2
     assert "host-2" not in shown["hosts"]
+
+
+def test_every_worker_failed_is_a_restart_charged_to_no_host_whichever_failure_was_told_first():
+    ledger = started()
+    crash_and_back(ledger, committed_at=5.0, crashed_at=6.0, back_at=7.0, round_number=2)  # host-1's own: 1 + 1 s
+    ledger.committed(9.0, commit=2, age_s=0.0)
+    ledger.fault(10.0, 10.0, CRASH, "host-1", "rank 0 on host-1 exited with code -9")  # told first
+    ledger.control_plane(10.5, available=False)
+    ledger.control_plane(11.0, available=True)
+    ledger.fault(11.2, 11.2, CRASH, "host-2", "rank 1 on host-2 exited with code -9")
+    ledger.decided(12.0, restart=True)  # every worker failed: the job resumes from the hosts' snapshots
+    ledger.released(13.0, 3, 4)
+    shown = assert_adds_up(ledger, 20.0)
+    restart = shown["interruptions"][-1]
+    assert (restart["cause"], restart["host"], restart["faults"], restart["rolled_back_to"]) == (RESTART, "", 2, 2)
+    assert (restart["detecting"], restart["paused"], restart["reforming"], restart["lost_work"]) == (1.5, 0.5, 1.0, 1.0)
+    assert shown["causes"][RESTART] == 4.0
+    assert shown["causes"][CRASH] == 1.0 + 1.0, "host-1's own crash before stays its (with its lost work)"
+    assert shown["hosts"] == {"host-1": 2.0}, "the restart is charged to no host"
+
+
+def test_a_restart_told_first_by_a_host_charged_nothing_else_leaves_it_uncharged():
+    ledger = started()
+    ledger.committed(9.0, commit=1, age_s=0.0)
+    ledger.fault(10.0, 10.0, CRASH, "host-3", "crash")
+    ledger.decided(11.0, restart=True)
+    ledger.released(12.0, 2, 4)
+    shown = assert_adds_up(ledger, 13.0)
+    assert shown["hosts"] == {} and shown["causes"][RESTART] == 1.0 + 2.0 and shown["causes"][CRASH] == 0.0
 
 
 def test_below_size_counts_the_missing_slots_and_waiting_below_min_np():
