@@ -1,15 +1,18 @@
 """HostLists: the host list a discovery source's thread keeps (Kubernetes pods: kubernetes.py; a Slurm job's nodes:
 slurm.py) and hands to the discovery loop: `hosts()` is None until the source first answered; each new list is
-replaced whole and wakes the loop through `fileno()`, a pipe that `take()` empties."""
+replaced whole and wakes the loop through `fileno()`, a pipe that `take()` empties. `excluded`: the hosts the source
+says the job runs without, each {host, requeue, reason} (a requeued Slurm job's; none from Kubernetes)."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 class HostLists:
     def __init__(self) -> None:
         self._hosts: dict[str, int | None] | None = None
+        self.excluded: list[dict[str, Any]] = []
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)

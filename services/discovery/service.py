@@ -13,7 +13,8 @@ Messages:
 - slots {host, incarnation, down, down_version} -> {status}: the agent's slots whose worker crashed and is not back.
 - unregister {host, incarnation}: an agent leaves cleanly.
 - hosts -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]], all: [...], lost:
-  [names]}. published: the host list the last hosts_updated (`version`) announced.
+  [names], excluded}. published: the host list the last hosts_updated (`version`) announced; excluded: [{host,
+  requeue, reason}], the hosts a requeued Slurm job runs without (slurm.py).
 - hosts {brief: true, unless} -> the same without published and all, with agents {name: incarnation} (live hosts),
   marked (the rows of all for hosts drained or blacklisted) and generation [incarnation, number]: the registry's,
   every tick. unless: the generation the asker holds; when the list is still that one, only {unchanged: true,
@@ -242,6 +243,7 @@ class DiscoveryService(Readmission, Service):
             **reply,
             "published": [[name, list(slots)] for name, slots in self.published],
             "all": self.hostset.describe(self.clock()),
+            "excluded": self.pods.excluded if self.pods is not None else [],
         }
 
     @handles("snapshots", roles=(SERVICE, OPERATOR), replayable=True)

@@ -9,6 +9,9 @@ JOB` marks its allocation with the comment `elastic-join=JOB`), less the nodes S
 A host is used only when its agent is up as well. A node that is not responding (`*`) stays: its agent's
 heartbeats say whether it is gone (Slurm takes 15-20 s to mark a dead slurmd DOWN, and the agent may still run).
 
+A requeued job's driver hands discovery the hosts the job gave up on before (`excluded`, excluded from this
+allocation by Slurm): they are only said, in discovery's `hosts` replies, for `elasticctl status`.
+
 Slurm not answering (slurmctld restarting) keeps the last list in force, said once (`slurm_unavailable`) until it
 answers again (`slurm_recovered`); the discovery loop is woken through `fileno()` when the list changes.
 """
@@ -39,11 +42,12 @@ class SlurmSource(HostLists):
     """The hosts of Slurm job `job_id`, kept by a thread from `start()` to `stop()`; `hosts()` is None until Slurm
     first answered."""
 
-    def __init__(self, job_id: str, log: Any, poll: float = POLL) -> None:
+    def __init__(self, job_id: str, log: Any, poll: float = POLL, excluded: list[dict[str, Any]] | None = None) -> None:
         if not job_id.isdigit():
             raise ValueError(f"--slurm-job={job_id!r}: not a Slurm job id")
         self.job_id, self.log, self.poll = job_id, log, poll
         super().__init__()
+        self.excluded = excluded or []  # the hosts a requeued job runs without (slurm/exclusions.py), as given
         self._outage: str | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slurm-nodes", daemon=True)
