@@ -19,6 +19,7 @@ from typing import Any
 from elastic_control_plane.slurm.requeue import REQUEUE
 from testing.harness import wait_for
 from testing.slurm_cluster import SlurmCluster, kill_node
+from testing.slurm_cluster import slurm as run_slurm
 
 BATCHES = 600
 STEP = 0.05
@@ -117,6 +118,7 @@ def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_a
     killed_at = time.time()
     os.kill(victim["pid"], signal.SIGKILL)
     first_commit_at_size(slurm, 1, killed_at, 60)
+    wait_for(lambda: len(commits(slurm.events("log"), size=1)) > 20, 60, "commits at world size 1", interval=0.2)
 
     signalled = time.time()
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
@@ -135,7 +137,12 @@ def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_a
     assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
     assert f"exit {REQUEUE}" in slurm.output(job)
     assert "run 1;" in slurm.output(job)
-    assert victim["host"] not in {e["host"] for e in slurm.events("log") if e["time"] >= resumed["time"]}
+    rerun_hosts = {e["host"] for e in slurm.events("log") if e["time"] >= resumed["time"]}
+    assert victim["host"] not in rerun_hosts, (
+        rerun_hosts,
+        run_slurm("scontrol", "show", "job", job),
+        slurm.output(job),
+    )
 
     shown = wait_for(lambda: (done := status(slurm, job)).returncode == 0 and done.stdout, 30, "the rerun's status")
     excluded = [line.strip() for line in shown.splitlines() if "excluded" in line]
