@@ -19,12 +19,14 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
     job = plane.call("registry", "status")
     hosts = plane.call("discovery", "hosts")
     busy = {w["host"] for w in job.get("workers", []) if w["state"] in ("PENDING", "RUNNING", "READY")}
+    declared = set(hosts.get("lost_declared") or [])  # lost on Slurm's word (its node DOWN), not for its silence
     rows = []
     for host in hosts["all"]:
         state = host["state"]
         if state == "draining" and host["host"] not in busy:
             state = "drained"
-        rows.append({**host, "state": state, "next_check_in": next_check_in(host, time.time())})
+        row = {**host, "state": state, "next_check_in": next_check_in(host, time.time())}
+        rows.append({**row, "lost_declared": host["host"] in declared})
     workers = job.pop("workers", [])
     history = job.pop("history", [])
     waits = job.pop("waits", None)
@@ -89,7 +91,10 @@ def render(view: dict[str, Any], now: float) -> str:
             when = h.get("next_check_in")
             note = h["health_hold"] + ("" if when is None else f" (next check in {when:.0f}s)")
         elif h["state"] == "lost":
-            note = f"no heartbeat for {h['lost_for']:.1f}s" + (
+            gone = (
+                "its node is down (Slurm), lost {:.1f}s ago" if h.get("lost_declared") else "no heartbeat for {:.1f}s"
+            )
+            note = gone.format(h["lost_for"]) + (
                 f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else ""
             )
         if h.get("down"):

@@ -13,12 +13,12 @@ Messages:
 - slots {host, incarnation, down, down_version} -> {status}: the agent's slots whose worker crashed and is not back.
 - unregister {host, incarnation}: an agent leaves cleanly.
 - hosts -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]], all: [...], lost:
-  [names], excluded}. published: the host list the last hosts_updated (`version`) announced; excluded: [{host,
-  requeue, reason}], the hosts a requeued Slurm job runs without (slurm.py).
+  [names], lost_declared, excluded}. published: the host list the last hosts_updated (`version`) announced;
+  lost_declared: the lost hosts their source said were gone (a Slurm node DOWN: `pods.take_lost()`), not silent;
+  excluded: [{host, requeue, reason}], the hosts a requeued Slurm job runs without (slurm.py).
 - hosts {brief: true, unless} -> the same without published and all, with agents {name: incarnation} (live hosts),
-  marked (the rows of all for hosts drained or blacklisted) and generation [incarnation, number]: the registry's,
-  every tick. unless: the generation the asker holds; when the list is still that one, only {unchanged: true,
-  generation}.
+  marked (the rows of all for hosts drained or blacklisted) and generation [incarnation, number]: the registry's, every
+  tick. unless: the generation the asker holds; when the list is still that one, only {unchanged: true, generation}.
 - snapshots -> {incarnation, commits: {host: commit}, usable}: each live host's snapshot, and whether any host is
   neither lost nor blacklisted (the registry, judging a round).
 - drain {host} / undrain {host}: the operator. blacklist {host, reason}: the registry, after a failure on the host.
@@ -36,8 +36,7 @@ for half that long, nobody's silence counts: every live host gets a fresh start 
 A discovery that starts is *settling* (`hosts` says so) until the agents have registered again: for `lost_after`
 (at least SETTLE_MIN seconds), or less once the registry restored it and every host of the job's round is back.
 Meanwhile it publishes nothing: the agents' registrations rebuild the host set the job runs on and are no news to its
-workers. When it settles, the hosts of the round that never came back are lost, and the host set is compared with the
-round's (never restored: taken as it is).
+workers. Once settled, the round's missing hosts are lost; the host set is compared with the round's (or taken as is).
 
 When the slots an assignment would use change, `hosts_updated {timestamp, version, added, removed, set, remove}` goes
 out through the notifier; a change beyond max_np sends nothing. `added`/`removed` are Horovod's flags; `set` ([[name,
@@ -231,6 +230,7 @@ class DiscoveryService(Readmission, Service):
             "timestamp": self.timestamp,
             "available": [[name, list(slots)] for name, slots in available],
             "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
+            "lost_declared": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None and r.lost_declared],
         }
         if request.body.get("brief") is True:
             records = self.hostset.hosts.values()
@@ -345,6 +345,9 @@ class DiscoveryService(Readmission, Service):
 
     def _read_script(self, wait: bool) -> None:
         hosts = self.script.run(wait) if self.pods is None else self.pods.take()
+        for host in self.hostset.declare_lost(self.pods.take_lost() if self.pods else (), self.clock()):
+            self.log.warning("host_lost", host=host, reason="its node is down (Slurm)")
+            self._changed()
         if hosts is not None and hosts != self.hostset.script_hosts:
             self.hostset.script_hosts = hosts
             self._changed()

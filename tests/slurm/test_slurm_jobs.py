@@ -60,15 +60,21 @@ def first_commit_at_size(slurm: SlurmCluster, size: int, after: float, timeout: 
     return min(found)
 
 
-def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
-    """Every host discovery's hosts_updated events took out of the job before the wall-clock time `before`."""
-    removed: set[str] = set()
+def discovery_events(slurm: SlurmCluster, job: str, name: str) -> list[dict[str, Any]]:
+    """Discovery's log events `name` of the job's first run, each with its wall-clock `time`."""
+    events = []
     for line in (slurm.user_dir / ".elastic-slurm" / job / "logs" / "discovery-0.log").read_text().splitlines():
         event = json.loads(line) if line.startswith("{") else {}
-        when = datetime.fromisoformat(event.get("timestamp", "1970-01-01T00:00:00+00:00").replace("Z", "+00:00"))
-        if event.get("event") == "hosts_updated" and when.timestamp() < before:
-            removed |= set(event.get("remove") or [])
-    return removed
+        if event.get("event") == name:
+            when = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+            events.append({**event, "time": when.timestamp()})
+    return events
+
+
+def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
+    """Every host discovery's hosts_updated events took out of the job before the wall-clock time `before`."""
+    updates = discovery_events(slurm, job, "hosts_updated")
+    return {host for event in updates if event["time"] < before for host in event.get("remove") or []}
 
 
 def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_and_finishes(
@@ -94,6 +100,9 @@ def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_
     assert done and all(e["batch"] == BATCHES and e["total"] == sum(range(BATCHES)) for e in done)
     # Innocent: until the job finished, node1 was never taken out; only the nodes lost were.
     assert discovery_removed(slurm, job, before=min(e["time"] for e in done)) == {"node2", "node3"}
+    # node2 was lost on Slurm's word (DOWN), at once; node3's slurmd died with its agent: its heartbeats told first.
+    lost = {e["host"]: e.get("reason", "missed heartbeats") for e in discovery_events(slurm, job, "host_lost")}
+    assert lost == {"node2": "its node is down (Slurm)", "node3": "missed heartbeats"}, lost
     assert {e["host"] for e in commits(events, size=1)} == {"node1"}
 
 
