@@ -127,7 +127,6 @@ def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_a
     killed_at = time.time()
     os.kill(victim["pid"], signal.SIGKILL)
     first_commit_at_size(slurm, 1, killed_at, 60)
-    wait_for(lambda: len(commits(slurm.events("log"), size=1)) > 20, 60, "commits at world size 1", interval=0.2)
 
     signalled = time.time()
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
