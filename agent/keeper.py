@@ -106,7 +106,7 @@ class WorkerKeeper:
         self.plan = None
         self.latest_round = None
         self.held_back.clear()
-        self.launcher.end_job()
+        self.launcher.end_job(flush=self.draining)
         self.book.end_job()
         self.set_down(frozenset())
         self.standbys.signal_all(signal.SIGTERM)

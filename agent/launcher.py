@@ -65,10 +65,11 @@ class Launcher:
         self.in_job = True
         self.say_if_spawning()
 
-    def end_job(self) -> None:
-        """The job finished: its snapshot buffers go, and the fork server readies for the next."""
+    def end_job(self, flush: bool = False) -> None:
+        """The job finished: its snapshot buffers go (`flush`: once their newest commit is on disk), and the fork
+        server readies for the next."""
         self.in_job = False
-        self.snapshots.end_job()
+        self.snapshots.end_job(flush)
         if self.fork_server.zygote is None:
             self.fork_server.prepare(own_key())  # the job's could not serve: ready the agent's own for the next
 

@@ -11,7 +11,7 @@ cleaning up (SIGKILL) are removed by the next agent that starts on the host.
 With `--checkpoint-dir`, a background thread copies the newest snapshot there
 (snapshot/durable.py) at most every `checkpoint_interval` seconds, one flush at
 a time: training never waits for the disk; and once more when the host drains and its workers have left
-(`flush_now`), so a drained job's last commit is on disk.
+(`flush_now`), or the job ends while it drains, so a drained job's last commit is on disk.
 """
 
 from __future__ import annotations
@@ -91,7 +91,11 @@ class SnapshotKeeper:
             env[WorkerEnv.CHECKPOINT_DIR] = str(self.checkpoint_dir)
         return env
 
-    def end_job(self) -> None:
+    def end_job(self, flush: bool = False) -> None:
+        """The job's buffers go; `flush` (the host drains: a preemption) writes their newest commit to --checkpoint-dir
+        first: the job may end (its last worker's exit judged) before the drain's own flush, once the workers left."""
+        if flush:
+            self.flush_now()
         self.job_key = ""
         self.created = False
         self.checkpoint_dir = None

@@ -1,7 +1,10 @@
 """Elastic jobs on a real 3-node Slurm (scripts/slurm.sh, started and stopped here), against torchrun launched as
 pytorch/examples' `sbatch_run.sh` does (one `srun` step of one torchrun per node, c10d rendezvous on the first node).
 
-    python -m bench.slurm [--batches 600] [--only loss|preemption|timelimit|torchrun]
+    python -m bench.slurm [--batches 600] [--only loss|preemption|timelimit|torchrun] [--keep DIR]
+
+--keep DIR keeps each scenario's user directory (the job's output, its workers' event logs, and STATE/JOB/logs: the
+services' logs) under DIR/SCENARIO, to see where the seconds went; without it they are removed.
 
 Measured from the outside, as a user sees it (the job's output file and its workers' event logs, polled every
 50 ms; each row one run):
@@ -172,9 +175,11 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=("loss", "preemption", "timelimit", "torchrun"), default=None, help="One scenario."
     )
+    parser.add_argument("--keep", type=Path, default=None, help="Keep the jobs' directories under this one.")
     args = parser.parse_args()
     rows: dict[str, float] = {}
-    with running_slurm(), tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
+    with running_slurm(), tempfile.TemporaryDirectory(prefix="bench-slurm-") as removed:
+        tmp = args.keep or removed
         for name, scenario in (
             ("loss", lambda c: elastic_loss_and_replacement(c, args.batches)),
             ("preemption", lambda c: elastic_preemption(c, args.batches)),

@@ -3,7 +3,7 @@ the agents are told, the ranks suspected of hanging, the waits ranks declared, a
 most (the registry's `waits`); replicated, the control hosts (elasticctl/control_hosts.py) with etcd's database
 size; the job's goodput (services/registry/ledger.py: the share of its wall clock spent training, and the three
 causes that cost most); each host's record (its failures, the last reason, what holds it back and when it is
-checked next: `next_check_in`)."""
+checked next: `next_check_in`); the hosts a requeued Slurm job runs without, with why (slurm/exclusions.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,26 @@ import time
 from typing import Any
 
 from elastic_control_plane.elasticctl.control import ControlPlane
+from elastic_control_plane.slurm.exclusions import describe
 
 
 def gather(plane: ControlPlane) -> dict[str, Any]:
     job = plane.call("registry", "status")
     hosts = plane.call("discovery", "hosts")
     busy = {w["host"] for w in job.get("workers", []) if w["state"] in ("PENDING", "RUNNING", "READY")}
+    declared = set(hosts.get("lost_declared") or [])  # lost on Slurm's word (its node DOWN), not for its silence
     rows = []
     for host in hosts["all"]:
         state = host["state"]
         if state == "draining" and host["host"] not in busy:
             state = "drained"
-        rows.append({**host, "state": state, "next_check_in": next_check_in(host, time.time())})
+        row = {**host, "state": state, "next_check_in": next_check_in(host, time.time())}
+        rows.append({**row, "lost_declared": host["host"] in declared})
     workers = job.pop("workers", [])
     history = job.pop("history", [])
     waits = job.pop("waits", None)
-    return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits}
+    excluded = hosts.get("excluded") or []
+    return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits, "excluded": excluded}
 
 
 def next_check_in(host: dict[str, Any], now: float) -> float | None:
@@ -75,6 +79,7 @@ def render(view: dict[str, Any], now: float) -> str:
     waits = view.get("waits") or {}
     if waits.get("limit_s") is not None:
         lines.append(f"  hang limit: {hang_limit(waits['limit_s'], waits.get('kill_s'), waits['upper_s'])}")
+    lines += [f"  excluded from this allocation: {describe(entry)}" for entry in view.get("excluded") or []]
     lines.append("")
     host_rows = []
     for h in view["hosts"]:
@@ -86,7 +91,10 @@ def render(view: dict[str, Any], now: float) -> str:
             when = h.get("next_check_in")
             note = h["health_hold"] + ("" if when is None else f" (next check in {when:.0f}s)")
         elif h["state"] == "lost":
-            note = f"no heartbeat for {h['lost_for']:.1f}s" + (
+            gone = (
+                "its node is down (Slurm), lost {:.1f}s ago" if h.get("lost_declared") else "no heartbeat for {:.1f}s"
+            )
+            note = gone.format(h["lost_for"]) + (
                 f"; blacklisted after {h['blacklist_reason']}" if h["blacklisted"] else ""
             )
         if h.get("down"):

@@ -1,11 +1,11 @@
-"""What the driver reads of its allocation and its job: the nodes (of every component of a heterogeneous job), the
-hosts the job gave up on, and the newest durable checkpoint. Pure but for reading the checkpoint directory."""
+"""What the driver reads of its allocation and its job: the nodes (of every component of a heterogeneous job) and the
+newest durable checkpoint (the hosts the job gave up on: slurm/exclusions.py). Pure but for reading the checkpoint
+directory."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from elastic_control_plane.slurm.hostlist import SlurmOutputError, expand_hostlist
 from elastic_control_plane.snapshot.durable import checkpoint_files
@@ -26,12 +26,6 @@ def allocation_groups(env: Mapping[str, str]) -> list[tuple[int | None, str]]:
     if not env.get("SLURM_JOB_NODELIST"):
         raise SlurmOutputError("SLURM_JOB_NODELIST is unset: not in a Slurm allocation")
     return [(None, node) for node in expand_hostlist(env["SLURM_JOB_NODELIST"])]
-
-
-def given_up_hosts(hosts_reply: dict[str, Any]) -> list[str]:
-    """The hosts discovery's `hosts` reply lists as blacklisted, for good or for a cooldown: the job gave up on them,
-    and a requeued job (a new control plane, which would not know) must not be given them again."""
-    return [row["host"] for row in hosts_reply.get("all") or [] if row.get("blacklisted")]
 
 
 def newest_commit(checkpoint_dir: Path) -> int:

@@ -11,8 +11,9 @@ outlived a requeue follows the job it has), then waits:
   SIGTERM through Slurm (`scancel --signal=TERM JOB.STEP`, which reaches every process of the step): the workers
   stop, their last commit safe in the host's snapshot, and the agent, draining, writes that commit to
   --checkpoint-dir once they are gone, then exits; then the hosts the job blacklisted (gave up on) are written to
-  STATE/JOB/exclude and the driver exits REQUEUE: the batch script requeues the job, which resumes from the
-  checkpoint (a new job on the same --checkpoint-dir resumes from its newest checkpoint);
+  STATE/JOB/exclude, with why to exclude.json (slurm/exclusions.py), and the driver exits REQUEUE: the batch script
+  requeues the job without them, which resumes from the checkpoint (a new job on the same --checkpoint-dir resumes
+  from its newest checkpoint); the rerun's discovery is given exclude.json, and `elasticctl status` shows it;
 - SIGTERM (scancel): everything is stopped at once.
 
 Per allocation, STATE/JOB/ (0700, on the shared file system) holds the job's CURVE keys (made by the first run,
@@ -23,6 +24,7 @@ services. `--join JOB` starts only agents, which enter JOB's control plane, and 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -43,8 +45,8 @@ from elastic_control_plane.elasticctl.local_processes import (
     registered,
     service_argv,
 )
-from elastic_control_plane.slurm import commands
-from elastic_control_plane.slurm.allocation import allocation_groups, given_up_hosts, newest_commit
+from elastic_control_plane.slurm import commands, exclusions
+from elastic_control_plane.slurm.allocation import allocation_groups, newest_commit
 from elastic_control_plane.slurm.requeue import SIGNAL_EXIT, decide
 
 START_TIMEOUT = 60.0  # seconds for the services to answer
@@ -115,6 +117,7 @@ class Driver:
         address = commands.node_address(os.environ["SLURMD_NODENAME"])
         logs = self.job_dir / "logs"
         logs.mkdir(exist_ok=True)
+        excluded = self.excluded()
         base = 0
         for attempt in range(1, START_ATTEMPTS + 1):
             base = free_port_block(address, after=base)
@@ -125,6 +128,7 @@ class Driver:
                 "ELASTIC_KEYS": str(self.keys),
                 "ELASTIC_STATE_DIR": tempfile.mkdtemp(prefix="elastic-slurm-state-"),
                 "ELASTIC_SLURM_JOB": self.job_id,
+                **({"ELASTIC_SLURM_EXCLUDED": json.dumps(excluded)} if excluded else {}),
             }
             for service in SERVICES:
                 self.processes.start(service, service_argv(service), env, logs / f"{service}-{self.restarts}.log")
@@ -265,22 +269,29 @@ class Driver:
         say(f"{outcome.reason} (exit {outcome.exit_code})")
         return outcome.exit_code
 
+    def excluded(self) -> list[dict[str, Any]]:
+        """The hosts earlier runs gave up on, with why (STATE/JOB/exclude.json); [] when it cannot be read."""
+        try:
+            return exclusions.load(self.job_dir)
+        except ValueError as exc:
+            say(f"cannot read {self.job_dir / exclusions.WHY} ({exc}): the excluded hosts are not shown")
+            return []
+
     def write_exclude(self, control: str) -> None:
-        """STATE/JOB/exclude: the hosts blacklisted now, with those of earlier runs, for the requeued job."""
-        path = self.job_dir / "exclude"
-        before = [n for n in path.read_text().strip().split(",") if n] if path.exists() else []
+        """STATE/JOB/exclude (and exclude.json, with why): the hosts blacklisted now, with those of earlier runs, for
+        the requeued job."""
         plane = ControlPlane(Endpoints.from_env(control), self.keys, timeout=1.0)
         try:
-            hosts = given_up_hosts(plane.call("discovery", "hosts"))
+            hosts = plane.call("discovery", "hosts")
         except CommandError as exc:
             say(f"cannot ask discovery for blacklisted hosts ({exc})")
-            hosts = []
+            hosts = {}
         finally:
             plane.close()
-        excluded = before + [host for host in hosts if host not in before]
+        excluded = exclusions.merged(self.excluded(), hosts, self.restarts + 1)
         if excluded:
-            path.write_text(",".join(excluded) + "\n")
-            say(f"excluded from the requeued allocation: {', '.join(excluded)}")
+            exclusions.save(self.job_dir, excluded)
+            say(f"excluded from the requeued allocation: {', '.join(e['host'] for e in excluded)}")
 
     def join(self) -> int:
         """Agents only, in the control plane of the job joined, until this allocation ends or that job does."""

@@ -106,6 +106,7 @@ def render(job: SlurmJob) -> str:
         'while kill -0 "$driver" 2>/dev/null; do wait "$driver"; done  # a trapped signal ends a wait early',
         'wait "$driver"; rc=$?',
         f'if [ "$rc" -eq {REQUEUE} ]; then  # checkpointed: run again, without the hosts the job gave up on',
+        "  trap '' TERM  # the requeue SIGTERMs this script's step: not before the exclusion (scontrol inherits it)",
         '  scontrol requeue "$SLURM_JOB_ID" || exit 1',
         f'  exclude=$(cat {state}/"$SLURM_JOB_ID"/exclude 2>/dev/null || true)',
         '  [ -z "$exclude" ] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"',

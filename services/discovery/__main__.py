@@ -1,6 +1,7 @@
 """`python -m elastic_control_plane.services.discovery`: run discovery; with --kubernetes-selector, its hosts are the
 Ready pods of that label selector (services/discovery/kubernetes.py); with --slurm-job, the nodes of that Slurm job
-that Slurm has not marked down or drained (services/discovery/slurm.py)."""
+that Slurm has not marked down or drained (services/discovery/slurm.py), and with --slurm-excluded the hosts a
+requeued job runs without (slurm/exclusions.py), listed in `hosts` replies."""
 
 from typing import Any
 
@@ -14,6 +15,7 @@ from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSo
 from elastic_control_plane.services.discovery.marks_log import MarksLog
 from elastic_control_plane.services.discovery.service import DiscoveryService
 from elastic_control_plane.services.discovery.slurm import SlurmSource
+from elastic_control_plane.slurm import exclusions
 
 DISCOVERY_OPTIONS = [
     click.Option(
@@ -49,6 +51,14 @@ DISCOVERY_OPTIONS = [
         help="A host entering the job whose share of the collective probe takes this many times the others' median "
         "is held back (agents run with --collective-probe).",
     ),
+    click.Option(
+        ["--slurm-excluded"],
+        envvar="ELASTIC_SLURM_EXCLUDED",
+        metavar="JSON",
+        default=None,
+        help="With --slurm-job, the hosts the requeued job runs without: [{host, requeue, reason}] (the batch "
+        "script's driver sets it from STATE/JOB/exclude.json); `hosts` replies list them, as `elasticctl status`.",
+    ),
 ]
 
 
@@ -63,13 +73,20 @@ def discovery(
     kubernetes_namespace: str | None,
     slurm_job: str | None,
     probe_slow_factor: float,
+    slurm_excluded: str | None,
 ) -> DiscoveryService:
     """The service; with a selector, watching the pods it matches; with a Slurm job, its nodes."""
     pods: PodSource | SlurmSource | None = None
     if kubernetes_selector and slurm_job:
         raise ConfigError("--slurm-job", slurm_job, "discovery takes its hosts from Kubernetes or Slurm, not both")
+    if slurm_excluded is not None and not slurm_job:
+        raise ConfigError("--slurm-excluded", slurm_excluded, "only with --slurm-job")
     if slurm_job:
-        pods = SlurmSource(slurm_job, log.bind(source="slurm"))
+        try:
+            excluded = exclusions.checked(slurm_excluded) if slurm_excluded is not None else []
+        except ValueError as exc:
+            raise ConfigError("--slurm-excluded", slurm_excluded, str(exc)) from None
+        pods = SlurmSource(slurm_job, log.bind(source="slurm"), excluded=excluded)
     if kubernetes_selector:
         namespace = kubernetes_namespace or default_namespace()
         pods = PodSource(ApiServer.from_env(), namespace, kubernetes_selector, log.bind(source="kubernetes"))

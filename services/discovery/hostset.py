@@ -1,18 +1,15 @@
 """HostSet: the pure bookkeeping of discovery, driven by an injected clock.
 
-A host is *available* when its agent is live (registered, heartbeating) and
-warm (its workers, if it started some to join a running job, are ready), it is
-not draining, not blacklisted, not held by the health gate (admission.py) or the collective probe,
-and, if a discovery script is configured, the script lists it (slots: the
-smaller of the script's and the agent's). The
-assignment order is the order in which hosts became available: surviving hosts
-keep their place, a host that returns goes last, so rank 0 stays on the oldest.
+A host is *available* when its agent is live (registered, heartbeating) and warm (its workers, if it started some to
+join a running job, are ready), it is not draining, not blacklisted, not held by the health gate (admission.py) or
+the collective probe, and, if a discovery script is configured, the script lists it (slots: the smaller of the
+script's and the agent's). The assignment order is the order in which hosts became available: surviving hosts keep
+their place, a host that returns goes last, so rank 0 stays on the oldest. A host is lost when its agent falls
+silent (`expire`) or its source says it is gone (`declare_lost`: a Slurm node DOWN).
 
-A host's slots are numbered 0..slots-1 (its local ranks, its GPUs). The agent
-reports the slots it has taken *down*: their worker crashed and its
-replacement is not ready yet. An available host offers the ids of its other
-slots, so the job re-forms without a crashed slot and gets it back, at the
-same local rank, once its replacement waits in `init()`.
+A host's slots are numbered 0..slots-1 (its local ranks, its GPUs). The agent reports the slots it has taken *down*
+(their worker crashed, its replacement not ready yet); an available host offers its other slots, so the job re-forms
+without a crashed slot and gets it back, at the same local rank, once its replacement waits in `init()`.
 
 A discovery that restarted knows nothing; the registry gives it back the drains and blacklists it held (`restore`):
 a mark for a host that has not registered again yet waits for it. Hosts of the job's round that never register
@@ -24,7 +21,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +47,7 @@ class HostRecord:
     incarnation: str
     last_seen: float
     lost_at: float | None = None
+    lost_declared: bool = False  # lost on its source's word (a Slurm node DOWN), not for its silence
     draining: bool = False
     blacklist_count: int = 0
     blacklisted_until: float | None = None
@@ -197,11 +195,22 @@ class HostSet:
             record = self.hosts[next(iter(self._by_silence))]
             if now - record.last_seen <= lost_after:
                 break
-            record.lost_at = now
-            del self._by_silence[record.name]
-            self.lost.lost(record.name, now)
+            self._mark_lost(record, now)
             newly_lost.append(record.name)
         return newly_lost
+
+    def declare_lost(self, names: Iterable[str], now: float) -> list[str]:
+        """Mark the live hosts of `names` lost now, as `expire` does (their source says they are gone: a Slurm node
+        DOWN); return them."""
+        newly_lost = [name for name in sorted(names) if name in self.hosts and self.hosts[name].lost_at is None]
+        for name in newly_lost:
+            self._mark_lost(self.hosts[name], now, declared=True)
+        return newly_lost
+
+    def _mark_lost(self, record: HostRecord, now: float, declared: bool = False) -> None:
+        record.lost_at, record.lost_declared = now, declared
+        self._by_silence.pop(record.name, None)
+        self.lost.lost(record.name, now)
 
     def forgive_silence(self, now: float) -> None:
         """Discovery itself was not running: treat every live host as just heard from."""

@@ -13,16 +13,16 @@ Messages:
 - slots {host, incarnation, down, down_version} -> {status}: the agent's slots whose worker crashed and is not back.
 - unregister {host, incarnation}: an agent leaves cleanly.
 - hosts -> {incarnation, settling, version, timestamp, published, available: [[name, [slot ids]]], all: [...], lost:
-  [names]}. published: the host list the last hosts_updated (`version`) announced.
+  [names], lost_declared, excluded}. published: the host list the last hosts_updated (`version`) announced;
+  lost_declared: the lost hosts their source said were gone (a Slurm node DOWN: `pods.take_lost()`), not silent;
+  excluded: [{host, requeue, reason}], the hosts a requeued Slurm job runs without (slurm.py).
 - hosts {brief: true, unless} -> the same without published and all, with agents {name: incarnation} (live hosts),
-  marked (the rows of all for hosts drained or blacklisted) and generation [incarnation, number]: the registry's,
-  every tick. unless: the generation the asker holds; when the list is still that one, only {unchanged: true,
-  generation}.
+  marked (the rows of all for hosts drained or blacklisted) and generation [incarnation, number]: the registry's, every
+  tick. unless: the generation the asker holds; when the list is still that one, only {unchanged: true, generation}.
 - snapshots -> {incarnation, commits: {host: commit}, usable}: each live host's snapshot, and whether any host is
   neither lost nor blacklisted (the registry, judging a round).
 - drain {host} / undrain {host}: the operator. blacklist {host, reason}: the registry, after a failure on the host.
-- health reports, rechecks and `uncordon {host}`: services/discovery/readmission.py; the collective probe of the
-  hosts entering the job: services/discovery/collective_probe.py.
+- health reports, rechecks, `uncordon {host}`: readmission.py; the probe of hosts entering the job: collective_probe.py.
 - configure {discovery_script, max_np, cooldown, probation_clean} -> {incarnation}: the registry, at a job's submission.
 - restore {discovery_script, max_np, cooldown, probation_clean, marks, expected}: the registry, to a discovery that
   restarted during a job. marks {host: {draining, blacklisted, until (wall-clock seconds, or null: for good), count,
@@ -36,8 +36,7 @@ for half that long, nobody's silence counts: every live host gets a fresh start 
 A discovery that starts is *settling* (`hosts` says so) until the agents have registered again: for `lost_after`
 (at least SETTLE_MIN seconds), or less once the registry restored it and every host of the job's round is back.
 Meanwhile it publishes nothing: the agents' registrations rebuild the host set the job runs on and are no news to its
-workers. When it settles, the hosts of the round that never came back are lost, and the host set is compared with the
-round's (never restored: taken as it is).
+workers. Once settled, the round's missing hosts are lost; the host set is compared with the round's (or taken as is).
 
 When the slots an assignment would use change, `hosts_updated {timestamp, version, added, removed, set, remove}` goes
 out through the notifier; a change beyond max_np sends nothing. `added`/`removed` are Horovod's flags; `set` ([[name,
@@ -101,10 +100,9 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
         **kw: Any,
     ) -> None:
         super().__init__(endpoint, **kw)
-        self.timing = timing
+        self.timing, self.pods = timing, pods
         self.start_probes(probe_slow_factor)
-        self.hostset, self.probation = HostSet(), probation.Probation()
-        self.marks_log = marks_log
+        self.hostset, self.probation, self.marks_log = HostSet(), probation.Probation(), marks_log
         if marks_log is not None:
             self.hostset.restore(bodies.marks(marks_log.load(), self.clock(), time.time()))
         self.incarnation = uuid.uuid4().hex
@@ -115,14 +113,12 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
         self.script = DiscoveryScript(self.log, wait_timeout=timing.discovery_poll * 10)
         self.published: list[tuple[str, tuple[int, ...]]] = []
         self.version, self.timestamp = 0, time.time()
-        self._change_pending = False
         self.brief = BriefGenerations(self.incarnation)
-        self._last_expire_check = self.clock()
+        self._change_pending, self._last_expire_check = False, self.clock()
         self.every(max(0.02, timing.heartbeat / 4), self._expire)
         self.every(timing.discovery_poll, self._poll_script)
         self.every(metrics.METRICS_INTERVAL, self._update_metrics)
         self.every(COALESCE_WINDOW, self._publish_change)
-        self.pods = pods
         if pods is not None:
             self.hostset.script_hosts = {}
             self.watch(pods.fileno(), self._poll_script)
@@ -234,6 +230,7 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
             "timestamp": self.timestamp,
             "available": [[name, list(slots)] for name, slots in available],
             "lost": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None],
+            "lost_declared": [r.name for r in self.hostset.hosts.values() if r.lost_at is not None and r.lost_declared],
         }
         if request.body.get("brief") is True:
             records = self.hostset.hosts.values()
@@ -246,6 +243,7 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
             **reply,
             "published": [[name, list(slots)] for name, slots in self.published],
             "all": self.hostset.describe(self.clock()),
+            "excluded": self.pods.excluded if self.pods is not None else [],
         }
 
     @handles("snapshots", roles=(SERVICE, OPERATOR), replayable=True)
@@ -347,6 +345,9 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
 
     def _read_script(self, wait: bool) -> None:
         hosts = self.script.run(wait) if self.pods is None else self.pods.take()
+        for host in self.hostset.declare_lost(self.pods.take_lost() if self.pods else (), self.clock()):
+            self.log.warning("host_lost", host=host, reason="its node is down (Slurm)")
+            self._changed()
         if hosts is not None and hosts != self.hostset.script_hosts:
             self.hostset.script_hosts = hosts
             self._changed()
@@ -365,7 +366,6 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
     def _publish_change(self) -> None:
         if not self._change_pending or self.settle_until is not None:
             return
-        self._change_pending = False
         now_used = effective(self.hostset.available(), self.max_np)
         change = compare(self.published, now_used)
         if change is None:

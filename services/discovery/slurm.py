@@ -5,9 +5,15 @@ Kubernetes pods').
 The hosts are the nodes of the job (`--slurm-job JOB`, ELASTIC_SLURM_JOB, set by the batch script's driver): of
 every component of a heterogeneous job, and of every running allocation that joined it (`elasticctl slurm --join
 JOB` marks its allocation with the comment `elastic-join=JOB`), less the nodes Slurm marks DOWN, FAIL or DRAIN
-(`sinfo -N`): such a node leaves the job at the next poll, without waiting for its agent's heartbeats to stop.
-A host is used only when its agent is up as well. A node that is not responding (`*`) stays: its agent's
+(`sinfo -N`): such a node leaves the job at the next poll, without waiting for its agent's heartbeats to stop, and
+one the job held that Slurm marks DOWN or FAIL (`lost`: Slurm ended its steps, and with `--no-kill` took it out of
+the allocation) is a lost host at once, as if its heartbeats had stopped (a drained node's workers leave at their
+next commit; a node whose allocation ended, a joined one, leaves as its agent does). A host is used only when its
+agent is up as well. A node that is not responding (`*`) stays: its agent's
 heartbeats say whether it is gone (Slurm takes 15-20 s to mark a dead slurmd DOWN, and the agent may still run).
+
+A requeued job's driver hands discovery the hosts the job gave up on before (`excluded`, excluded from this
+allocation by Slurm): they are only said, in discovery's `hosts` replies, for `elasticctl status`.
 
 Slurm not answering (slurmctld restarting) keeps the last list in force, said once (`slurm_unavailable`) until it
 answers again (`slurm_recovered`); the discovery loop is woken through `fileno()` when the list changes.
@@ -39,11 +45,14 @@ class SlurmSource(HostLists):
     """The hosts of Slurm job `job_id`, kept by a thread from `start()` to `stop()`; `hosts()` is None until Slurm
     first answered."""
 
-    def __init__(self, job_id: str, log: Any, poll: float = POLL) -> None:
+    def __init__(self, job_id: str, log: Any, poll: float = POLL, excluded: list[dict[str, Any]] | None = None) -> None:
         if not job_id.isdigit():
             raise ValueError(f"--slurm-job={job_id!r}: not a Slurm job id")
         self.job_id, self.log, self.poll = job_id, log, poll
         super().__init__()
+        self.excluded = excluded or []  # the hosts a requeued job runs without (slurm/exclusions.py), as given
+        self._seen: set[str] = set()  # every node the job has held: a node it lost leaves its allocation
+        self._down: set[str] = set()  # those Slurm marks DOWN or FAIL now
         self._outage: str | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slurm-nodes", daemon=True)
@@ -65,7 +74,7 @@ class SlurmSource(HostLists):
     def look(self) -> None:
         """Ask Slurm once; a changed host list wakes the discovery loop."""
         try:
-            hosts = job_hosts(commands.running_jobs(), commands.node_states(), self.job_id)
+            jobs, states = commands.running_jobs(), commands.node_states()
         except commands.SlurmError as exc:
             if self._outage is None:
                 self.log.warning("slurm_unavailable", reason=str(exc), effect="the last host list stays in force")
@@ -74,7 +83,12 @@ class SlurmSource(HostLists):
         if self._outage is not None:
             self.log.info("slurm_recovered", after=self._outage)
             self._outage = None
-        if hosts != self.hosts():
+        hosts = job_hosts(jobs, states, self.job_id)
+        self._seen.update(hosts)
+        down = {node for node in self._seen if node in states and states[node].lost}
+        if hosts != self.hosts() or down != self._down:
             gone = sorted(set(self.hosts() or {}) - set(hosts))
-            self.log.info("slurm_hosts", hosts=sorted(hosts), gone=gone)
+            self.log.info("slurm_hosts", hosts=sorted(hosts), gone=gone, down=sorted(down))
+            self.found_lost(down - self._down)
+            self._down = down
             self.put(hosts)

@@ -142,9 +142,11 @@ class Driver:
 
     # -- a running round -----------------------------------------------------------------------
     def _fail_slots_of_lost_hosts_and_restarted_agents(self, hosts: dict[str, Any], now: float) -> None:
-        """A lost host's silent slots fail; so do those of a host whose agent restarted (its workers died with the
-        old one; the host stays)."""
+        """A lost host's silent slots fail (lost for its silence, or on its source's word: a Slurm node DOWN, lost
+        when it was found); so do those of a host whose agent restarted (its workers died with the old one; the host
+        stays)."""
         lost, restarted = set(hosts.get("lost", [])), restarted_agents(hosts, self.job.agents)
+        declared = set(hosts.get("lost_declared", []))
         reports = self.job.reports
         in_round = [slots for slots in map(reports.slots_on, lost | restarted) if slots]
         for slots in sorted(in_round, key=lambda slots: reports[slots[0]].rank):  # in rank order
@@ -152,7 +154,9 @@ class Driver:
             for slot in slots:
                 if reports[slot].state not in SILENT:
                     continue
-                if host in lost:
+                if host in declared:
+                    self._fail_slot(slot, "host lost (its node is down, as Slurm says)", now, silent_for=0.0)
+                elif host in lost:
                     self._fail_slot(slot, "host lost (missed heartbeats)", now)
                 else:
                     why = "its agent restarted (the workers died with the old one)"
@@ -209,7 +213,9 @@ class Driver:
         pid: int | None = None,
         exit_code: int | None = None,
         host_stays: bool = False,
+        silent_for: float | None = None,
     ) -> None:
+        """`silent_for`: how long before `now` the failure began, when known (else a lost host's: `lost_after`)."""
         reports = self.job.reports
         first = reports.record_failure(slot, reason, pid=pid, exit_code=exit_code, host_stays=host_stays)
         self.job.note_report(now)
@@ -222,7 +228,8 @@ class Driver:
             round=self.job.round,
         )
         if first:
-            self.job.note_failure(now, slot[0], reason, self.lost_after, self.stalled_for(now))
+            silent = self.lost_after if silent_for is None else silent_for
+            self.job.note_failure(now, slot[0], reason, silent, self.stalled_for(now))
             self.outbox.put(Event.ABORT, {"round": self.job.round})
 
     # -- every slot reported -------------------------------------------------------------------

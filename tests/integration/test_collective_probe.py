@@ -17,7 +17,7 @@ import pytest
 from elastic_control_plane.bus.client import ServiceError
 from elastic_control_plane.elasticctl.local_processes import agent_argv, registered
 from testing.harness import Cluster, wait_for
-from tests.integration.training import JOB, wait_for_size
+from tests.integration.training import JOB, steps, wait_for_size
 
 PROBE = ["--collective-probe"]
 SLOW_HOST = "host-3"
@@ -82,6 +82,7 @@ def test_a_slow_host_is_held_back_the_others_enter_and_a_later_host_is_probed_al
     assert not in_job & set(host4_probe["hosts"]), f"a host in the job was probed again: {host4_probe}"
     judged = probes(cluster, "collective_probe_judged")[judged_before:]
     assert any("host-4" in e["seconds"] and "host-4" not in e["held"] for e in judged), judged
+    assert SLOW_HOST not in {e["host"] for e in steps(log_dir)}, f"{SLOW_HOST} trained though the probe held it"
     cluster.call("registry", "cancel")
     cluster.wait_job_end(job, 60)
 

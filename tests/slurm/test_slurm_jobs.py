@@ -7,7 +7,9 @@ and the rerun resumes from the checkpoint with no committed step lost; two jobs'
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,16 +19,18 @@ from typing import Any
 from elastic_control_plane.slurm.requeue import REQUEUE
 from testing.harness import wait_for
 from testing.slurm_cluster import SlurmCluster, kill_node
+from testing.slurm_cluster import slurm as run_slurm
 
 BATCHES = 600
 STEP = 0.05
 LOSS_BUDGET = 10.0  # seconds from a node's loss to commits at the smaller size (bench/slurm.py measures it closely)
 
 
-def job_args(log_dir: str, batches: int = BATCHES, nodes: int = 3) -> list[str]:
+def job_args(log_dir: str, batches: int = BATCHES, nodes: int = 3, flags: tuple[str, ...] = ()) -> list[str]:
     return [
         "-N",
         str(nodes),
+        *flags,
         "--checkpoint-interval",
         "2",
         "--",
@@ -56,15 +60,21 @@ def first_commit_at_size(slurm: SlurmCluster, size: int, after: float, timeout: 
     return min(found)
 
 
-def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
-    """Every host discovery's hosts_updated events took out of the job before the wall-clock time `before`."""
-    removed: set[str] = set()
+def discovery_events(slurm: SlurmCluster, job: str, name: str) -> list[dict[str, Any]]:
+    """Discovery's log events `name` of the job's first run, each with its wall-clock `time`."""
+    events = []
     for line in (slurm.user_dir / ".elastic-slurm" / job / "logs" / "discovery-0.log").read_text().splitlines():
         event = json.loads(line) if line.startswith("{") else {}
-        when = datetime.fromisoformat(event.get("timestamp", "1970-01-01T00:00:00+00:00").replace("Z", "+00:00"))
-        if event.get("event") == "hosts_updated" and when.timestamp() < before:
-            removed |= set(event.get("remove") or [])
-    return removed
+        if event.get("event") == name:
+            when = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+            events.append({**event, "time": when.timestamp()})
+    return events
+
+
+def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
+    """Every host discovery's hosts_updated events took out of the job before the wall-clock time `before`."""
+    updates = discovery_events(slurm, job, "hosts_updated")
+    return {host for event in updates if event["time"] < before for host in event.get("remove") or []}
 
 
 def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_and_finishes(
@@ -90,23 +100,44 @@ def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_
     assert done and all(e["batch"] == BATCHES and e["total"] == sum(range(BATCHES)) for e in done)
     # Innocent: until the job finished, node1 was never taken out; only the nodes lost were.
     assert discovery_removed(slurm, job, before=min(e["time"] for e in done)) == {"node2", "node3"}
+    # node2 was lost on Slurm's word (DOWN), at once; node3's slurmd died with its agent: its heartbeats told first.
+    lost = {e["host"]: e.get("reason", "missed heartbeats") for e in discovery_events(slurm, job, "host_lost")}
+    assert lost == {"node2": "its node is down (Slurm)", "node3": "missed heartbeats"}, lost
     assert {e["host"] for e in commits(events, size=1)} == {"node1"}
 
 
-def test_a_preemption_signal_checkpoints_requeues_and_the_rerun_resumes_with_no_commit_lost(
+def status(slurm: SlurmCluster, job: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`elasticctl status` from the login node, as the job's output says to run it (its latest run's control plane)."""
+    control, keys = re.findall(r"elasticctl status --control (\S+) --keys (\S+)", slurm.output(job))[-1]
+    argv = [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "status", "--control", control]
+    return subprocess.run([*argv, "--keys", keys, *flags], cwd=slurm.user_dir, capture_output=True, text=True)
+
+
+def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_and_the_rerun_resumes(
     slurm: SlurmCluster,
 ) -> None:
-    job = slurm.submit(*job_args("log", 300))
-    wait_for(lambda: len(commits(slurm.events("log"), size=3)) > 60, 120, "commits at world size 3", interval=0.2)
+    """A 2-node job gives up on its second node (its worker killed, --max-restarts 0: blacklisted), is preempted:
+    it checkpoints, is requeued without that node, resumes on the two others with no committed step lost, and the
+    rerun's `elasticctl status` says the node excluded, and why, naming no other."""
+    job = slurm.submit(*job_args("log", 400, nodes=2, flags=("--max-restarts", "0")))
+    wait_for(lambda: len(commits(slurm.events("log"), size=2)) > 40, 120, "commits at world size 2", interval=0.2)
+    batch_host = re.search(r"agents started on (\w+)", slurm.output(job)).group(1)
+    workers = json.loads(status(slurm, job, "--json").stdout)["workers"]
+    victim = next(w for w in workers if w["host"] != batch_host and w["state"] == "RUNNING")
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+    first_commit_at_size(slurm, 1, killed_at, 60)
+
     signalled = time.time()
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     wait_for(lambda: "requeued (exit" in slurm.output(job), 60, "the driver to checkpoint and ask for a requeue")
     wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
     requeued = time.time()
     assert requeued - signalled < 30
+    assert f"excluded from the requeued allocation: {victim['host']}" in slurm.output(job)
 
     resumed = wait_for(
-        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["batch"] > 0],
+        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["time"] > requeued],
         120,
         "the rerun to resume",
     )[0]
@@ -114,10 +145,25 @@ def test_a_preemption_signal_checkpoints_requeues_and_the_rerun_resumes_with_no_
     assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
     assert f"exit {REQUEUE}" in slurm.output(job)
     assert "run 1;" in slurm.output(job)
+    rerun_hosts = {e["host"] for e in slurm.events("log") if e["time"] >= resumed["time"]}
+    assert victim["host"] not in rerun_hosts, (
+        rerun_hosts,
+        run_slurm("scontrol", "show", "job", job),
+        slurm.output(job),
+    )
+
+    shown = wait_for(lambda: (done := status(slurm, job)).returncode == 0 and done.stdout, 30, "the rerun's status")
+    excluded = [line.strip() for line in shown.splitlines() if "excluded" in line]
+    said = f"excluded from this allocation: {victim['host']} (the job gave up on it before requeue 1: "
+    assert len(excluded) == 1 and excluded[0].startswith(said), shown
+    innocent = {"node1", "node2", "node3"} - {victim["host"]}
+    assert not any(node in excluded[0] for node in innocent), excluded
+    as_json = json.loads(status(slurm, job, "--json").stdout)["excluded"]
+    assert [(e["host"], e["requeue"]) for e in as_json] == [(victim["host"], 1)]
 
     assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
     done = [e for e in slurm.events("log") if e["event"] == "done"]
-    assert done and all(e["total"] == sum(range(300)) for e in done)
+    assert done and all(e["total"] == sum(range(400)) for e in done)
 
 
 def test_a_node_lost_while_the_job_starts_and_a_second_allocation_that_joins_then_leaves(slurm: SlurmCluster) -> None:

@@ -93,6 +93,17 @@ def test_expire_reports_a_lost_host_only_once():
     assert hs.expire(20.0, LOST_AFTER) == []
 
 
+def test_a_host_its_source_says_is_gone_is_lost_at_once_and_no_other():
+    hs = make(("a", 2), ("b", 2), ("c", 2))
+    assert hs.declare_lost({"b", "unknown-host"}, 1.0) == ["b"]  # heartbeats fresh: only the host named
+    assert [state_of(hs, n) for n in "abc"] == [ACTIVE, LOST, ACTIVE]
+    assert hs.heartbeat("b", "b-inc1", 1.5) == "lost"  # its agent, if alive, stops its workers and registers again
+    assert hs.declare_lost({"b"}, 2.0) == []  # once
+    assert hs.heartbeat("a", "a-inc1", 3.0) == hs.heartbeat("c", "c-inc1", 3.0) == "ok"
+    assert hs.expire(3.5, LOST_AFTER) == []  # not lost again for its silence
+    assert counts(hs.available()) == [("a", 2), ("c", 2)]
+
+
 def test_heartbeat_of_lost_host_returns_lost_and_does_not_revive_it():
     hs = make(("a", 2))
     hs.expire(10.0, LOST_AFTER)

@@ -1,6 +1,6 @@
 """The registry's reading of the rounds and hosts, driven without processes: the rendezvous's rejoins read from a
 cursor kept by the driver, a release recording every worker, lost hosts and restarted agents failing their slots,
-and an idle pass that changes nothing and saves nothing."""
+and an idle pass that changes nothing and saves nothing; a host lost on Slurm's word is dated when found."""
 
 from __future__ import annotations
 
@@ -115,3 +115,20 @@ def test_the_silent_slots_of_a_lost_host_and_of_a_restarted_agent_fail_in_rank_o
     driver.drive(read, status(), now=3.0)
     failed = [(slot, report.failed_order, report.host_stays) for slot, report in job.reports.failures()]
     assert failed == [(("c", 0), 1, True), (("a", 1), 2, True), (("a", 0), 3, True), (("b", 0), 4, False)]
+
+
+def test_a_host_lost_on_slurms_word_fails_at_once_and_its_fault_is_dated_when_found() -> None:
+    """A lost host's fault is dated its last heartbeat (`lost_after` earlier); one discovery's source declared gone
+    (a Slurm node DOWN: `lost_declared`) is dated when it was found, and says so."""
+    for lost, declared, reason, at in (
+        (["b"], [], "host lost (missed heartbeats)", 10.0 - 3.0),
+        (["b"], ["b"], "host lost (its node is down, as Slurm says)", 10.0),
+    ):
+        driver = running_driver()
+        driver.lost_after = 3.0
+        driver.drive(HOSTS_READ, status(pids=[["a", 0, 100], ["a", 1, 101], ["b", 0, 110]]), now=2.0)
+        driver.drive({**HOSTS_READ, "lost": lost, "lost_declared": declared}, status(), now=10.0)
+        assert [(slot, report.reason) for slot, report in driver.job.reports.failures()] == [(("b", 0), reason)]
+        interruption = driver.job.ledger.interruption
+        assert interruption is not None and interruption["reason"] == reason
+        assert interruption["at"] == at

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_control_plane.services.discovery.slurm import SlurmSource, job_hosts
-from elastic_control_plane.slurm.allocation import allocation_groups, given_up_hosts
+from elastic_control_plane.slurm.allocation import allocation_groups
 from elastic_control_plane.slurm.hostlist import (
     NodeState,
     SlurmOutputError,
@@ -148,14 +148,3 @@ def test_every_component_of_a_heterogeneous_job_gets_agents() -> None:
         allocation_groups({"SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "node3"})
     with pytest.raises(SlurmOutputError, match="SLURM_JOB_NODELIST"):
         allocation_groups({})
-
-
-def test_the_hosts_given_up_are_the_blacklisted_ones() -> None:
-    reply = {
-        "all": [
-            {"host": "node1", "blacklisted": True, "cooldown_left": None},
-            {"host": "node2", "blacklisted": True, "cooldown_left": 12.5},
-            {"host": "node3", "blacklisted": False, "cooldown_left": None},
-        ]
-    }
-    assert given_up_hosts(reply) == ["node1", "node2"]

@@ -52,6 +52,7 @@ def test_the_dry_run_prints_the_script_with_slurms_options_unchanged(tmp_path: P
         "#SBATCH --signal=B:USR1@180",
         "#   sbatch --exclusive -A 'my acct' SCRIPT",
         f'if [ "$rc" -eq {REQUEUE} ]; then',
+        "  trap '' TERM",
         '  scontrol requeue "$SLURM_JOB_ID" || exit 1',
     ):
         assert any(have.split("  #")[0] == line for have in script.splitlines()), line

@@ -57,6 +57,10 @@ def test_the_host_list_follows_the_job_its_node_states_and_slurms_outages(slurm_
         (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|down\nnode3|mixed*\nnode4|mixed\n")
         source.look()
         assert source.take() == {"node1": None, "node3": None}  # DOWN out at once; not responding: heartbeats decide
+        assert source.take_lost() == {"node2"}  # a lost host for discovery, once
+        (slurm_bin / "squeue.txt").write_text("10|N/A|(null)|node[1,3]\n11|N/A|(null)|node4\n")  # --no-kill: shrunk
+        source.look()
+        assert source.take_lost() == set()
 
         (slurm_bin / "fail").touch()
         source.look()
@@ -68,5 +72,28 @@ def test_the_host_list_follows_the_job_its_node_states_and_slurms_outages(slurm_
         source.look()
         assert source.take() == {"node1": None, "node3": None, "node4": None}  # an allocation joined
         assert "slurm_recovered" in said.events
+    finally:
+        source.stop()
+
+
+def test_a_node_of_the_job_set_down_after_it_left_the_allocation_is_lost_and_no_other(slurm_bin: Path) -> None:
+    """With --no-kill, Slurm takes a DOWN node out of the job's node list: it is still the job's lost node; a node
+    of another job that goes DOWN, or one only not responding, is not."""
+    (slurm_bin / "squeue.txt").write_text("10|N/A|(null)|node[1-2]\n11|N/A|(null)|node3\n")
+    (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|mixed\nnode3|mixed\n")
+    source = SlurmSource("10", Said())
+    try:
+        source.look()
+        assert source.take_lost() == set()
+        (slurm_bin / "squeue.txt").write_text("10|N/A|(null)|node1\n11|N/A|(null)|node3\n")
+        (slurm_bin / "sinfo.txt").write_text("node1|mixed*\nnode2|down\nnode3|down\n")
+        source.look()
+        assert source.take() == {"node1": None}
+        assert source.take_lost() == {"node2"}
+        (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|idle\nnode3|down\n")  # node2 resumed
+        source.look()
+        (slurm_bin / "sinfo.txt").write_text("node1|mixed\nnode2|down\nnode3|down\n")  # and down again
+        source.look()
+        assert source.take_lost() == {"node2"}
     finally:
         source.stop()

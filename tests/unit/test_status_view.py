@@ -1,5 +1,6 @@
 """`elasticctl status` as a table: each host's snapshot (commit, size, age) and the job's last durable checkpoint,
-each host's fork server (why a host spawns its workers, in its note), the hang limit and the slowest ranks."""
+each host's fork server (why a host spawns its workers, in its note), the hang limit and the slowest ranks;
+a host lost on Slurm's word."""
 
 from __future__ import annotations
 
@@ -199,3 +200,11 @@ def test_each_hosts_record_failures_last_reason_and_next_check() -> None:
     assert rows["host-1"].endswith("health check failed: exit code 1: no mount (next check in 20s)")
     assert rows["host-2"].endswith("round 3: crashed (cooldown 40s left, then a health check)")
     assert rows["host-3"].split()[5] == "1" and rows["host-3"].endswith("last failure: round 2: crashed")
+
+
+def test_status_says_a_host_lost_on_slurms_word_as_such() -> None:
+    job = {"job": 1, "state": "running", "round": 2, "size": 1, "resets": 1, "exit_code": None, "reason": ""}
+    row = {"host": "node2", "slots": 1, "state": "lost", "blacklisted": False, "lost_for": 1.25}
+    view = {"job": job, "hosts": [{**row, "lost_declared": True}], "workers": [], "history": [], "waits": None}
+    assert "its node is down (Slurm), lost 1.2s ago" in render(view, 0.0)
+    assert "no heartbeat for 1.2s" in render({**view, "hosts": [row]}, 0.0)
