@@ -187,11 +187,13 @@ class Ledger:
             if commit > rollback["commit"]:
                 rollback["commit"], rollback["commit_at"] = commit, min(at, rollback["end"])
                 self._charge_rollback()
-        elif rollback["to"] == DETECTING and commit == rollback["commit"] + 1:
-            # A planned change keeps its state (nothing is restored): the commit after the one the fault knew is the
-            # one the workers left at, however late its report; if the fault knew that one already, the next was
-            # made after it and what is charged stays ~0 either way. Nothing is charged now: the rollback is final.
-            rollback["commit"], rollback["commit_at"] = commit, rollback["end"]
+        elif rollback["to"] == DETECTING and commit > rollback["commit"]:
+            # A planned change keeps its state (nothing is restored) and interrupts at the next commit: the one after
+            # the one the fault knew is the one the workers left at, however late its report, or never reported (its
+            # host's snapshot writer cut short by the change: the new stretch's next commit comes first); if the
+            # fault knew that one already, the next was made after it and what is charged stays ~0 either way.
+            # Nothing is charged now: the rollback is final.
+            rollback["commit"], rollback["commit_at"] = rollback["commit"] + 1, rollback["end"]
             self._charge_rollback()
             self.rollback = None
         else:

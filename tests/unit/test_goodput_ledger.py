@@ -185,6 +185,29 @@ def test_a_planned_change_s_commit_reported_after_training_resumed_is_still_the_
     assert assert_adds_up(ledger, 13.0)["buckets"][DETECTING] == pytest.approx(0.1)
 
 
+def test_a_planned_change_whose_commit_is_never_reported_charges_no_training_once_a_later_commit_comes():
+    """The drained workers left at commit 4, whose report never came (their host's snapshot writer was cut short);
+    the new stretch's commit 5 is the first reported: the training since commit 3 was kept, not detecting."""
+    ledger = drained(resumed_at=10.4)
+    assert view(ledger, 11.0)["buckets"][DETECTING] == pytest.approx(0.1 + 2.0)
+    ledger.committed(11.5, commit=5, age_s=0.0)
+    shown = assert_adds_up(ledger, 12.0)
+    assert shown["buckets"][DETECTING] == pytest.approx(0.1) and shown["buckets"][LOST_WORK] == 0.0
+    assert shown["interruptions"][-1]["rolled_back_to"] == 4 and ledger.rollback is None
+
+
+def test_a_crash_s_lost_work_stays_when_a_later_commit_comes():
+    """Beside it, the guilty case: after a crash the work since the last commit was rolled back and done again; a
+    commit of the new stretch gives nothing back."""
+    ledger = started()
+    ledger.committed(8.0, commit=3, age_s=0.0)
+    ledger.fault(10.0, 10.0, CRASH, "host-2", "exit 1")
+    ledger.decided(10.1)
+    ledger.released(10.3, 2, 3)
+    ledger.committed(11.5, commit=4, age_s=0.0)
+    assert assert_adds_up(ledger, 12.0)["buckets"][LOST_WORK] == pytest.approx(2.0)
+
+
 def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_detecting():
     ledger = started()
     ledger.committed(9.9, commit=4, age_s=0.0)  # the workers leave at this commit; the registry sees them at 10
