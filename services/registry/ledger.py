@@ -7,8 +7,8 @@ job is in exactly one bucket (BUCKETS), so the buckets always add up to the job'
   has its rank) at the size asked for (`--max-np`; without one, the largest size the job has had) or below it;
   below it, the missing slot-seconds are counted too;
 - DETECTING: from a fault to the decision on it: a crash's exit report, the start of a hung rank's stall (the
-  others waited since) to its kill, a lost host's last heartbeat to its loss; for a planned change (drain,
-  scale-up, preemption), from the commit the workers left at to the decision;
+  others waited since) to its kill, a lost host's last heartbeat (or a later commit) to its loss; for a planned
+  change (drain, scale-up, preemption), from the commit the workers left at to the decision;
 - REFORMING: from the decision to the first step of the next round (rendezvous, process start, state sync: the
   hosts' snapshot writers report when their round's state is synced; until then, from its release);
 - WAITING_FOR_HOSTS: after the decision, while fewer than `--min-np` slots are available;
@@ -80,7 +80,8 @@ class Ledger:
 
     # -- what happens to the job --------------------------------------------------------------------
     def fault(self, now: float, at: float, cause: str, host: str, reason: str, planned: bool = False) -> None:
-        """A fault that began at `at` (<= now) stops training: detecting until the decision. One during an
+        """A fault that began at `at` (<= now; no earlier than the newest commit) stops training: detecting until the
+        decision. One during an
         interruption is counted in it; the interruption keeps its first cause. `planned`: a change of hosts the
         workers leave for at a commit, which rolls nothing back (its training since the commit they left at, seen
         late, is detecting)."""
@@ -90,7 +91,8 @@ class Ledger:
             same = (cause, host) == (self.interruption["cause"], self.interruption["host"])
             self.interruption["faults"] += not same  # a hang's kill, then its exit: one fault
             return
-        at = min(max(at, self.since), now, self.stopped_at or now)
+        # A commit made after `at` was every rank's: the job trained until then (a lost host whose workers went on).
+        at = min(max(at, self.since, self.commit_at), now, self.stopped_at or now)
         trained = self.bucket
         self._switch(DETECTING, at)
         self.rollback = {

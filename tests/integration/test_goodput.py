@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.services.registry.ledger import SAVE_EVERY_S
 from testing.harness import Cluster, read_events, wait_for, worker_pid
 from tests.integration.training import JOB, steps, wait_for_size
 
@@ -74,6 +75,17 @@ def test_the_ledger_adds_up_to_the_wall_clock_and_charges_each_interruption_to_i
         20,
         "the crash in the ledger, ended",
     )
+    # Its re-forming may still move to when the hosts report the round's state synced (a heartbeat later), and the
+    # ledger is saved every SAVE_EVERY_S: the entry is final, and saved as it is, once it stayed the same longer.
+    seen = [interruptions(before, "crash")]
+    polls = int((SAVE_EVERY_S + 1.5) / 0.5)
+
+    def settled_entry() -> dict | None:
+        ledger = report(cluster)
+        seen.append(interruptions(ledger, "crash"))
+        return ledger if len(seen) > polls and all(entry == seen[-1] for entry in seen[-polls:]) else None
+
+    before = wait_for(settled_entry, 40, "the crash's entry unchanged and saved", interval=0.5)
 
     # The registry killed and started again: the ledger carries on from what it saved.
     cluster.processes["registry"].send_signal(signal.SIGKILL)

@@ -19,6 +19,7 @@ from elastic_control_plane.services.registry.ledger import (
     DRAIN,
     HANG,
     HOSTS_KEPT,
+    LOST_HOST,
     LOST_WORK,
     OTHER_HOSTS,
     PAUSED,
@@ -206,6 +207,22 @@ def test_a_crash_s_lost_work_stays_when_a_later_commit_comes():
     ledger.released(10.3, 2, 3)
     ledger.committed(11.5, commit=4, age_s=0.0)
     assert assert_adds_up(ledger, 12.0)["buckets"][LOST_WORK] == pytest.approx(2.0)
+
+
+def test_a_lost_host_whose_workers_went_on_committing_is_detected_from_the_last_commit_not_its_last_heartbeat():
+    """Its agent stopped at 7 (the last heartbeat) but its workers trained on: every rank made commit 4 at 9; the loss
+    found at 10 began no earlier than that commit. Beside it, a host that went silent with its workers (no commit
+    since its last heartbeat) is detected from that heartbeat."""
+    went_on = started()
+    went_on.committed(9.2, commit=4, age_s=0.2)
+    went_on.fault(10.0, 7.0, LOST_HOST, "host-3", "lost")
+    went_on.decided(10.0)
+    assert view(went_on, 10.0)["buckets"][DETECTING] == pytest.approx(1.0)
+    silent = started()
+    silent.committed(6.5, commit=3, age_s=0.0)
+    silent.fault(10.0, 7.0, LOST_HOST, "host-3", "lost")
+    silent.decided(10.0)
+    assert view(silent, 10.0)["buckets"][DETECTING] == pytest.approx(3.0)
 
 
 def test_a_planned_change_rolls_nothing_back_its_stretch_since_the_commit_is_detecting():
