@@ -11,6 +11,8 @@ one is killed. The stack goes to the job's output, each line prefixed like the
 worker's own (`[host:slot] `), and with the exit report to the registry, which
 publishes it (`worker_hung`). Its exit counts as a crash: the slot restarts in
 place (agent/keeper.py), toward `--max-restarts`, and its host stays.
+A stopped worker (a signal or a debugger stopped it inside a collective: agent/wait_watch.py) cannot answer
+the dump until it is continued; it is not asked, the output says so, and a hung one is killed at once.
 A worker silent past the hung timeout (no dump asked) is killed at once, as a
 stop the agent asked for.
 """
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.workers import StackDump, Worker
 from elastic_control_plane.slot_processes.wait_record import STACK_DUMP_SIGNAL
@@ -48,14 +51,34 @@ class HungWorkers:
             worker.stop_requested = True
             worker.signal(signal.SIGKILL)
             return
-        self._dump(worker, reason, stack_file, kills=True)
+        if not self._stopped(worker, reason, kills=True):
+            self._dump(worker, reason, stack_file, kills=True)
 
     def suspect(self, body: dict[str, Any]) -> None:
         """The registry's `worker_suspected`, for a worker of this host that still runs: its stack, and it goes on."""
         worker = self._named_worker(body)
         stack_file = None if worker is None else worker.stack_file
-        if worker is not None and stack_file is not None:
-            self._dump(worker, str(body.get("reason") or "suspected hung"), stack_file, kills=False)
+        if worker is None or stack_file is None:
+            return
+        reason = str(body.get("reason") or "suspected hung")
+        if not self._stopped(worker, reason, kills=False):
+            self._dump(worker, reason, stack_file, kills=False)
+
+    def _stopped(self, worker: Worker, reason: str, kills: bool) -> bool:
+        """A stopped worker cannot answer the stack dump (the signal waits until it is continued): it is said,
+        without asking, and a hung one is killed at once. False when the worker runs."""
+        if worker.stack_dump is not None or not process_tree.stopped(worker.pid):
+            return False
+        then = "killed without it" if kills else "it has none to give until it is continued"
+        line = f"{reason}; it is stopped (by a signal or a debugger) and cannot give its stack: {then}"
+        event = "killed_stopped_worker" if kills else "suspected_stopped_worker"
+        self.log.warning(event, local_rank=worker.local_rank, pid=worker.pid)
+        if kills:
+            worker.signal(signal.SIGKILL)
+            worker.hang = {"hung": reason, "stack": ""}
+        sys.stderr.write(f"[{self.host}:{worker.local_rank}] {line}\n")
+        sys.stderr.flush()
+        return True
 
     def _named_worker(self, body: dict[str, Any]) -> Worker | None:
         """The running worker an event names (host, local rank and pid), when it is this host's."""

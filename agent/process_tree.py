@@ -1,5 +1,6 @@
 """A worker's process tree and what it used: the CPU time and I/O of the worker and every descendant (DataLoader
-workers, subprocesses, their children), read from /proc for the agent's hang watch (agent/wait_watch.py).
+workers, subprocesses, their children), read from /proc for the agent's hang watch (agent/wait_watch.py), and
+whether a process is stopped.
 
 Descendants are found through each thread's `/proc/PID/task/TID/children` (Linux's CONFIG_PROC_CHILDREN), so a
 sample reads the tree's own files and never scans every process of the machine; a tree is read to MAX_PROCESSES at
@@ -71,6 +72,16 @@ def process_used(pid: int) -> tuple[ProcessKey, Used] | None:
     start = int(after_name[19])
     io_bytes = sum(int(line.split(":")[1]) for line in io.splitlines() if line.startswith(("rchar", "wchar")))
     return (pid, start), Used(utime + stime + cutime + cstime, io_bytes)
+
+
+def stopped(pid: int) -> bool:
+    """Is the process stopped: by a signal (SIGSTOP, SIGTSTP, a frozen job) or by a tracer (a debugger)? A stopped
+    process makes no progress whatever it waits for."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 def tree_used(root: int) -> dict[ProcessKey, Used] | None:

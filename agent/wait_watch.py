@@ -1,23 +1,24 @@
 """WaitWatch: what the host's workers wait for, read from their wait records and reported to the registry.
 
 For every worker it starts in a job that finds hangs (`hang_detection`, horovod mode), the agent creates a wait
-record and a stack file in shared memory (`ELASTIC_SHM_DIR`, default /dev/shm; slot_processes/wait_record.py),
-named after the agent's pid, and removes both when the worker exits (those of an agent killed before it could
-are removed by the next agent on the host). Each tick it reads the records and, for a worker that has been busy
-(outside any wait) for a while, samples the progress of its whole process tree (agent/process_tree.py): the CPU
-time and I/O of the worker, its DataLoader workers, its subprocesses and theirs, and, where NVML offers it, whether
-its kernels kept a GPU busy (agent/gpu_activity.py). A tree that uses no CPU, does no I/O and runs no kernel is
-stalled: deadlocked, stuck on a lock, blocked in a native call, or pausing for good reason (a sleep, a lock another
-job holds, a child that waits), which only time tells apart. A worker inside a wait it declared
-(libworker.elastic.waiting) is neither busy nor stalled until the declaration's end; its busy time counts from
-then. The registry judges hangs and each rank's cost from the `waits` report (services/registry/waits.py): sent
-every heartbeat interval, and at once when a worker's wait, busy or stalled time crosses one of the limits the
-registry's last reply gave, so a hang is judged within a tick of its limit. The reply also says for how long the
-host's workers may wait past the collective timeout (`excuse_s`: the rank they wait for is under the registry's
-judgement), which the agent writes into their records. Each report carries the host's training progress (`commit`:
-its newest commit, its age and the seconds the host's snapshot writer spent saving, and the round training last
-resumed in): the registry's goodput ledger counts lost work, checkpointing and re-forming from it
-(services/registry/ledger.py).
+record and a stack file in shared memory (`ELASTIC_SHM_DIR`, default /dev/shm; slot_processes/wait_record.py), named
+after the agent's pid, and removes both when the worker exits (those of an agent killed before it could are removed
+by the next agent on the host). Each tick it reads the records and, for a worker that has been busy (outside any
+wait) for a while, samples the progress of its whole process tree (agent/process_tree.py): the CPU time and I/O of
+the worker, its DataLoader workers, its subprocesses and theirs, and, where NVML offers it, whether its kernels kept
+a GPU busy (agent/gpu_activity.py). A tree that uses no CPU, does no I/O and runs no kernel is stalled: deadlocked,
+stuck on a lock, blocked in a native call, or pausing for good reason (a sleep, a lock another job holds, a child
+that waits), which only time tells apart. A worker seen stopped inside a collective's wait (by a signal or a tracer:
+/proc says so) waits for nobody: the others wait for it, and its own record says it waits too, so no rank would be
+judged; it is reported busy and stalled since it was first seen stopped. A worker inside a wait it declared
+(libworker.elastic.waiting) is neither busy nor stalled until the declaration's end; its busy time counts from then.
+The registry judges hangs and each rank's cost from the `waits` report (services/registry/waits.py): sent every
+heartbeat interval, and at once when a worker's wait, busy or stalled time crosses one of the limits the registry's
+last reply gave, so a hang is judged within a tick of its limit. The reply also says for how long the host's workers
+may wait past the collective timeout (`excuse_s`: the rank they wait for is under the registry's judgement), which
+the agent writes into their records. Each report carries the host's training progress (`commit`: its newest commit,
+its age and the seconds the host's snapshot writer spent saving, and the round training last resumed in): the
+registry's goodput ledger counts lost work, checkpointing and re-forming from it (services/registry/ledger.py).
 """
 
 from __future__ import annotations
@@ -147,8 +148,15 @@ class WaitWatch:
             waiting = state.waiting_since > 0
             declared = state.declared_until > now
             busy_since = max(state.busy_since, state.declared_until) if state.busy_since > 0 else 0.0
+            stopped_since = self._stopped_since(watch, pid, state.waiting_since, now) if waiting else None
+            if stopped_since is not None:  # it waits for nobody: the others wait for it, stalled since it stopped
+                waiting, declared, busy_since = False, False, stopped_since
             busy = not waiting and not declared and busy_since > 0
-            stalled = self._stalled_for(watch, pid, busy_since, now) if busy else None
+            stalled = None
+            if stopped_since is not None:
+                stalled = now - stopped_since  # its children's progress does not move it
+            elif busy:
+                stalled = self._stalled_for(watch, pid, busy_since, now)
             rows.append(
                 (
                     watch,
@@ -165,6 +173,7 @@ class WaitWatch:
                         "longest_wait_s": state.longest_wait,
                         "typical_busy_s": state.typical_busy,
                         "waited_total_s": state.waited_total,
+                        "stopped": stopped_since is not None,
                         "_episode": state.waiting_since if waiting else busy_since,
                     },
                 )
@@ -186,6 +195,21 @@ class WaitWatch:
                     watch.progressed_at = now
                 watch.used, watch.sampled_at = used, now
         return now - watch.progressed_at
+
+    @staticmethod
+    def _stopped_since(watch: Watch, pid: int, waiting_since: float, now: float) -> float | None:
+        """Since when the worker, waiting in a collective since `waiting_since`, has been seen stopped (a signal or a
+        tracer: it takes no part in the collective, so every rank waits, and its own record says it waits too);
+        None while it runs. Looked at once its wait has lasted `sample_every`, every `sample_every`."""
+        if watch.stopped_since is not None and watch.stopped_since < waiting_since:
+            watch.stopped_since = None  # seen stopped in an earlier wait
+        if now - waiting_since >= INTERVALS.sample_every and now - watch.state_sampled_at >= INTERVALS.sample_every:
+            watch.state_sampled_at = now
+            if not process_tree.stopped(pid):
+                watch.stopped_since = None
+            elif watch.stopped_since is None:
+                watch.stopped_since = now
+        return watch.stopped_since
 
     def _gpu_busy_pids(self, now: float) -> set[int]:
         """The processes NVML saw running kernels lately (asked at most every `sample_every`, for every worker)."""

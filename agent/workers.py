@@ -61,6 +61,8 @@ class Watch:
     used: dict[process_tree.ProcessKey, process_tree.Used] | None = None  # the tree's usage at the last sample
     sampled_at: float = 0.0
     progressed_at: float = 0.0
+    stopped_since: float | None = None  # first seen stopped inside the wait under way (None: running)
+    state_sampled_at: float = 0.0
     reported: dict[str, tuple[float, float]] = field(default_factory=dict)  # quantity: (episode start, value sent)
     closed: bool = False
 

@@ -1,9 +1,10 @@
 """`elasticctl status`: one view of the job, its hosts and its workers, as a table or stable JSON; with the hang limits
-the agents are told, the ranks suspected of hanging, the waits ranks declared, and the ranks the others waited for
-most (the registry's `waits`); replicated, the control hosts (elasticctl/control_hosts.py) with etcd's database
-size; the job's goodput (services/registry/ledger.py: the share of its wall clock spent training, and the three
-causes that cost most); each host's record (its failures, the last reason, what holds it back and when it is
-checked next: `next_check_in`); the hosts a requeued Slurm job runs without, with why (slurm/exclusions.py)."""
+the agents are told, the ranks suspected of hanging, the ranks stopped inside a collective, the waits ranks declared,
+and the ranks the others waited for most (the registry's `waits`); replicated, the control hosts
+(elasticctl/control_hosts.py) with etcd's database size; the job's goodput (services/registry/ledger.py: the share of
+its wall clock spent training, and the three causes that cost most); each host's record (its failures, the last
+reason, what holds it back and when it is checked next: `next_check_in`); the hosts a requeued Slurm job runs
+without, with why (slurm/exclusions.py)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,10 @@ def render(view: dict[str, Any], now: float) -> str:
     if suspected:
         lines += ["", "suspected of hanging (no progress in its process tree; its stack is in the job's output):"]
         lines += table(["HOST", "LOCAL", "RANK", "PID", "NO PROGRESS S", "KILLED AT S"], suspected)
+    stopped = [[r["host"], r["local_rank"], r["rank"], r["stopped_s"]] for r in waits.get("stopped", [])]
+    if stopped:
+        lines += ["", "stopped inside a collective (by a signal or a debugger; the others wait for it):"]
+        lines += table(["HOST", "LOCAL", "RANK", "STOPPED S"], stopped)
     declared = [[r["host"], r["local_rank"], r["rank"], r["reason"], r["left_s"]] for r in waits.get("declared", [])]
     if declared:
         lines += ["", "declared waits (no hang judged while they last):"]

@@ -124,4 +124,7 @@ def doublings_for(job: Job, slot: Slot, pid: int) -> int:
 def why(row: WaitRow, threshold: float, limits: Limits) -> str:
     if threshold == limits.upper_s and (row.stalled_s or 0.0) < threshold:
         return f"upper bound {limits.upper_s:g}s, busy for {row.busy_s or 0.0:.1f}s"
+    if row.stopped:
+        stopped = row.stalled_s or 0.0
+        return f"limit {threshold:.1f}s, stopped inside a collective (by a signal or a debugger) for {stopped:.1f}s"
     return f"limit {threshold:.1f}s, no progress in its process tree for {row.stalled_s or 0.0:.1f}s"

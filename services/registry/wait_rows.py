@@ -28,6 +28,7 @@ class WaitRow:
     waited_total_s: float
     declared_s: float | None = None  # seconds left of the wait it declared, None outside one
     declared: str | None = None  # the reason it declared
+    stopped: bool = False  # seen stopped (a signal or a tracer) inside a collective: stalled since then
 
     @property
     def waited_s(self) -> float:
@@ -96,7 +97,10 @@ def _row(item: Any, where: str) -> WaitRow:
     declared = item.get("declared")
     if declared is not None and not isinstance(declared, str):
         raise RequestError("bad_request", f"{where}.declared must be a string or null")
-    return WaitRow(**counts, **spans, **totals, declared=declared)
+    stopped = item.get("stopped", False)
+    if not isinstance(stopped, bool):
+        raise RequestError("bad_request", f"{where}.stopped must be true or false")
+    return WaitRow(**counts, **spans, **totals, declared=declared, stopped=stopped)
 
 
 def _count(item: dict[str, Any], name: str, where: str) -> int:

@@ -1,16 +1,13 @@
 """WaitBoard: the registry's reading of the agents' `waits` reports (how long each worker waits for the others), which
 worker hangs the others, what each rank costs them, and the hang limits the agents are told.
 
-Every worker records its waits in collectives (slot_processes/wait_record.py);
-its agent reports them (services/registry/wait_rows.py reads one report at the door). Only the
-reports of the current round's workers count (`_counts`): the round and pid
-the job's `ReportTable` has for the slot, a slot not yet failed or exited, a
-running job that detects hangs. A report older than `fresh_s` (three
-heartbeats) is never judged: a silent agent is a lost host, which discovery
-handles. A fresh row is judged as it stands when the board judges (`WaitRow.aged`:
-a wait or a stall under way goes on since its report), so the report that
-crosses a limit first is judged together with the others' rows, not against
-what they said up to three heartbeats before.
+Every worker records its waits in collectives (slot_processes/wait_record.py); its agent reports them
+(services/registry/wait_rows.py reads one report at the door). Only the reports of the current round's workers count
+(`_counts`): the round and pid the job's `ReportTable` has for the slot, a slot not yet failed or exited, a running
+job that detects hangs. A report older than `fresh_s` (three heartbeats) is never judged: a silent agent is a lost
+host, which discovery handles. A fresh row is judged as it stands when the board judges (`WaitRow.aged`: a wait or a
+stall under way goes on since its report), so the report that crosses a limit first is judged together with the
+others' rows, not against what they said up to three heartbeats before.
 
 The limits and what a row is judged (services/registry/hang_limits.py). When another slot of the round waits for a
 suspect as long as its stage asks, a SUSPECT is told once per stall (`worker_suspected`: its agent prints its stack
@@ -18,31 +15,28 @@ and lets it run) and a HUNG slot's agent is sent `kill_worker` (with a stack dum
 the same pid reports; the slot fails when its agent reports the exit (services/registry/exits.py). A kill for no
 progress doubles the slot's later limits (`Job.hang_doublings`).
 
-The collective timeout. While some live slot of the round is judged (busy, bounded by the upper bound at least,
-or inside a declared wait, which ends), the others' waits are bounded by the judgement, not by the collective
-timeout: every reply says so (`excuse_s`: `fresh_s`; 0 when no slot is judged, as when every rank waits), and the
-agents let their workers wait on past the timeout for that long.
+The collective timeout. While some live slot of the round is judged (busy, bounded by the upper bound at least, or
+inside a declared wait, which ends), the others' waits are bounded by the judgement, not by the collective timeout:
+every reply says so (`excuse_s`: `fresh_s`; 0 when no slot is judged, as when every rank waits and none is stopped:
+a stopped one's agent reports it busy), and the agents let their workers wait on past the timeout for that long.
 
-A rank's cost to the others: in a synchronous job every rank spends the same
-wall time, so rank r kept the rank that waits most waiting for the difference
-of their wait fractions. Each slot keeps an exponentially weighted wait
-fraction (time constant FRACTION_TAU_S) from the seconds it waited (finished
-waits plus the one under way) between two of its reports; its cost rate is
-the largest fresh fraction of the round (`_fastest_fraction`, scanned at most
-every FASTEST_REFRESH_S) minus its own, and each report adds rate x interval
-to its `lost_s`. A rate of STRAGGLER_SHARE or more held for STRAGGLER_AFTER_S
-makes one `straggler` event per episode; a straggler is never killed.
+A rank's cost to the others: in a synchronous job every rank spends the same wall time, so rank r kept the rank that
+waits most waiting for the difference of their wait fractions. Each slot keeps an exponentially weighted wait
+fraction (time constant FRACTION_TAU_S) from the seconds it waited (finished waits plus the one under way) between
+two of its reports; its cost rate is the largest fresh fraction of the round (`_fastest_fraction`, scanned at most
+every FASTEST_REFRESH_S) minus its own, and each report adds rate x interval to its `lost_s`. A rate of
+STRAGGLER_SHARE or more held for STRAGGLER_AFTER_S makes one `straggler` event per episode; a straggler is never
+killed.
 
-Bounded: the board holds the slots of the current round only (a new round
-drops the others) and two indexes of the few slots that matter to a
-judgement (long waiters, suspects), so a report costs the size of its host;
-the round is scanned at most once a second (the largest wait fraction) and
-the long waiters when a suspect is judged.
+Bounded: the board holds the slots of the current round only (a new round drops the others) and two indexes of the
+few slots that matter to a judgement (long waiters, suspects), so a report costs the size of its host; the round is
+scanned at most once a second (the largest wait fraction) and the long waiters when a suspect is judged.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +167,8 @@ class WaitBoard:
             **(NO_LIMITS if limits is None else limits.to_wire()),
             "ranks": ranks,
             "suspected": self._suspected_rows(job, now, limits),
-            "declared": self._declared_rows(job, now),
+            "declared": self._live_rows(job, now, _declared),
+            "stopped": self._live_rows(job, now, _stopped),
         }
 
     def _suspected_rows(self, job: Job, now: float, limits: Limits | None) -> list[dict[str, Any]]:
@@ -196,19 +191,14 @@ class WaitBoard:
             )
         return rows
 
-    def _declared_rows(self, job: Job, now: float) -> list[dict[str, Any]]:
-        """The live slots inside a wait they declared, for `status`."""
-        return [
-            {
-                "host": slot[0],
-                "local_rank": slot[1],
-                "rank": job.reports[slot].rank,
-                "reason": state.row.declared,
-                "left_s": round(max(0.0, (state.row.declared_s or 0.0) - (now - state.received_at)), 1),
-            }
-            for slot, state in self._slots.items()
-            if state.row.declared_s is not None and self._live(job, slot, now)
-        ]
+    def _live_rows(self, job: Job, now: float, shown: Callable[[WaitRow], dict[str, Any] | None]) -> list[dict]:
+        """For `status`: each live slot whose row, as it stands `now`, `shown` says something of."""
+        rows = []
+        for slot, state in self._slots.items():
+            said = shown(state.row.aged(now - state.received_at))
+            if said is not None and self._live(job, slot, now):
+                rows.append({"host": slot[0], "local_rank": slot[1], "rank": job.reports[slot].rank, **said})
+        return rows
 
     def _follow(self, job: Job) -> bool:
         """Keep only the slots of the job's current round; True when a round (or job) began since the last report."""
@@ -386,6 +376,16 @@ class WaitBoard:
             if other != suspect and waited >= threshold:
                 waiting.append(waited)
         return waiting
+
+
+def _declared(row: WaitRow) -> dict[str, Any] | None:
+    """A slot inside a wait it declared: why, and the seconds left."""
+    return None if row.declared_s is None else {"reason": row.declared, "left_s": round(row.declared_s, 1)}
+
+
+def _stopped(row: WaitRow) -> dict[str, Any] | None:
+    """A slot stopped inside a collective (a signal or a debugger): for how long."""
+    return {"stopped_s": round(row.stalled_s or 0.0, 1)} if row.stopped else None
 
 
 def _counts(job: Job, slot: Slot, row: WaitRow) -> bool:

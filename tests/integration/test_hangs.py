@@ -123,6 +123,51 @@ def test_a_worker_that_ignores_the_stack_dump_is_killed_anyway(cluster: Cluster,
     assert "did not answer the stack dump" in output, output[-3000:]
 
 
+def test_a_worker_stopped_inside_a_collective_is_found_though_every_rank_waits(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGSTOP reaches host-3's worker inside an all-reduce: every rank's record says it waits, so no wait names it;
+    its agent sees it stopped, and it is judged like a deadlock: it cannot give its stack, so it is killed without
+    one, and its slot restarts in place."""
+    _, hung, output = hang_and_recover(cluster, tmp_path, "stopped")
+    assert "it is stopped (by a signal or a debugger) and cannot give its stack: killed without it" in output, output[
+        -3000:
+    ]
+    (published,) = notifier_events(cluster, "worker_hung")
+    assert published["pid"] == hung["pid"] and "stopped inside a collective" in published["reason"], published
+
+
+def test_a_worker_stopped_for_a_debuggers_look_inside_a_collective_is_spared(cluster: Cluster, tmp_path: Path) -> None:
+    """Stopped for 10 s inside the all-reduce, then continued: status shows it stopped while it is, and the job
+    trains through with no reset and no kill."""
+    job, log_dir = start(
+        cluster,
+        tmp_path,
+        "--steps",
+        "80",
+        "--hang-at",
+        "20",
+        "--hang-host",
+        "host-3",
+        "--hang",
+        "stopped",
+        "--hang-once",
+        str(tmp_path / "stopped-once"),
+        "--stopped-s",
+        "10",
+    )
+
+    def stopped_in_status() -> list[dict[str, Any]]:
+        return (cluster.status().get("waits") or {}).get("stopped") or []
+
+    (shown,) = wait_for(stopped_in_status, 120, "`elasticctl status` showing host-3's rank stopped")
+    assert shown["host"] == "host-3" and shown["stopped_s"] < 10.0, shown
+    assert cluster.wait_job_end(job, 240) == 0, cluster.output("elasticctl-run")
+    assert {e["round"] for e in events(log_dir, "step")} == {1}, "no reset"
+    assert len(events(log_dir, "hang_point_passed")) == 3, "every rank came out of the all-reduce"
+    assert not notifier_events(cluster, "kill_worker") and not notifier_events(cluster, "worker_suspected")
+
+
 def test_pauses_of_every_rank_and_short_stalls_of_one_are_not_hangs(cluster: Cluster, tmp_path: Path) -> None:
     """An evaluation on every rank for 8 s (longer than any limit a 50 ms step calibrates), and one rank's slow data
     for 2 s every 25 steps (under the floor): the job trains through both, with no hang and no reset."""

@@ -130,6 +130,20 @@ def test_a_deadlocked_rank_that_others_wait_for_is_killed_with_a_stack_dump(susp
     ]
 
 
+def test_a_rank_stopped_inside_a_collective_is_judged_like_a_deadlock_and_named_stopped() -> None:
+    """Its agent saw it stopped (a signal or a debugger) while its record said it waits, like the others': a look of
+    a debugger under the limit is spared; stopped past the kill limit, it is killed, and the reason says stopped."""
+    board, job = WaitBoard(FRESH_S), running_job()
+    assert stall(board, job, 100.0, 29.5, stopped=True).suspects == [], "a debugger's look, under the limit"
+    assert board.summary(job, 100.5)["stopped"] == [{"host": "a", "local_rank": 1, "rank": 1, "stopped_s": 30.0}]
+    report(board, job, "a", 101.0, row("a", 1, waiting_s=0.2))  # continued: it waits with the others again
+    (kill,) = deadlock(board, job, 200.0, stopped=True)
+    assert kill.event["reason"].startswith(
+        "hung: the others waited 40.2s for rank 1 (limit 40.0s, stopped inside a collective (by a signal or a "
+        "debugger) for 40.1s)"
+    ), kill.event
+
+
 def test_rows_are_judged_as_they_stand_now_not_as_they_were_sent() -> None:
     """The suspect's report crossed 40 s a moment before the waiter's: when the waiter's report comes, 0.4 s later,
     the suspect's stall has gone on since its report, and it is killed then, not three heartbeats later."""
@@ -348,6 +362,7 @@ def test_a_new_round_drops_the_slots_it_left_out() -> None:
         ({"host": "a", "slots": [{k: v for k, v in row("a", 0).items() if k != "typical_busy_s"}]}, "typical_busy_s"),
         ({"host": "a", "slots": [row("a", 0, declared_s=-1.0)]}, "slots[0].declared_s"),
         ({"host": "a", "slots": [row("a", 0, declared_s=5.0, declared=7)]}, "slots[0].declared"),
+        ({"host": "a", "slots": [row("a", 0, stopped="yes")]}, "slots[0].stopped"),
     ],
 )
 def test_a_bad_report_is_refused_with_one_line_naming_the_field(body: dict[str, Any], named: str) -> None:

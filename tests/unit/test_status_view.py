@@ -115,7 +115,7 @@ def waits_view(waits: dict | None) -> dict:
     return {"job": job, "hosts": [], "workers": [], "history": [], "waits": waits}
 
 
-def test_the_table_shows_the_hang_limits_the_suspects_the_declared_waits_and_the_costliest_ranks() -> None:
+def test_the_table_shows_the_hang_limits_the_suspects_the_stopped_the_declared_waits_and_the_costliest_ranks() -> None:
     ranks = [
         {"host": "host-2", "local_rank": 1, "rank": 3, "lost_s_per_min": 10.2, "lost_s": 412.5},
         {"host": "host-1", "local_rank": 0, "rank": 0, "lost_s_per_min": 0.6, "lost_s": 3.1},
@@ -123,12 +123,20 @@ def test_the_table_shows_the_hang_limits_the_suspects_the_declared_waits_and_the
     suspected = [{"host": "host-3", "local_rank": 0, "rank": 2, "pid": 4242, "stalled_s": 31.2, "kill_at_s": 40.0}]
     declared = [{"host": "host-1", "local_rank": 1, "rank": 1, "reason": "fetching shard 7", "left_s": 512.3}]
     waits = {"limit_s": 30.0, "kill_s": 40.0, "upper_s": 120.0, "ranks": ranks}
-    lines = render(waits_view({**waits, "suspected": suspected, "declared": declared}), 0.0).splitlines()
+    stopped = [{"host": "host-2", "local_rank": 0, "rank": 2, "stopped_s": 6.4}]
+    lines = render(
+        waits_view({**waits, "suspected": suspected, "declared": declared, "stopped": stopped}), 0.0
+    ).splitlines()
     assert "  hang limit: suspected at 30.0s without progress, killed at 40.0s (calibrated; upper bound 120s)" in lines
     title = lines.index("suspected of hanging (no progress in its process tree; its stack is in the job's output):")
     assert [line.split() for line in lines[title + 1 : title + 3]] == [
         ["HOST", "LOCAL", "RANK", "PID", "NO", "PROGRESS", "S", "KILLED", "AT", "S"],
         ["host-3", "0", "2", "4242", "31.2", "40.0"],
+    ]
+    title = lines.index("stopped inside a collective (by a signal or a debugger; the others wait for it):")
+    assert [line.split() for line in lines[title + 1 : title + 3]] == [
+        ["HOST", "LOCAL", "RANK", "STOPPED", "S"],
+        ["host-2", "0", "2", "6.4"],
     ]
     title = lines.index("declared waits (no hang judged while they last):")
     assert [line.split() for line in lines[title + 1 : title + 3]] == [
@@ -146,7 +154,7 @@ def test_the_table_shows_the_hang_limits_the_suspects_the_declared_waits_and_the
 def test_a_limit_at_the_upper_bound_says_so_and_nothing_is_shown_without_limits_or_costs() -> None:
     capped = render(waits_view({"limit_s": 120.0, "upper_s": 120.0, "ranks": []}), 0.0)
     assert "  hang limit: 120s (the upper bound: the job's hung timeout)" in capped.splitlines()
-    assert "slowest ranks" not in capped and "suspected" not in capped and "declared" not in capped
+    assert all(title not in capped for title in ("slowest ranks", "suspected", "stopped", "declared"))
     for waits in ({"limit_s": None, "upper_s": None, "ranks": []}, None):
         assert "hang limit" not in render(waits_view(waits), 0.0), "no running job detects hangs, or an older registry"
 

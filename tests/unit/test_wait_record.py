@@ -19,6 +19,7 @@ import structlog
 
 from elastic_control_plane.agent import process_tree
 from elastic_control_plane.agent.gpu_activity import GpuActivity
+from elastic_control_plane.agent.intervals import INTERVALS
 from elastic_control_plane.agent.wait_watch import WaitWatch, progressed
 from elastic_control_plane.agent.workers import Worker, reap
 from elastic_control_plane.bus.envelope import Message
@@ -353,3 +354,28 @@ def test_the_agent_reports_a_declared_wait_not_as_busy_and_writes_the_registrys_
         watch.report()
         (row,) = registry.sent[-1]["slots"]
         assert row["declared"] is None and row["busy_s"] is not None and row["busy_s"] < 1.0
+
+
+def test_a_worker_stopped_inside_a_wait_is_reported_stalled_since_seen_stopped_and_waiting_again_once_continued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank's record says it waits when one of them is stopped inside the collective: its agent looks at the
+    process (once its wait has lasted a second) and reports it as the one the others wait for."""
+    limits = {"limit_s": 30.0, "kill_s": 40.0, "upper_s": 120.0}
+    with watched_worker(tmp_path, monkeypatch, limits) as (watch, registry, record):
+        record.__enter__()
+
+        def waited_two_looks() -> bool:
+            watch.report()
+            return registry.sent[-1]["slots"][0]["waiting_s"] > 2 * INTERVALS.sample_every
+
+        wait_for(waited_two_looks, 10, "a wait of two looks")
+        assert not registry.sent[-1]["slots"][0]["stopped"], "a running waiter waits"
+        os.kill(watch.worker.pid, signal.SIGSTOP)
+        wait_for(lambda: watch.report() or registry.sent[-1]["slots"][0]["stopped"], 5, "the stop seen")
+        (row,) = registry.sent[-1]["slots"]
+        assert row["waiting_s"] is None and row["busy_s"] == row["stalled_s"] < INTERVALS.sample_every + 0.5, row
+        os.kill(watch.worker.pid, signal.SIGCONT)
+        wait_for(lambda: watch.report() or not registry.sent[-1]["slots"][0]["stopped"], 5, "continued")
+        assert registry.sent[-1]["slots"][0]["waiting_s"] > INTERVALS.sample_every, "in the same wait again"
+        record.__exit__(None)

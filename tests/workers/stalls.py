@@ -1,10 +1,12 @@
 """A Horovod-style elastic training loop with the mistakes that stop a job without killing it, chosen by options.
 
-    --hang-at STEP --hang-host HOST --hang {lock,native,deaf} --hang-once FILE
+    --hang-at STEP --hang-host HOST --hang {lock,native,deaf,stopped} --hang-once FILE [--stopped-s S]
         the worker on HOST stops at STEP in its own code, once (FILE marks that it did: its replacement trains):
         lock: it waits on a lock it already holds (a deadlock in its data loading); native: a native call that
         never returns and holds the GIL (what a hung GPU kernel looks like to Python); deaf: a deadlock after it
-        ignored the stack-dump signal (as a library that takes every signal for itself would make it).
+        ignored the stack-dump signal (as a library that takes every signal for itself would make it); stopped:
+        SIGSTOP reaches it inside an all-reduce every rank makes at STEP (the others join it 1.5 s later, so every
+        rank's record says it waits), and SIGCONT S seconds later when --stopped-s is given (a debugger's look).
     --pause-every N --pause-s S      every rank pauses S seconds every N steps (an evaluation)
     --slow-host HOST --slow-every N --slow-s S   that host's rank sleeps S seconds every N steps (slow data)
     --lag-host HOST --lag-s S       that host's rank takes S seconds longer every step (a straggler)
@@ -25,6 +27,7 @@ import argparse
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -56,6 +59,14 @@ def wait_for_the_gpu_forever() -> None:
         ctypes.PyDLL(None).sleep(1_000_000)  # a signal's handler ends one sleep, not the wait
 
 
+def stop_me_inside_the_next_collective(stopped_s: float | None) -> None:
+    """SIGSTOP to this process half a second from now (from a child: a stopped process sends nothing), SIGCONT
+    `stopped_s` later when given."""
+    me = os.getpid()
+    script = f"sleep 0.5; kill -STOP {me}" + (f"; sleep {stopped_s}; kill -CONT {me}" if stopped_s else "")
+    subprocess.Popen(["sh", "-c", script])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
@@ -64,8 +75,9 @@ def main() -> int:
     parser.add_argument("--log-dir")
     parser.add_argument("--hang-at", type=int, default=0)
     parser.add_argument("--hang-host")
-    parser.add_argument("--hang", choices=("lock", "native", "deaf"), default="lock")
+    parser.add_argument("--hang", choices=("lock", "native", "deaf", "stopped"), default="lock")
     parser.add_argument("--hang-once")
+    parser.add_argument("--stopped-s", type=float)
     parser.add_argument("--pause-every", type=int, default=0)
     parser.add_argument("--pause-s", type=float, default=0.0)
     parser.add_argument("--slow-host")
@@ -135,7 +147,15 @@ def main() -> int:
             if should_crash(state.step):
                 log.write("crashing", step=state.step)
                 os._exit(3)
-            if should_hang(state.step):
+            if args.hang == "stopped" and state.step == args.hang_at:
+                if should_hang(state.step):
+                    log.write("hanging", step=state.step, how=args.hang)
+                    stop_me_inside_the_next_collective(args.stopped_s)
+                else:
+                    time.sleep(1.5)
+                elastic.allreduce(torch.zeros(1), name="hang_point")
+                log.write("hang_point_passed", step=state.step)
+            elif should_hang(state.step):
                 log.write("hanging", step=state.step, how=args.hang)
                 if args.hang == "native":
                     wait_for_the_gpu_forever()
