@@ -56,11 +56,12 @@ class Driver:
         outbox: Outbox,
         log: Any,
         lost_after: float = 0.0,
-        stalled_for: Callable[[float], float] = lambda now: 0.0,
+        stalled_for: Callable[[float], float | None] = lambda now: None,
     ) -> None:
         self.job, self.discovery, self.rendezvous, self.outbox, self.log = job, discovery, rendezvous, outbox, log
         # When a failure began, for the goodput ledger: a host is lost `lost_after` after its last heartbeat; the
-        # other ranks have waited `stalled_for(now)` in a collective (services/registry/waits.py `longest_wait`).
+        # other ranks have waited `stalled_for(now)` in a collective (services/registry/waits.py `longest_wait`; None:
+        # no rank's waits are known).
         self.lost_after, self.stalled_for = lost_after, stalled_for
         # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
         # a new driver reads the log from its start, and a rejoin read twice is recorded once).

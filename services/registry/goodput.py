@@ -3,8 +3,8 @@ words.
 
 - `failure_cause`: the cause of a slot's failure, from its reason (services/registry/exits.py, driver.py): `hang`,
   `lost_host`, else `crash` (a worker's non-zero exit, or its agent restarting);
-- `fault_instant`: when a failure began: a lost host's last heartbeat (`lost_after` before its loss), else now; no
-  later than when the other ranks began waiting for it;
+- `fault_instant`: when a failure began: when the other ranks began waiting for it, else now (a lost host whose
+  workers trained on stopped the job at the decision); a lost host's last heartbeat where no waits are known;
 - `planned_change`: why a round without a failure is re-joined, read from discovery's brief host list against the
   round's hosts: a host draining (`drain`: `elasticctl drain`, or its agent's SIGTERM), a host that left the list
   without being lost (`preemption`: a pod deleted, a discovery script that dropped it), a round host with fewer
@@ -39,11 +39,14 @@ def failure_cause(reason: str) -> str:
     return CRASH
 
 
-def fault_instant(cause: str, now: float, lost_after: float, stalled_s: float) -> float:
-    """When a failure found `now` began: a lost host's last heartbeat, and no later than when the other ranks began
-    waiting in the collective it stalled (`stalled_s` ago: an agent killed with its workers is found when its
-    successor registers, seconds after the others stopped)."""
-    return min(now - lost_after if cause == LOST_HOST else now, now - stalled_s)
+def fault_instant(cause: str, now: float, lost_after: float, stalled_s: float | None) -> float:
+    """When a failure found `now` began: when the other ranks began waiting in the collective it stalled (`stalled_s`
+    ago: an agent killed with its workers is found when its successor registers, seconds after the others stopped).
+    A lost host whose workers trained on (its agent frozen, not its workers: no rank waits) stopped the job only now,
+    at the decision; where no rank's waits are known (`stalled_s` None: no hang detection), its last heartbeat."""
+    if stalled_s is None:
+        return now - lost_after if cause == LOST_HOST else now
+    return now - stalled_s
 
 
 def planned_change(ledger: Ledger, round_hosts: list[list[Any]], hosts: dict[str, Any]) -> tuple[str, str, bool] | None:

@@ -193,7 +193,7 @@ class Job:
             self.first_report_at = now
 
     def note_failure(
-        self, now: float, host: str = "", reason: str = "", lost_after: float = 0.0, stalled_s: float = 0.0
+        self, now: float, host: str = "", reason: str = "", lost_after: float = 0.0, stalled_s: float | None = None
     ) -> None:
         """The round's first failure (on `host`, why): the recovery time runs from the first failure not yet
         recovered from; the ledger's interruption from when it began (goodput.fault_instant)."""

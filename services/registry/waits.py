@@ -351,17 +351,20 @@ class WaitBoard:
             event = {"host": slot[0], "local_rank": slot[1], "pid": pid, "reason": reason, "dump_stack": True}
             seen.kills.append(Kill(event, rank, first=first, waited_s=max(waits)))
 
-    def longest_wait(self, job: Job, now: float) -> float:
-        """How long the live rank waiting longest in a collective has waited by `now` (0: none waits): a fault found
-        now stopped training at least that long ago (the goodput ledger's fault instant). A wait counts only when it
-        had lasted at least as long as its report is old: a short one reported a while ago (a step's ordinary wait)
-        has most likely ended since."""
-        longest = 0.0
+    def longest_wait(self, job: Job, now: float) -> float | None:
+        """How long the live rank waiting longest in a collective has waited by `now` (0: none waits; None: no live
+        rank reports): a fault found now stopped training that long ago (the goodput ledger's fault instant). A wait
+        counts only when it had lasted at least as long as its report is old: a short one reported a while ago (a
+        step's ordinary wait) has most likely ended since."""
+        longest, known = 0.0, False
         for slot, state in self._slots.items():
+            if not self._live(job, slot, now):
+                continue
+            known = True
             age, waiting = now - state.received_at, state.row.waiting_s
-            if waiting is not None and waiting >= age and self._live(job, slot, now):
+            if waiting is not None and waiting >= age:
                 longest = max(longest, state.row.aged(age).waiting_s or 0.0)
-        return longest
+        return longest if known else None
 
     def _waiting_for(self, job: Job, suspect: Slot, threshold: float, now: float) -> list[float]:
         """How long each other slot that waits at least `threshold` has waited by `now` (its wait goes on since its

@@ -20,8 +20,11 @@ def test_a_failure_s_cause_and_when_it_began():
     assert failure_cause("its agent restarted (the workers died with the old one)") == CRASH
     assert failure_cause("hung: the others waited 40.2s for rank 1") == HANG
     assert failure_cause("host lost (missed heartbeats)") == LOST_HOST
-    assert fault_instant(LOST_HOST, 100.0, 3.0, 0.0) == 97.0 and fault_instant(CRASH, 100.0, 3.0, 0.0) == 100.0
+    assert fault_instant(CRASH, 100.0, 3.0, 0.0) == 100.0 and fault_instant(CRASH, 100.0, 3.0, None) == 100.0
     assert fault_instant(CRASH, 100.0, 3.0, 2.5) == 97.5, "the others waited for it since"
+    assert fault_instant(LOST_HOST, 100.0, 3.0, 3.5) == 96.5, "its workers died first: the others waited since"
+    assert fault_instant(LOST_HOST, 100.0, 3.0, 0.0) == 100.0, "its workers trained on: no rank waited for it"
+    assert fault_instant(LOST_HOST, 100.0, 3.0, None) == 97.0, "no waits known: its last heartbeat"
 
 
 def test_why_a_round_re_joined_with_no_fault():

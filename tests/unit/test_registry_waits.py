@@ -384,10 +384,11 @@ def test_the_waited_for_series_of_a_host_goes_when_a_round_goes_on_without_it() 
 def test_the_longest_live_wait_dates_a_fault_the_others_stalled_on() -> None:
     """An agent killed with its workers is found seconds later; the others have waited for its rank since."""
     job, board = running_job(), WaitBoard(FRESH_S)
-    assert board.longest_wait(job, 10.0) == 0.0
+    assert board.longest_wait(job, 10.0) is None, "no rank reports: not known"
     report(board, job, "a", 10.0, row("a", 0, waiting_s=1.5), row("a", 1, busy_s=0.1))
     report(board, job, "b", 10.5, row("b", 0, waiting_s=0.6), row("b", 1, waiting_s=0.05))
     assert board.longest_wait(job, 11.0) == pytest.approx(2.5), "a/0's wait goes on since its report"
     job.reports.record_failure(("a", 0), "exited with code 1", pid=pid("a", 0), exit_code=1)
     assert board.longest_wait(job, 11.0) == pytest.approx(1.1), "a slot that failed no longer counts"
     assert board.longest_wait(job, 11.2) == 0.0, "b/0's 0.6 s wait, reported 0.7 s ago, has most likely ended"
+    assert board.longest_wait(job, 20.0) is None, "every report is stale"
