@@ -15,6 +15,7 @@ again.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,6 +24,14 @@ from typing import Any
 
 MAX_ADDRESS = 300
 RESTART_AFTER = 5.0  # seconds before a probe process that exited is started again
+# glibc raises its mmap threshold after the first large free, so each probe's 4 MiB tensors and gloo's buffers came
+# from the heap and fragmented it: 0.2-1.1 MiB more resident per probe, without end (bench/probe_soak.py). A fixed
+# threshold gives large blocks back when freed.
+PROBE_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def probe_command(address: str) -> list[str]:
+    return [sys.executable, "-m", "elastic_control_plane.agent.probe_process", address]
 
 
 def valid_assignment(probe: Any) -> dict[str, Any] | None:
@@ -52,7 +61,8 @@ class CollectiveProbe:
 
     def _start(self) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "elastic_control_plane.agent.probe_process", self.address],
+            probe_command(self.address),
+            env={**os.environ, **PROBE_ENV},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

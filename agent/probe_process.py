@@ -5,7 +5,10 @@ It serves a TCPStore on ADDRESS at a free port (the store of the next probe its 
 `{"store": "ADDRESS:PORT"}`. Then, for each line it reads, a probe `{id, rank, size, store}`, it joins a gloo group
 of `size` ranks on that store (under the probe's own key prefix), runs the workload below, and prints
 `{"id", "seconds", "collective_s", "store"}` or `{"id", "error", "store"}`; after each probe it serves a fresh store
-(the old one, with the probe's keys, is dropped: nothing grows per probe) and says its new address.
+(the old one, with the probe's keys, is dropped) and says its new address. What a probe leaves behind is bounded
+by the agent's fixed malloc threshold (agent/collective_probe.py PROBE_ENV) and by taking torch's excepthook wrapper,
+added at each group's start, off at its end; about 5 KiB per probe stays inside torch and gloo (bench/probe_soak.py:
+a host probed 1,000 times keeps 5 MiB more).
 
 The workload, ITERATIONS times: the host's own share of an all-reduce (a fixed matrix product and the element-wise
 reduction of a fixed-size tensor), then the all-reduce of that tensor with the group. An all-reduce ends on every
@@ -61,6 +64,7 @@ def run(probe: dict[str, Any], slowdown: float) -> dict[str, Any]:
     host, port = str(probe["store"]).rsplit(":", 1)
     client = dist.TCPStore(host, int(port), is_master=False, timeout=TIMEOUT)
     store = dist.PrefixStore(f"probe/{probe['id']}/", client)
+    excepthook = sys.excepthook  # init_process_group wraps it anew each time: a chain one link longer per probe
     dist.init_process_group(
         "gloo", store=store, rank=int(probe["rank"]), world_size=int(probe["size"]), timeout=TIMEOUT
     )
@@ -68,6 +72,7 @@ def run(probe: dict[str, Any], slowdown: float) -> dict[str, Any]:
         own, collective = workload(int(probe["rank"]), int(probe["size"]), slowdown)
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
     return {"seconds": round(own, 4), "collective_s": round(collective, 4)}
 
 
