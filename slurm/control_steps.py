@@ -86,6 +86,7 @@ class ControlSteps:
         addresses = [commands.node_address(node) for _, node in nodes]
         self.remove()
         self.claims.mkdir(mode=0o700)
+        (self.job_dir / "logs").mkdir(exist_ok=True)
         make_etcd_certs(self.keys, ["localhost", *addresses])
         for index, ((group, node), address) in enumerate(zip(nodes, addresses, strict=True)):
             het = [f"--het-group={group}"] if group is not None else []
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_control_host(args)
     except Stopped:  # before its processes started: nothing to stop
         return 0
-    except (StartFailed, FileNotFoundError) as exc:
+    except (StartFailed, OSError) as exc:
         say(f"control host {args.node} cannot start: {exc}")
         return 1
 
