@@ -19,7 +19,8 @@ then waits:
 
 Per allocation, STATE/JOB/ (0700, on the shared file system) holds the job's CURVE keys (made by the first run,
 kept by its reruns and by allocations that join it), `control` (the control plane's address) and the logs of the
-services. `--join JOB` starts only agents, which enter JOB's control plane, and runs until this allocation ends.
+services (with --control-hosts, also its etcd certificates and data while a run lasts). `--join JOB` starts only
+agents, which enter JOB's control plane, and runs until this allocation ends.
 """
 
 from __future__ import annotations

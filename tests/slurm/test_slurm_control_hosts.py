@@ -1,7 +1,8 @@
 """`elasticctl slurm --control-hosts 3` on a real 3-node Slurm: the control plane replicated on the job's three nodes
 (an etcd member and a replica of each service per node, each in a step of its own); a control node that is not the
 batch host set DOWN while the job trains: the two others keep the control plane, the job trains on and finishes with
-every commit, and nothing of the job is left: no process, no etcd data, no certificate."""
+every commit, and nothing of the job is left: no process, no etcd data, no certificate. A preempted job checkpoints,
+requeues, and its rerun resumes from the checkpoint on a fresh replicated control plane."""
 
 from __future__ import annotations
 
@@ -53,3 +54,30 @@ def test_a_job_with_three_control_hosts_loses_a_control_node_and_finishes(slurm:
     wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
     assert not list(job_dir.glob("etcd-*")) and not (job_dir / "keys" / "etcd").exists()
     assert not (job_dir / "control-hosts").exists()
+
+
+def test_a_preempted_job_with_three_control_hosts_resumes_on_a_fresh_replicated_control_plane(
+    slurm: SlurmCluster,
+) -> None:
+    job = slurm.submit(*job_args("log", 400, flags=("--control-hosts", "3")))
+    wait_for(lambda: len(commits(slurm.events("log"), size=3)) > 40, 120, "commits at world size 3", interval=0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_for(lambda: "requeued (exit" in slurm.output(job), 90, "the driver to checkpoint and ask for a requeue")
+    wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
+    requeued = time.time()
+    resumed = wait_for(
+        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["time"] > requeued],
+        180,
+        "the rerun to resume",
+    )[0]
+    before = [e["batch"] for e in commits(slurm.events("log")) if e["time"] < resumed["time"]]
+    assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
+
+    assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
+    output = slurm.output(job)
+    assert "run 1;" in output and output.count("control hosts on node1, node2, node3") == 2, output[-3000:]
+    done = [e for e in slurm.events("log") if e["event"] == "done"]
+    assert done and all(e["total"] == sum(range(400)) for e in done)
+    wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
+    job_dir = slurm.user_dir / ".elastic-slurm" / job
+    assert not list(job_dir.glob("etcd-*")) and not (job_dir / "keys" / "etcd").exists()
