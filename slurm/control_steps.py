@@ -144,7 +144,6 @@ def run_control_host(args: argparse.Namespace) -> int:
     written = claims / f".{args.index}.new"
     written.write_text(json.dumps({"address": args.address, "base": base}))
     os.replace(written, claims / str(args.index))
-    processes = Processes()
     deadline = time.monotonic() + START_TIMEOUT
     while (hosts := read_claims(claims, args.count)) is None:
         if time.monotonic() > deadline:
@@ -158,11 +157,12 @@ def run_control_host(args: argparse.Namespace) -> int:
     logs = args.job_dir / "logs"
     run = os.environ.get("SLURM_RESTART_COUNT") or "0"
     state_dir = Path(tempfile.mkdtemp(prefix="elastic-slurm-state-"))
+    processes = Processes()
     try:
         etcd_log = logs / f"etcd@{args.node}-{run}.log"
         processes.start(f"etcd@{args.node}", member_command(member, members), dict(os.environ), etcd_log)
         wait_for_etcd(members, lambda probe, what: processes.wait_until(probe, START_TIMEOUT, what, processes.running))
-        own_first = hosts[args.index :] + hosts[: args.index]
+        own_first = hosts[args.index :] + hosts[: args.index]  # a replica binds the first endpoint on its address
         env = {
             **os.environ,
             **Endpoints.on_hosts(own_first).as_env(),
