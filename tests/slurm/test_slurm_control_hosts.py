@@ -14,7 +14,7 @@ from pathlib import Path
 from testing.harness import wait_for
 from testing.slurm_cluster import SlurmCluster
 from testing.slurm_cluster import slurm as run_slurm
-from tests.slurm.test_slurm_jobs import BATCHES, commits, first_commit_at_size, job_args
+from tests.slurm.test_slurm_jobs import BATCHES, commits, first_commit_at_size, job_args, preempt_and_resume
 
 
 def job_processes(job: str) -> list[int]:
@@ -61,17 +61,7 @@ def test_a_preempted_job_with_three_control_hosts_resumes_on_a_fresh_replicated_
 ) -> None:
     job = slurm.submit(*job_args("log", 400, flags=("--control-hosts", "3")))
     wait_for(lambda: len(commits(slurm.events("log"), size=3)) > 40, 120, "commits at world size 3", interval=0.2)
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
-    wait_for(lambda: "requeued (exit" in slurm.output(job), 90, "the driver to checkpoint and ask for a requeue")
-    wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
-    requeued = time.time()
-    resumed = wait_for(
-        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["time"] > requeued],
-        180,
-        "the rerun to resume",
-    )[0]
-    before = [e["batch"] for e in commits(slurm.events("log")) if e["time"] < resumed["time"]]
-    assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
+    preempt_and_resume(slurm, job)
 
     assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
     output = slurm.output(job)
