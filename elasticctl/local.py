@@ -44,6 +44,7 @@ import click
 from elastic_control_plane.agent.gpus import check_standby, default_slots, gpu_devices
 from elastic_control_plane.bus.config import Endpoints, endpoint_list
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
+from elastic_control_plane.elasticctl.control_host import etcd_members, replica_commands, store_url, wait_for_etcd
 from elastic_control_plane.elasticctl.follow import submit_and_follow
 from elastic_control_plane.elasticctl.local_keys import live_local_keys, make_local_keys, remove_local_keys
 from elastic_control_plane.elasticctl.local_processes import (
@@ -54,7 +55,6 @@ from elastic_control_plane.elasticctl.local_processes import (
     registered,
     service_argv,
 )
-from elastic_control_plane.replication.etcd import EtcdClient, EtcdError
 from elastic_control_plane.replication.etcd_member import MemberSpec, member_command
 from elastic_control_plane.replication.etcd_tls import make_etcd_certs
 
@@ -69,13 +69,10 @@ def control_addresses(count: int) -> list[str]:
     return [f"127.0.0.{i}" for i in range(1, count + 1)]
 
 
-def etcd_members(addresses: list[str], run_dir: Path, keys: Path) -> list[MemberSpec]:
+def local_etcd_members(addresses: list[str], run_dir: Path, keys: Path) -> list[MemberSpec]:
     """The control hosts' etcd members, over mutual TLS with certificates made for this run beside its keys."""
     tls = make_etcd_certs(keys, ["localhost", *addresses])
-    return [
-        MemberSpec(f"control-{i}", host, ETCD_CLIENT_PORT, ETCD_PEER_PORT, run_dir / f"etcd-{i}", tls)
-        for i, host in enumerate(addresses, start=1)
-    ]
+    return etcd_members([(host, ETCD_CLIENT_PORT, ETCD_PEER_PORT) for host in addresses], run_dir, tls)
 
 
 def agent_devices(devices: list[str], hosts: int, slots: int, share_gpus: bool) -> list[str | None]:
@@ -112,20 +109,7 @@ class LocalCluster:
     def _start_etcd(self, members: list[MemberSpec]) -> None:
         for member in members:
             self._start(f"etcd@{member.host}", member_command(member, members), dict(os.environ), log_to_file=True)
-        tls = None if members[0].tls is None else members[0].tls.client_context()
-        client = EtcdClient([f"{m.host}:{m.client_port}" for m in members], deadline=1.0, tls=tls)
-
-        def answers() -> bool:
-            try:
-                client.get(b"elastic/schema")  # a linearizable read: the members have elected a leader
-                return True
-            except EtcdError:
-                return False
-
-        try:
-            self._wait(answers, "etcd to elect a leader")
-        finally:
-            client.close()
+        wait_for_etcd(members, self._wait)
 
     def start(self) -> None:
         env = {
@@ -136,12 +120,12 @@ class LocalCluster:
         }
         if self.control_hosts > 1:
             addresses = control_addresses(self.control_hosts)
-            members = etcd_members(addresses, self.log_dir, self.keys)
+            members = local_etcd_members(addresses, self.log_dir, self.keys)
             self._start_etcd(members)
-            env["ELASTIC_STORE"] = "etcd://" + ",".join(f"{m.host}:{m.client_port}" for m in members)
+            env["ELASTIC_STORE"] = store_url(members)
             for host in addresses:
-                for service in SERVICES:
-                    self._start(f"{service}@{host}", service_argv(service, "--bind", host), env, True)
+                for name, argv in replica_commands(host):
+                    self._start(name, argv, env, True)
         else:
             for service in SERVICES:
                 self._start(service, service_argv(service), env, log_to_file=True)

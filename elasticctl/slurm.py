@@ -22,6 +22,7 @@ import click
 
 from elastic_control_plane.elasticctl.control import CommandError
 from elastic_control_plane.elasticctl.options import build_spec, job_options
+from elastic_control_plane.replication.etcd_member import etcd_binary
 from elastic_control_plane.slurm import commands
 from elastic_control_plane.slurm.hostlist import SlurmOutputError, expand_hostlist
 from elastic_control_plane.slurm.script import (
@@ -138,7 +139,7 @@ def slurm_options(fn: Any) -> Any:
             type=click.IntRange(min=1),
             default=1,
             show_default=True,
-            help="1: the control plane on the batch host (a replicated one runs outside the allocation: --control).",
+            help="1: the control plane on the batch host; N (odd, 3 or more): replicated on the first N nodes (etcd).",
         ),
         click.option(
             "--control",
@@ -187,12 +188,7 @@ def slurm(**options: Any) -> None:
     build_spec(options)
     if options["nodes"] is None:
         raise CommandError("-N/--nodes is required", 2)
-    if options["control_hosts"] != 1:
-        raise CommandError(
-            "--control-hosts: a replicated control plane inside the allocation is not built; run one outside it "
-            "(docker-compose.replicated.yml) and give --control A,B,C",
-            2,
-        )
+    check_control_hosts(options["control_hosts"], options["nodes"], options["control"], options["dry_run"])
     state_dir = options["state_dir"].resolve()
     job = SlurmJob(
         nodes=options["nodes"],
@@ -204,6 +200,7 @@ def slurm(**options: Any) -> None:
         gpus_per_node=options["gpus_per_node"],
         partition=options["partition"],
         time=options["time"],
+        control_hosts=options["control_hosts"],
         control=options["control"],
         join=options["join"],
         signal_before=options["signal_before"],
@@ -223,6 +220,31 @@ def slurm(**options: Any) -> None:
     except commands.SlurmError as exc:
         raise CommandError(str(exc), 2 if "not installed" in str(exc) else 1) from None
     click.echo(f"submitted batch job {job_id} (script {script})")
+
+
+def check_control_hosts(count: int, nodes: int, control: str | None, dry_run: bool) -> None:
+    """CommandError (exit 2) unless `count` control hosts can be placed: 1, or an odd number from 3 to `nodes` (etcd
+    keeps a majority of them), without --control, with etcd installed (checked when the job is submitted)."""
+    if count == 1:
+        return
+    if control is not None:
+        raise CommandError(
+            f"--control-hosts {count} and --control: give one (--control names a control plane outside the allocation)",
+            2,
+        )
+    if count < 3 or count % 2 == 0:
+        raise CommandError(
+            f"--control-hosts {count}: a replicated control plane needs an odd number of control hosts, 3 or more "
+            "(etcd keeps a majority of them)",
+            2,
+        )
+    if count > nodes:
+        raise CommandError(f"--control-hosts {count}: more than the job's {nodes} node(s) (-N)", 2)
+    if not dry_run:
+        try:
+            etcd_binary()
+        except FileNotFoundError as exc:
+            raise CommandError(f"--control-hosts {count}: {exc}", 2) from None
 
 
 def joined_nodes(job_id: str, state_dir: Path) -> str:

@@ -1,10 +1,11 @@
 """The driver the batch script runs inside the allocation (`python -m elastic_control_plane.slurm.batch`).
 
 It starts the control plane on the batch host (on the default ports, or the next five free there: another job's
-control plane may hold them), unless `--control` names one outside the allocation, one agent per
-node of the allocation as its own step (`srun -N1 -n1 -w NODE --no-kill --kill-on-bad-exit=0 --overlap`: a lost
-node ends only its own step), and submits the job with `elasticctl run --attach slurm-JOB` (a control plane that
-outlived a requeue follows the job it has), then waits:
+control plane may hold them), unless `--control` names one outside the allocation or `--control-hosts N` replicates
+it on the allocation's first N nodes (slurm/control_steps.py), one agent per node of the allocation as its own step
+(`srun -N1 -n1 -w NODE --no-kill --kill-on-bad-exit=0 --overlap`: a lost node ends only its own step), and submits
+the job with `elasticctl run --attach slurm-JOB` (a control plane that outlived a requeue follows the job it has),
+then waits:
 
 - the job ends: the agents and services are stopped; exit 0 when it finished, else what slurm/requeue.py decides;
 - SIGUSR1 (the time limit or a preemption is near, or `scancel --batch --signal=USR1`): every agent step is sent
@@ -18,7 +19,8 @@ outlived a requeue follows the job it has), then waits:
 
 Per allocation, STATE/JOB/ (0700, on the shared file system) holds the job's CURVE keys (made by the first run,
 kept by its reruns and by allocations that join it), `control` (the control plane's address) and the logs of the
-services. `--join JOB` starts only agents, which enter JOB's control plane, and runs until this allocation ends.
+services (with --control-hosts, also its etcd certificates and data while a run lasts). `--join JOB` starts only
+agents, which enter JOB's control plane, and runs until this allocation ends.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,35 +48,16 @@ from elastic_control_plane.elasticctl.local_processes import (
 )
 from elastic_control_plane.slurm import commands, exclusions
 from elastic_control_plane.slurm.allocation import allocation_groups, newest_commit
+from elastic_control_plane.slurm.control_steps import ControlSteps
+from elastic_control_plane.slurm.ports import free_port_block
 from elastic_control_plane.slurm.requeue import SIGNAL_EXIT, decide
 
 START_TIMEOUT = 60.0  # seconds for the services to answer
 DRAIN_TIMEOUT = 90.0  # seconds the agents may take to reach a commit and write it after USR1
 AGENTS_TIMEOUT = 30.0  # seconds the first round waits for every node's agent
 AGENTS_STOP = 10.0  # seconds the agents have to leave once the job has ended
-PORT_STEP, PORT_BLOCKS = 10, 100  # the control plane's ports: blocks of five, ten apart, from the default ones
 START_ATTEMPTS = 3  # ports taken by another job's control plane between the look and the bind: the next block
 FOLLOWER_STOP = 10.0  # seconds `elasticctl run` and the services have to exit after SIGTERM, before SIGKILL
-
-
-def free_port_block(address: str, after: int = 0) -> int:
-    """The first port from DEFAULT_PORTS' first, in steps of ten and past `after`, that starts five ports free on
-    `address` (the control plane's: its first is discovery's)."""
-    first = DEFAULT_PORTS["discovery"]
-    for base in range(max(first, after + PORT_STEP), first + PORT_STEP * PORT_BLOCKS, PORT_STEP):
-        if all(port_free(address, base + offset) for offset in range(len(DEFAULT_PORTS))):
-            return base
-    raise StartFailed(f"no five free ports on {address} from {first} to {first + PORT_STEP * PORT_BLOCKS - 1}")
-
-
-def port_free(address: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds: a port in TIME_WAIT is free
-        try:
-            probe.bind((address.strip("[]"), port))
-        except OSError:
-            return False
-    return True
 
 
 def say(line: str) -> None:
@@ -93,6 +75,7 @@ class Driver:
         self.processes = Processes()
         self.received: list[int] = []
         self.checkpoint_dir = Path(self._run_option("--checkpoint-dir") or self.job_dir / "checkpoints")
+        self.control_steps: ControlSteps | None = None
 
     def _run_option(self, name: str) -> str | None:
         flags = self.run_args[: self.run_args.index("--")] if "--" in self.run_args else self.run_args
@@ -111,6 +94,26 @@ class Driver:
             self.keys.mkdir(mode=0o700, exist_ok=True)
             generate_keys(self.keys)
 
+    def services_env(self, excluded: list[dict[str, Any]]) -> dict[str, str]:
+        """The environment of the services (of every control host's replicas): the job's keys, its Slurm job (whose
+        node states discovery reads) and the hosts earlier runs gave up on."""
+        return {
+            **os.environ,
+            "ELASTIC_KEYS": str(self.keys),
+            "ELASTIC_SLURM_JOB": self.job_id,
+            **({"ELASTIC_SLURM_EXCLUDED": json.dumps(excluded)} if excluded else {}),
+        }
+
+    def start_control(self) -> str:
+        """The control plane in the allocation: on the batch host, or replicated on the first --control-hosts nodes
+        (slurm/control_steps.py)."""
+        if self.args.control_hosts == 1:
+            return self.start_control_plane()
+        self.control_steps = ControlSteps(
+            self.job_dir, self.keys, self.args.control_hosts, self.processes, self.services_env(self.excluded())
+        )
+        return self.control_steps.start()
+
     def start_control_plane(self) -> str:
         """The services on this (the batch) host, on the first block of five ports free there (another job's control
         plane may hold the default ones); their address (`HOST` or `HOST:PORT`), written to STATE/JOB/control."""
@@ -123,12 +126,9 @@ class Driver:
             base = free_port_block(address, after=base)
             endpoints = Endpoints.on_hosts([(address, base)])
             env = {
-                **os.environ,
+                **self.services_env(excluded),
                 **endpoints.as_env(),
-                "ELASTIC_KEYS": str(self.keys),
                 "ELASTIC_STATE_DIR": tempfile.mkdtemp(prefix="elastic-slurm-state-"),
-                "ELASTIC_SLURM_JOB": self.job_id,
-                **({"ELASTIC_SLURM_EXCLUDED": json.dumps(excluded)} if excluded else {}),
             }
             for service in SERVICES:
                 self.processes.start(service, service_argv(service), env, logs / f"{service}-{self.restarts}.log")
@@ -232,6 +232,13 @@ class Driver:
         return None
 
     def main(self) -> int:
+        try:
+            return self.run()
+        finally:
+            if self.control_steps is not None:
+                self.control_steps.remove()
+
+    def run(self) -> int:
         signal.signal(signal.SIGUSR1, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -239,15 +246,15 @@ class Driver:
         self.prepare_keys()
         say(f"job {self.job_id}, run {self.restarts}; checkpoints in {self.checkpoint_dir} (commit {commit_before})")
         try:
-            control = self.args.control or self.start_control_plane()
+            control = self.args.control or self.start_control()
             say(f"control plane at {control}: elasticctl status --control {control} --keys {self.keys}")
             self.start_agents(control)
             self.wait_for_agents(control)
             job_exit = self.follow(control)
-        except (CommandError, StartFailed, commands.SlurmError) as exc:
+        except (CommandError, StartFailed, commands.SlurmError, FileNotFoundError) as exc:
             say(f"cannot start: {exc}")
             self.processes.stop_all(grace=5.0)
-            return 1
+            return 2 if isinstance(exc, FileNotFoundError) else 1
         if self.received and self.received[0] == signal.SIGTERM:
             say("cancelled: stopping")
             self.processes.stop_all(grace=5.0)

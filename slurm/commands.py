@@ -16,6 +16,7 @@ from elastic_control_plane.slurm.hostlist import (
     parse_squeue,
 )
 
+CONTROL_STEP = "elastic-control"  # the name of a control host's step (slurm/control_steps.py), told from the agents'
 TIMEOUT = 10.0  # seconds a Slurm command may take (slurmctld busy) before it counts as failed
 
 
@@ -73,11 +74,14 @@ def node_address(node: str) -> str:
 
 
 def agent_steps(job_id: str) -> dict[str, str]:
-    """{node: step id} of the job's steps that run on one node (the agents'), the batch step left out."""
+    """{node: step id} of the job's steps that run on one node (the agents'), the batch step and the control hosts'
+    steps (CONTROL_STEP) left out."""
     steps = {}
-    for line in run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%N"]).splitlines():
-        step, _, nodes = line.strip().partition("|")
-        if step and not step.endswith((".batch", ".extern")) and "," not in nodes and "[" not in nodes:
+    for line in run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%N|%j"]).splitlines():
+        step, _, rest = line.strip().partition("|")
+        nodes, _, name = rest.partition("|")
+        one_node = "," not in nodes and "[" not in nodes
+        if step and not step.endswith((".batch", ".extern")) and one_node and name != CONTROL_STEP:
             steps[nodes] = step
     return steps
 

@@ -113,6 +113,25 @@ def status(slurm: SlurmCluster, job: str, *flags: str) -> subprocess.CompletedPr
     return subprocess.run([*argv, "--keys", keys, *flags], cwd=slurm.user_dir, capture_output=True, text=True)
 
 
+def preempt_and_resume(slurm: SlurmCluster, job: str) -> dict[str, Any]:
+    """Preempt `job` (USR1 to its batch shell): it checkpoints and is requeued within 30 s, and its rerun resumes with
+    no committed step lost; the rerun's first `enter` event."""
+    signalled = time.time()
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_for(lambda: "requeued (exit" in slurm.output(job), 60, "the driver to checkpoint and ask for a requeue")
+    wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
+    requeued = time.time()
+    assert requeued - signalled < 30
+    resumed = wait_for(
+        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["time"] > requeued],
+        120,
+        "the rerun to resume",
+    )[0]
+    before = [e["batch"] for e in commits(slurm.events("log")) if e["time"] < resumed["time"]]
+    assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
+    return resumed
+
+
 def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_and_the_rerun_resumes(
     slurm: SlurmCluster,
 ) -> None:
@@ -128,21 +147,8 @@ def test_a_preemption_signal_checkpoints_requeues_without_the_host_given_up_on_a
     os.kill(victim["pid"], signal.SIGKILL)
     first_commit_at_size(slurm, 1, killed_at, 60)
 
-    signalled = time.time()
-    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
-    wait_for(lambda: "requeued (exit" in slurm.output(job), 60, "the driver to checkpoint and ask for a requeue")
-    wait_for(lambda: slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), 30, "the requeue")
-    requeued = time.time()
-    assert requeued - signalled < 30
+    resumed = preempt_and_resume(slurm, job)
     assert f"excluded from the requeued allocation: {victim['host']}" in slurm.output(job)
-
-    resumed = wait_for(
-        lambda: [e for e in slurm.events("log") if e["event"] == "enter" and e["time"] > requeued],
-        120,
-        "the rerun to resume",
-    )[0]
-    before = [e["batch"] for e in commits(slurm.events("log")) if e["time"] < resumed["time"]]
-    assert resumed["batch"] >= max(before), "a step committed before the preemption was lost"
     assert f"exit {REQUEUE}" in slurm.output(job)
     assert "run 1;" in slurm.output(job)
     rerun_hosts = {e["host"] for e in slurm.events("log") if e["time"] >= resumed["time"]}

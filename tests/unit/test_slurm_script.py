@@ -82,13 +82,37 @@ def test_a_joining_allocation_runs_agents_only(tmp_path: Path) -> None:
         (["-N", "0", "--", "python"], "-N"),
         (["-N", "2", "--min-np", "0", "--", "python"], "--min-np must be at least 1"),
         (["-N", "2", "--signal-before", "5", "--", "python"], "--signal-before"),
-        (["-N", "2", "--control-hosts", "3", "--", "python"], "--control-hosts: a replicated control plane inside"),
+        (
+            ["-N", "3", "--control-hosts", "2", "--", "python"],
+            "--control-hosts 2: a replicated control plane needs an odd",
+        ),
+        (["-N", "3", "--control-hosts", "5", "--", "python"], "--control-hosts 5: more than the job's 3 node(s) (-N)"),
+        (["-N", "3", "--control-hosts", "3", "--control", "a,b,c", "--", "python"], "--control-hosts 3 and --control"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     done = elasticctl("slurm", *args, "--dry-run", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+
+
+def test_a_replicated_control_plane_in_the_allocation_is_in_the_script(tmp_path: Path) -> None:
+    done = elasticctl("slurm", "-N", "3", "--control-hosts", "3", "--dry-run", "--", "python", "train.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    driver = next(line for line in done.stdout.splitlines() if "elastic_control_plane.slurm.batch" in line)
+    assert f"--state-dir {tmp_path}/.elastic-slurm --control-hosts 3 --max-requeues" in driver
+
+
+def test_a_replicated_control_plane_without_etcd_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH without etcd
+    bin_dir.mkdir()
+    args = ("slurm", "-N", "3", "--control-hosts", "3", "--", "python", "train.py")
+    done = elasticctl(*args, cwd=tmp_path, path=str(bin_dir))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "elasticctl: --control-hosts 3: etcd is not on PATH: "
+        "apt-get install etcd-server etcd-client (etcd 3.4 or later)"
+    )
 
 
 def test_no_slurm_on_the_machine_is_one_line_and_exit_2(tmp_path: Path) -> None:
