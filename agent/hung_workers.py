@@ -76,8 +76,7 @@ class HungWorkers:
         if kills:
             worker.signal(signal.SIGKILL)
             worker.hang = {"hung": reason, "stack": ""}
-        sys.stderr.write(f"[{self.host}:{worker.local_rank}] {line}\n")
-        sys.stderr.flush()
+        self._write(worker, [line])
         return True
 
     def _named_worker(self, body: dict[str, Any]) -> Worker | None:
@@ -141,6 +140,10 @@ class HungWorkers:
             lines = [
                 f"{dumping.reason}; it did not answer the stack dump within {INTERVALS.dump_grace:g}s{without_stack}"
             ]
+        self._write(worker, lines)
+
+    def _write(self, worker: Worker, lines: list[str]) -> None:
+        """Lines into the job's output, each prefixed like the worker's own."""
         sys.stderr.write("".join(f"[{self.host}:{worker.local_rank}] {line}\n" for line in lines))
         sys.stderr.flush()
 
