@@ -3,12 +3,14 @@
 gloo connects every pair of ranks while its process group is built: each rank
 publishes its address and waits, in the store, for every other's. A peer that
 dies after it reached the round's store but before it published its address
-leaves the others in that wait, which a TCPStore only ends at its timeout
-(the collective timeout plus the hung timeout, for a watched worker): far past
-the round's abort, so the registry would judge them hung. This store polls
-instead, the pause growing from 1 ms to POLL_MAX, and raises RoundFormationAborted
-as soon as `aborted()` is true; torch passes the exception out of
-`init_process_group`.
+leaves the others in that wait, which a TCPStore only ends at its timeout:
+past the round's abort. This store polls instead, the pause growing from 1 ms
+to POLL_MAX, and raises RoundFormationAborted as soon as `aborted()` is true;
+torch passes the exception out of `init_process_group`. Since the abort ends
+a wait for a dead peer, a wait lasts the longer of gloo's timeout (short while
+the group forms: libworker.torch_compat.gloo_formation_timeout) and the
+store's own (the collective timeout): a live peer slow to publish, on a loaded
+host, is waited for.
 
 Only gloo's group uses it: NCCL's communicators wait in the store for rank 0's
 id alone, and rank 0 serves the store, so its death ends the wait already (and
@@ -31,14 +33,14 @@ class RoundFormationAborted(RuntimeError):
 
 
 class AbortableStore(dist.Store):
-    """`inner`, with waits that end at `aborted()` (or at the store's timeout, like inner's own)."""
+    """`inner`, with waits that end at `aborted()` (or at the longer of the caller's timeout and inner's)."""
 
     def __init__(self, inner: dist.Store, aborted: Callable[[], bool]) -> None:
         super().__init__()
         self.inner, self.aborted = inner, aborted
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        limit = (timeout or self.inner.timeout).total_seconds()
+        limit = max(timeout or self.inner.timeout, self.inner.timeout).total_seconds()
         deadline, pause = time.monotonic() + limit, 0.001
         while not self.inner.check(keys):
             if self.aborted():

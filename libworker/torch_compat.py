@@ -3,13 +3,14 @@
 Everything here leans on how a given torch release behaves rather than on
 what its API promises: how a timed wait on a Work says that it ran out,
 what destroying a process group does to a collective stuck in it, and how
-NCCL communicators are aborted, and what a process group that failed to form
-leaves behind. When torch is upgraded, these are the places to
-measure again (bench/RESULTS.md has the resource measurements). Two choices
-elsewhere also follow torch 2.13 and are design rather than workarounds:
-gloo's missing dtypes travel widened or as bytes (libworker.wire), and each
-round bootstraps from a TCPStore because a Python Store cannot back gloo
-(libworker.world; docs/design-notes.md).
+NCCL communicators are aborted, what a process group that failed to form
+leaves behind, and how long gloo waits for a peer that died while the group
+formed. When torch is upgraded, these are the places to measure again
+(bench/RESULTS.md has the resource measurements). Two choices elsewhere also
+follow torch 2.13 and are design rather than workarounds: gloo's missing
+dtypes travel widened or as bytes (libworker.wire), and each round bootstraps
+from a TCPStore because a Python Store cannot back gloo (libworker.world;
+docs/design-notes.md).
 """
 
 from __future__ import annotations
@@ -115,6 +116,24 @@ def forget_a_default_group_that_failed_to_form() -> None:
     group "0": every later round of theirs times out forming. A failed formation registers nothing else (the group
     is entered in `_world` only once its backend connected)."""
     dist.distributed_c10d._world.group_count = 0
+
+
+GLOO_LISTENER_WAITS = 5
+
+
+def gloo_formation_timeout(bound: float) -> timedelta:
+    """The timeout to form a gloo group with so that a peer dying while it forms ends the formation within `bound`
+    seconds. Measured on torch 2.13 (gloo's tcp transport): of each pair, the side whose address sorts first waits
+    for the other to connect, without seeing the store or any abort; a peer that died after publishing its address
+    is waited for GLOO_LISTENER_WAITS times the group's timeout (25 s for 5 s), while the connecting side is refused
+    at once."""
+    return timedelta(seconds=bound / GLOO_LISTENER_WAITS)
+
+
+def set_group_timeout(timeout: timedelta) -> None:
+    """Change the default process group's timeout for the collectives after its formation. torch 2.13 offers it as
+    `_set_pg_timeout` only (gloo and NCCL backends)."""
+    dist.distributed_c10d._set_pg_timeout(timeout)
 
 
 def default_store() -> dist.Store:

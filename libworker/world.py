@@ -251,11 +251,12 @@ def enter_next_round() -> None:
         raise WorkerInternalError(f"store of round {world.round} failed: {exc}") from None
     _await_every_rank(store)
     world.backend = devices.backend()
-    if world.backend == "gloo" and isinstance(world.waits, wait_record.WaitRecord):
-        timeout = judged_group_timeout()
+    group_timeout = timeout
     if world.backend == "gloo":
         round_number = world.round
         store = AbortableStore(store, lambda: world.aborted_round >= round_number)
+        timeout = torch_compat.gloo_formation_timeout(world.timing.collective_timeout)
+        group_timeout = judged_group_timeout() if isinstance(world.waits, wait_record.WaitRecord) else group_timeout
     try:
         dist.init_process_group(
             world.backend, store=store, rank=world.slot["rank"], world_size=world.slot["size"], timeout=timeout
@@ -265,6 +266,8 @@ def enter_next_round() -> None:
     except (RuntimeError, dist.DistError) as exc:
         world.poisoned = True
         raise WorkerInternalError(f"process group of round {world.round} failed to start: {exc}") from None
+    if group_timeout != timeout:
+        torch_compat.set_group_timeout(group_timeout)
     for hook in world.round_entered_hooks:
         try:
             hook()
@@ -274,11 +277,13 @@ def enter_next_round() -> None:
 
 
 def judged_group_timeout() -> timedelta:
-    """gloo's own timeout for a collective when the agent watches this worker's waits. The wait loops go past the
-    collective timeout while the registry judges the rank they wait for (libworker.collectives.timed_out), which it
-    kills by the job's hung timeout at the latest, so gloo must not end the wait first; it still ends, so a round's
-    group retired with works pending is released (torch_compat.RetiredGroups). Without a watching agent, and for
-    NCCL, the collective timeout is gloo's and NCCL's."""
+    """gloo's own timeout for a collective when the agent watches this worker's waits, set once the group formed
+    (it forms within the collective timeout: torch_compat.gloo_formation_timeout; formed with this one, a peer dying
+    while it formed outlasted the registry's hung timeout, and every survivor was judged hung). The wait loops go
+    past the collective timeout while the registry judges the rank they wait for (libworker.collectives.timed_out),
+    which it kills by the job's hung timeout at the latest, so gloo must not end the wait first; it still ends, so a
+    round's group retired with works pending is released (torch_compat.RetiredGroups). Without a watching agent,
+    and for NCCL, the collective timeout is gloo's and NCCL's."""
     try:
         hung_timeout = float(os.environ.get(WorkerEnv.HUNG_TIMEOUT, JobSpec.hung_timeout))
     except ValueError:

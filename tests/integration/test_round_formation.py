@@ -12,7 +12,10 @@ And a peer that dies before it reaches the round's store, or after it but
 before gloo connected it to the others, ends the others' wait for it at the
 control plane's abort, not after the collective timeout (the second was found
 by test_clean_exit under load in CI: the survivors sat in gloo's store wait
-until the registry judged them hung).
+until the registry judged them hung). One that dies after it published its
+address, while gloo connects the pairs, ends the others' wait at the collective
+timeout (found by test_clean_exit in CI too: gloo waited five times the group's
+timeout, which outlasted the hung timeout, and the job failed).
 """
 
 from __future__ import annotations
@@ -126,9 +129,12 @@ def test_a_gloo_group_of_ranks_that_all_connect_forms_and_reduces_on_the_abortab
     assert sums == {0: 3.0, 1: 3.0}
 
 
+@pytest.mark.parametrize("die_at", ["arrival", "connect"])
 def test_a_worker_killed_after_reaching_the_store_does_not_leave_its_peers_to_be_judged_hung(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, die_at: str
 ) -> None:
+    """Killed before it published its gloo address (`arrival`), or after (`connect`: the peers wait for it to
+    connect, in gloo, where no abort reaches them; they give up at the collective timeout)."""
     for host in ("host-1", "host-2"):
         cluster.start_agent(host, 2, ["--standby", "0"])
     mark = tmp_path / "died"
@@ -141,6 +147,8 @@ def test_a_worker_killed_after_reaching_the_store_does_not_leave_its_peers_to_be
         "DIE_ON_HOST=host-2",
         "--env",
         f"DIED_MARK={mark}",
+        "--env",
+        f"DIE_AT={die_at}",
         "--",
         JOB[0],
         "tests/workers/dies_while_forming.py",
