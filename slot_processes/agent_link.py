@@ -5,10 +5,12 @@ slot_processes/torchrun_slot.py): requests (any thread, one at a time), events (
 The event thread subscribes once (the agent refuses a process that is not one of its workers or standbys, nor runs
 under one: that process then hears no events and no heartbeat), then hands each event to the listener callbacks. It
 also watches the agent's heartbeat: a worker dies with its agent (PR_SET_PDEATHSIG), but an agent that hangs forever
-cannot stop its workers, so a worker whose agent stays silent for `orphan_after` seconds exits. Before that, a
-silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a line on stderr naming the agent's endpoint
-(then one a minute), and the first word from the agent after it a line saying so. `link_to_agent` is the link of a
-process its agent started, from the environment the agent gave it.
+cannot stop its workers, so a worker whose agent stays silent for `orphan_after` seconds exits. Silence is judged on
+a fresh look at the socket: a poll's answer may be stale by the time the thread holds the GIL again (the main thread
+kept it in a native call, as long as a hung rank is under judgement), and what arrived meanwhile is waiting.
+Before that, a silence of a few heartbeats (at least `WARN_AFTER_MIN` seconds) gets a line on stderr naming the
+agent's endpoint (then one a minute), and the first word from the agent after it a line saying so. `link_to_agent`
+is the link of a process its agent started, from the environment the agent gave it.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class AgentLink:
             if not self._subscribed.is_set() and time.monotonic() > resend_at:
                 sock.send_multipart(subscribe)
                 resend_at = time.monotonic() + 1.0
-            if not sock.poll(200):
+            if not sock.poll(200) and not sock.poll(0):
                 self._agent_silent()
                 continue
             try:
