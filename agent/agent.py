@@ -156,7 +156,7 @@ class AgentService(Service):
         """The signals that woke the loop, handled here, never inside a signal handler: SIGCHLD reaps, SIGTERM and
         SIGINT drain (a second one stops the workers now)."""
         received = self.signals.received()
-        self.keeper.reap_workers()
+        self.keeper.reap_workers(self.health.children())
         for signum in received:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.begin_drain()

@@ -196,6 +196,11 @@ class HostHealth:
     def report(self) -> dict[str, Any]:
         return {**self._report, "probe": self.probe.report()} if self.probe is not None else dict(self._report)
 
+    def children(self) -> list[int]:
+        """The agent's children these checks wait for themselves (the probe process: its exit code is its hold's
+        reason), never to be reaped as orphans."""
+        return [self.probe.process.pid] if self.probe is not None else []
+
     def ask_probe(self, probe: Any) -> None:
         """Discovery asks for a collective probe (a heartbeat reply's `probe`; ignored without one)."""
         if self.probe is not None and probe is not None:

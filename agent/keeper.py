@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,9 +176,9 @@ class WorkerKeeper:
         return True
 
     # -- the loop's steps ----------------------------------------------------------------------------
-    def reap_workers(self) -> None:
-        """After SIGCHLD: every exited worker is reported, a crashed slot restarted in place, a dead standby
-        replaced; a slot whose worker was stopped on request gets a process again where the round has it."""
+    def reap_workers(self, others: Collection[int] = ()) -> None:
+        """After SIGCHLD: exited workers reported, crashed slots restarted in place, dead standbys replaced, slots
+        stopped on request given a process again; the children in `others` are their owners' to wait for."""
         killed_on_request = False
         for worker, code in reap(self.workers):
             self.book.slot_left(worker.local_rank)
@@ -207,7 +207,7 @@ class WorkerKeeper:
             if not standby.stop_requested and self.book.may_start_worker():
                 self._replace_standby(code)
         fork_server = self.launcher.children_exited()
-        reap_orphans({*(w.pid for w in self.processes()), *fork_server})
+        reap_orphans({*(w.pid for w in self.processes()), *fork_server, *others})
         if killed_on_request:
             self.ensure_workers()
 
