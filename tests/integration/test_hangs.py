@@ -205,11 +205,13 @@ def test_a_slow_rank_is_named_as_the_top_cost_in_status_and_in_prometheus(tmp_pa
         wait_for(lambda: events(log_dir, "step"), 120, "training")
 
         def top() -> dict[str, Any] | None:
+            """host-2 first, costing the others over a second a minute (its first report alone, while the wait
+            fractions start from the job's first steps, may name it with less)."""
             ranks = cluster.status()["waits"]["ranks"]
-            return ranks[0] if ranks and ranks[0]["host"] == "host-2" else None
+            first = ranks[0] if ranks else {}
+            return first if first.get("host") == "host-2" and first["lost_s_per_min"] > 1.0 else None
 
-        named = wait_for(top, 90, "host-2 named as the slowest rank")
-        assert named["lost_s_per_min"] > 1.0, named
+        wait_for(top, 90, "host-2 named as the slowest rank, costing over a second a minute")
 
         def first_row_shown() -> list[str]:
             shown = cluster.elasticctl("status").stdout
