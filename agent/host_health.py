@@ -199,7 +199,8 @@ class HostHealth:
     def children(self) -> list[int]:
         """The agent's children these checks wait for themselves (the probe process: its exit code is its hold's
         reason), never to be reaped as orphans."""
-        return [self.probe.process.pid] if self.probe is not None else []
+        process = self.probe.process if self.probe is not None else None
+        return [process.pid] if process is not None and process.returncode is None else []
 
     def ask_probe(self, probe: Any) -> None:
         """Discovery asks for a collective probe (a heartbeat reply's `probe`; ignored without one)."""
