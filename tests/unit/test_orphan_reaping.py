@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 SCRIPT = """
-import json, os, signal, subprocess, sys, time
+import json, os, subprocess, sys, time
 from elastic_control_plane.slot_processes.forking import reap_orphans
 
 def zombie(pid):
@@ -20,11 +20,13 @@ def zombie(pid):
         time.sleep(0.01)
 
 owned = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-orphan = subprocess.Popen([sys.executable, "-c", "pass"])
-zombie(orphan.pid)
-first = reap_orphans({owned.pid})
-orphan_gone = not os.path.exists(f"/proc/{orphan.pid}")
-owned.kill()
+try:
+    orphan = subprocess.Popen([sys.executable, "-c", "pass"])
+    zombie(orphan.pid)
+    first = reap_orphans({owned.pid})
+    orphan_gone = not os.path.exists(f"/proc/{orphan.pid}")
+finally:
+    owned.kill()  # a failing check leaves no sleeper behind
 zombie(owned.pid)
 second = reap_orphans({owned.pid})
 print(json.dumps({"first": first, "orphan_gone": orphan_gone, "second": second, "owned_code": owned.wait()}))
