@@ -105,15 +105,19 @@ def register(process_sets: Sequence[ProcessSet | Sequence[int]]) -> list[Process
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a set while the job runs; collective: every rank of the round calls it, in the same order."""
+    """Register a set while the job runs; collective: every rank of the round calls it, in the same order. A call
+    that raises registers nothing, so the next call with the same ranks is no duplicate; where it raised on some
+    ranks only (a peer died while the group was built), the round is aborted and the next join agrees on one
+    registry (`rebuild_for_round`)."""
     slot = require_joined()
     process_set = _as_set(process_set)
     if any(not 0 <= rank < int(slot["size"]) for rank in process_set.ranks) or not process_set.ranks:
         raise ValueError(f"process set ranks {process_set.ranks} must be ranks of this round (size {slot['size']})")
     if any(s.requested == process_set.requested for s in _registry.sets.values()):
         raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
+    group = dist.new_group(process_set.ranks)  # first: a set whose group failed to build is not registered
     (registered,) = register([process_set])
-    _registry.groups[registered.process_set_id] = dist.new_group(registered.ranks)
+    _registry.groups[registered.process_set_id] = group
     return registered
 
 

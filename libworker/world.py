@@ -70,6 +70,9 @@ class World:
     poisoned: bool = False
     aborted_round: int = 0
     backend: str = ""
+    # The Python store the round's gloo groups were made on: C++ keeps calling it (a process set's group is built
+    # on it mid-round) after enter_next_round returns, and its methods vanish with its last Python reference.
+    round_store: dist.Store | None = None
     shut_down: bool = False
     listeners: list[Any] = field(default_factory=list)
     round_entered_hooks: list[Any] = field(default_factory=list)
@@ -193,7 +196,16 @@ def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
         store = dist.TCPStore(
             advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False
         )
-        rounds.publish_store(link, world.slot, f"{advertise_address()}:{store.port}")
+        try:
+            rounds.publish_store(
+                link,
+                world.slot,
+                f"{advertise_address()}:{store.port}",
+                lambda: world.aborted_round >= world.round,
+                timeout.total_seconds(),
+            )
+        except rounds.RoundAborted as exc:
+            raise _formation_failed(str(exc)) from None
         return store
     try:
         address = rounds.read_store(
@@ -255,6 +267,7 @@ def enter_next_round() -> None:
     if world.backend == "gloo":
         round_number = world.round
         store = AbortableStore(store, lambda: world.aborted_round >= round_number)
+        world.round_store = store
         timeout = torch_compat.gloo_formation_timeout(world.timing.collective_timeout)
         group_timeout = judged_group_timeout() if isinstance(world.waits, wait_record.WaitRecord) else group_timeout
     try:
