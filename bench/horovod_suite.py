@@ -96,6 +96,7 @@ from typing import Any
 from testing.harness import free_ports, processes_with_env
 
 HOROVOD_COMMIT = "2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a"
+VENDORED_TESTS = Path(__file__).resolve().parent.parent / "third_party" / "horovod"
 MARKER_VAR = "HVD_SUITE_RUN"
 PROGRESS_PLUGIN = "hvd_suite_progress"
 OUTCOMES = ("passed", "failed", "skipped", "error")
@@ -142,6 +143,11 @@ import time
 import pytest
 
 _out = None
+_held = []  # a standby's records, written once it is admitted to a slot (never, when it is not)
+
+
+def _standby():
+    return os.environ.get("ELASTIC_STANDBY") == "1"
 
 
 def _stem():
@@ -151,10 +157,15 @@ def _stem():
 
 def _write(record):
     global _out
+    record["time"] = time.time()
+    _held.append(record)
+    if _standby():
+        return
     if _out is None:
         _out = open(_stem() + ".jsonl", "a", buffering=1)
-    record["time"] = time.time()
-    _out.write(json.dumps(record) + "\\n")
+    for held in _held:
+        _out.write(json.dumps(held) + "\\n")
+    _held.clear()
     _out.flush()
 
 
@@ -182,10 +193,17 @@ def pytest_runtest_logreport(report):
             "duration": report.duration})
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Last: record pytest's exit code; 1 (tests failed) and 5 (none collected) are results, not a crashed worker,
-    so the process exits 0 and the agent neither restarts the slot (rerunning the session) nor aborts the others."""
+    """First (before junitxml writes): the junit XML goes to this slot's file (named now: a standby learns its slot
+    in init()); record pytest's exit code; 1 (tests failed) and 5 (none collected) are results, not a crashed
+    worker, so the process exits 0 and the agent neither restarts the slot (rerunning the session) nor aborts the
+    others."""
+    from _pytest.junitxml import xml_key
+
+    xml = session.config.stash.get(xml_key, None)
+    if xml is not None:
+        xml.logfile = _stem() + ".xml"
     with open(_stem() + ".rc", "w") as out:
         out.write("%d\\n" % int(exitstatus))
     if int(exitstatus) in (1, 5):
@@ -201,13 +219,9 @@ def pytest_collectreport(report):
         _write({"event": "collect_error", "nodeid": report.nodeid, "message": _first_line(report)})
 '''
 
-# Runs on every rank. `exec`: the worker's pid must stay the one libworker registers, or the registry takes the
-# worker's exit for a leftover's and the job never ends. The plugin records pytest's exit code and maps 1 and 5 to 0.
-WRAPPER = (
-    'exec "$0" -m pytest -p no:cacheprovider -p '
-    + PROGRESS_PLUGIN
-    + ' -q -rA --junitxml="$HVD_SUITE_OUT/${ELASTIC_HOST}-${ELASTIC_LOCAL_RANK}.xml" "$@"'
-)
+# Every rank runs this, as a user would: `python -m pytest`, so the agents fork it warm and keep a standby (the
+# defaults). The plugin names each rank's junit XML, records pytest's exit code and maps 1 and 5 to 0.
+PYTEST = ["-m", "pytest", "-p", "no:cacheprovider", "-p", PROGRESS_PLUGIN, "-q", "-rA", "--junitxml=unnamed.xml"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,6 +372,7 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
         "ELASTIC_SHM_DIR": str(work / "shm"),
         "TMPDIR": str(work / "tmp"),
         "PYTHONUNBUFFERED": "1",
+        "ELASTIC_LOG_LEVEL": "INFO",  # the agents' standby_waiting / standby_admitted lines, for `standbys`
         MARKER_VAR: marker,
     }
     options = [
@@ -374,8 +389,10 @@ def run_job(args: argparse.Namespace, prepared: Prepared, work: Path, results: P
         options += ["--slots", str(args.slots)]
     if args.share_gpus:
         options.append("--share-gpus")
+    if args.standby is not None:
+        options += ["--standby", str(args.standby)]
     pytest_args = list(prepared.test_files) + (["-k", args.k] if args.k else []) + list(args.pytest_args)
-    command = [*elasticctl_command(), "local", *options, "--", "sh", "-c", WRAPPER, sys.executable, *pytest_args]
+    command = [*elasticctl_command(), "local", *options, "--", sys.executable, *PYTEST, *pytest_args]
     print(f"horovod_suite: {shlex.join(command)}", flush=True)
     print(f"horovod_suite: cwd {prepared.root}; worker output in {log_path}", flush=True)
 
@@ -568,6 +585,19 @@ def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+STANDBY_LINE = re.compile(r"^\[[^\]\s]+:standby\] ", re.MULTILINE)
+
+
+def standby_record(output: str) -> dict[str, int]:
+    """From the job's output: how often a standby waited in init() and was admitted to a slot (the agents' INFO
+    lines), and how many lines a standby wrote as a standby (a standby runs nothing of the session past init())."""
+    return {
+        "waiting": output.count("standby_waiting"),
+        "admitted": output.count("standby_admitted"),
+        "output_lines": len(STANDBY_LINE.findall(output)),
+    }
+
+
 def tabulate(ranks: list[Rank], width: int = 140) -> tuple[dict[str, Any], dict[str, int]]:
     names: list[str] = []
     for rank in ranks:
@@ -603,7 +633,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], epilog="Arguments after `--` go to pytest as they are."
     )
-    parser.add_argument("--tests", type=Path, required=True, help="Directory with Horovod's test_*.py and common.py.")
+    parser.add_argument(
+        "--tests",
+        type=Path,
+        default=VENDORED_TESTS,
+        help="Directory with Horovod's test_*.py and common.py (default: the copy in third_party/horovod).",
+    )
     parser.add_argument("--hosts", type=int, default=2, help="Agents (hosts) of the local cluster (default 2).")
     parser.add_argument("--slots", type=int, default=1, help="Slots (ranks) per host (default 1).")
     parser.add_argument("-k", dest="k", default=None, help="pytest -k expression.")
@@ -612,6 +647,9 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="Write the outcomes here.")
     parser.add_argument("--share-gpus", action="store_true", help="Passed to elasticctl local (more ranks than GPUs).")
+    parser.add_argument(
+        "--standby", type=int, default=None, help="Passed to elasticctl local (default: the agents' own default)."
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="Show every worker line live, not only progress.")
     parser.add_argument(
         "--keep", action="store_true", help="Keep the temporary directory (tests, junit XML, output.log, service logs)."
@@ -658,6 +696,11 @@ def main() -> int:
             else f"elasticctl exit code {run.exit_code}"
         )
         print(f"horovod_suite: job {how}; wall time {run.wall_s:.1f}s")
+        standbys = standby_record((work / "output.log").read_text(errors="replace"))
+        print(
+            f"horovod_suite: standbys waiting {standbys['waiting']}, admitted {standbys['admitted']}, "
+            f"lines written by a standby {standbys['output_lines']}"
+        )
         print(
             f"HOROVOD_SUITE hosts={args.hosts} slots={args.slots} " + " ".join(f"{k}={v}" for k, v in counts.items()),
             flush=True,
@@ -677,6 +720,7 @@ def main() -> int:
                         "import_changes": prepared.changes,
                         "ranks": {r.name: {"pytest_exit_code": r.pytest_rc, "source": r.source} for r in ranks},
                         "summary": counts,
+                        "standbys": standbys,
                         "tests": tests,
                     },
                     indent=2,
