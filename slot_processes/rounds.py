@@ -7,7 +7,8 @@ torchrun-mode slot supervisors (slot_processes/torchrun_slot.py).
   the rendezvous until the round is complete, and the answer is the slot's place in it (rank, sizes, the round's
   key prefix, its hosts' timestamp...), or None when the slot is not in it (the process leaves).
 - The round's store: rank 0 serves one and publishes its address (`host:port`) under the round's prefix in the
-  rendezvous key-value store, `publish_store`; the other ranks read it there, `read_store` (parked until it is set).
+  rendezvous key-value store, `publish_store` (sent again while the rendezvous refuses it for now); the other ranks
+  read it there, `read_store` (parked until it is set).
   A round the control plane aborted before a rank read its address, or while it waited, is not formed: the store's
   server may be gone (`RoundAborted`).
 
@@ -18,15 +19,19 @@ them when it starts a Horovod-mode worker for a known slot, libworker again at e
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
+from elastic_control_plane.bus.client import TEMPORARY_REFUSALS, ServiceError
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.job.assignments import SlotInfo
 from elastic_control_plane.slot_processes.agent_link import AgentLink, worker_pid
 
 ENTRY_DEADLINE = 7 * 24 * 3600.0  # a parked round entry waits as long as the job may wait for its round
 STORE_KEY = "store"
+PUBLISH_RETRY_FIRST = 0.05  # rank 0's next try at publishing its store's address after a refusal for now
+PUBLISH_RETRY_MAX = 1.0
 
 
 class RoundAborted(Exception):
@@ -55,9 +60,26 @@ def enter_round(link: AgentLink, local_rank: int, after_round: int) -> dict[str,
     return None if reply.body.get("removed") else dict(reply.body)
 
 
-def publish_store(link: AgentLink, slot: dict[str, Any], address: str) -> None:
-    """Rank 0: the round's store is served at `address` (`host:port`)."""
-    link.requests.request("kv_set", {"key": f"{slot['prefix']}{STORE_KEY}"}, raw=(address.encode(),))
+def publish_store(
+    link: AgentLink, slot: dict[str, Any], address: str, aborted: Callable[[], bool], deadline: float
+) -> None:
+    """Rank 0: the round's store is served at `address` (`host:port`). A refusal for now (`unavailable`: the
+    rendezvous could not write the key to its store, an etcd that did not answer for a moment) is no answer: the
+    write is sent again after a backoff until it is taken, the round is aborted (RoundAborted), or `deadline`
+    seconds have passed (the refusal is raised); the other ranks wait for the address meanwhile (`read_store`)."""
+    give_up_at, pause = time.monotonic() + deadline, PUBLISH_RETRY_FIRST
+    while True:
+        try:
+            link.requests.request("kv_set", {"key": f"{slot['prefix']}{STORE_KEY}"}, raw=(address.encode(),))
+            return
+        except ServiceError as exc:
+            if exc.code not in TEMPORARY_REFUSALS or time.monotonic() + pause > give_up_at:
+                raise
+            refused = exc.message
+        if aborted():
+            raise RoundAborted(f"was aborted while the rendezvous refused its store's address for now ({refused})")
+        time.sleep(pause)
+        pause = min(2 * pause, PUBLISH_RETRY_MAX)
 
 
 def read_store(link: AgentLink, slot: dict[str, Any], aborted: Callable[[], bool], deadline: float) -> str:

@@ -256,7 +256,7 @@ class SlotSupervisor:
         """`address:port` of the round's store: rank 0's supervisor has a new one served and publishes it."""
         if self.slot["rank"] == 0:
             master = self.stores.next_store()
-            publish_store(self.link, self.slot, master)
+            publish_store(self.link, self.slot, master, self._round_aborted, self.timing.collective_timeout)
             return master
         return read_store(self.link, self.slot, self._round_aborted, self.timing.collective_timeout)
 

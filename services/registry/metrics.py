@@ -73,6 +73,9 @@ HANG_LIMIT = Gauge(
     "elastic_registry_hang_limit_seconds", "The hang limit the agents are told (0: no running job detects hangs)."
 )
 HUNG_WORKERS = Counter("elastic_registry_hung_workers", "Workers judged hung from their waits and killed.")
+PASSES_NOT_SAVED = Counter(
+    "elastic_registry_passes_not_saved", "Driver passes whose save the store refused (undone, then redone)."
+)
 WAITED_FOR = Counter(
     "elastic_worker_waited_for_seconds", "Seconds the other ranks waited for the ranks of a host.", ["host"]
 )
@@ -129,6 +132,10 @@ def hang_limit(seconds: float | None) -> None:
 
 def hung_worker() -> None:
     HUNG_WORKERS.inc()
+
+
+def pass_not_saved() -> None:
+    PASSES_NOT_SAVED.inc()
 
 
 def waited_for(seconds_by_host: Mapping[str, float]) -> None:

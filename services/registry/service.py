@@ -311,13 +311,20 @@ class RegistryService(Service):
             driver.fail_if_no_usable_host(snapshots, decision.reason, self._now().local)
 
     def _end_of_pass(self) -> None:
-        """The pass's one write: the metrics and the store catch up with what it changed."""
+        """The pass's one write: the metrics and the store catch up with what it changed. A save the store refuses
+        (an etcd that does not answer for a moment) has taken memory back to the last save (`_persist`): the pass is
+        redone by the next tick from there, and whatever it announced (a round: its event is sent only once saved)
+        is announced once, by the pass whose save lands; a round the rendezvous already made is asked for again by
+        its number and given back as it is."""
         metrics.workers(self.job.reports.counts())
         limits = judged_limits(self.job)
         metrics.hang_limit(None if limits is None else limits.limit_s)
         now = self._now()
         metrics.goodput(self.job.ledger.totals(now.local))
-        self._persist(now)
+        try:
+            self._persist(now)
+        except RequestError:
+            metrics.pass_not_saved()
 
     def _reconciled(self, hosts: dict[str, Any], rounds: dict[str, Any], now: Now) -> bool:
         """Give a restarted discovery or rendezvous back what the job had; True when both agree with the job and
