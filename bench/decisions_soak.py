@@ -9,7 +9,10 @@ from `--seed`):
 - `quota`: etcd filled to its quota (a junk key rewritten a MiB at a time until it refuses with NOSPACE) before the
   kill, so the exit report's save is refused until the active replica reclaims the space itself;
 - `notifier_failover`: the active notifier SIGKILLed while the round forms (and started again as a standby).
-Then it waits for every service to answer and the job to train at full size again.
+Then it waits for every service to answer and the job to train at full size again, and times that from the kill
+(issue 56: a save refused at the end of a pass, or rank 0's store address refused, once stalled a round for 81 s):
+a recovery slower than `--stall-s` (5 s) is a stall. `--kinds leader_stop` injects only that kind (the issue's
+"a worker kill with etcd's leader stopped 2 s right after, 20 times in a row").
 
 What it checks, the heart of it:
 - decisions: every event the notifier published (a subscriber following them through every failover, checked
@@ -20,7 +23,8 @@ What it checks, the heart of it:
   code -9`, the round's history entry);
 - the job ends with exit 0 and every commit (tests/workers/counter.py's totals, the end set with --batches-file).
 
-    python -m bench.decisions_soak [--faults 200] [--seed 0] [--quota-mib 16] [--max-minutes M] [--workdir DIR]
+    python -m bench.decisions_soak [--faults 200] [--kinds K,...] [--stall-s 5] [--seed 0] [--quota-mib 16]
+                                   [--max-minutes M] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -102,7 +107,7 @@ def kill_worker(cluster: ReplicatedCluster, host: str) -> dict[str, Any]:
 
     killed = wait_for(running, RECOVERY_S, f"a running worker on {host}")
     os.kill(killed["pid"], signal.SIGKILL)
-    return killed
+    return {**killed, "at": time.monotonic()}
 
 
 def inject(kind: str, cluster: ReplicatedCluster, client: EtcdClient, quota: int, victim: str) -> dict[str, Any]:
@@ -208,7 +213,9 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         wait_for(lambda: len(commits()) >= 60 and cluster.job()["state"] == "running", RECOVERY_S, "training")
         counts: Counter[str] = Counter()
         lost_reports: list[dict[str, Any]] = []
-        kinds = [kind for _ in range(0, args.faults, len(KINDS)) for kind in rng.sample(KINDS, len(KINDS))]
+        chosen = tuple(args.kinds)
+        kinds = [kind for _ in range(0, args.faults, len(chosen)) for kind in rng.sample(chosen, len(chosen))]
+        recoveries: list[float] = []
         give_up_at = time.monotonic() + args.max_minutes * 60
         for number, kind in enumerate(kinds[: args.faults]):
             if time.monotonic() > give_up_at:
@@ -217,9 +224,15 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             killed = inject(kind, cluster, client, quota, HOSTS[number % len(HOSTS)])
             counts[kind] += 1
             wait_for(lambda k=killed: recovered(cluster, commits, k), RECOVERY_S, f"recovery from {kind}")
+            recoveries.append(time.monotonic() - killed["at"])
             if not exit_reported(cluster, killed):
                 lost_reports.append(killed)
-            print(f"fault {number + 1:>3} {kind:<17} kill {killed} lost_reports={len(lost_reports)}", flush=True)
+            shown = {k: v for k, v in killed.items() if k != "at"}
+            print(
+                f"fault {number + 1:>3} {kind:<17} kill {shown} full size after {recoveries[-1]:.1f}s "
+                f"lost_reports={len(lost_reports)}",
+                flush=True,
+            )
         end = max(e["batch"] for e in commits()) + END_MARGIN
         (workdir / "batches.new").write_text(str(end))
         (workdir / "batches.new").rename(end_file)
@@ -240,6 +253,9 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "worker_kills": sum(counts.values()),
             "exit_reports_lost": len(lost_reports),
             "lost_reports": lost_reports,
+            "full_size_after_s_median": round(statistics.median(recoveries), 2) if recoveries else None,
+            "full_size_after_s_max": round(max(recoveries), 2) if recoveries else None,
+            "stalls": sum(seconds > args.stall_s for seconds in recoveries),
             **check_decisions(cluster, witness),
             "job_exit": exit_code,
             "job_state": cluster.job()["state"],
@@ -273,11 +289,23 @@ def clean(result: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=200, help="etcd and notifier faults, one per worker kill.")
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: text.split(","),
+        default=list(KINDS),
+        help=f"The faults to inject, comma-separated (default all: {','.join(KINDS)}).",
+    )
+    parser.add_argument(
+        "--stall-s", type=float, default=5.0, help="A kill not back at full size this long after counts as a stall."
+    )
     parser.add_argument("--seed", type=int, default=0, help="The order of the kinds within each round of four.")
     parser.add_argument("--quota-mib", type=int, default=16, help="etcd's --quota-backend-bytes, in MiB.")
     parser.add_argument("--max-minutes", type=float, default=600, help="Stop injecting faults after this long.")
     parser.add_argument("--workdir", type=Path, help="Where the logs go (kept); default a temporary directory.")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="elastic-bench-soak-"))
     started = time.monotonic()
     result = soak(args, workdir)
