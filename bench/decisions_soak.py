@@ -216,6 +216,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         chosen = tuple(args.kinds)
         kinds = [kind for _ in range(0, args.faults, len(chosen)) for kind in rng.sample(chosen, len(chosen))]
         recoveries: list[float] = []
+        by_kind: dict[str, list[float]] = {}
         give_up_at = time.monotonic() + args.max_minutes * 60
         for number, kind in enumerate(kinds[: args.faults]):
             if time.monotonic() > give_up_at:
@@ -225,6 +226,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             counts[kind] += 1
             wait_for(lambda k=killed: recovered(cluster, commits, k), RECOVERY_S, f"recovery from {kind}")
             recoveries.append(time.monotonic() - killed["at"])
+            by_kind.setdefault(kind, []).append(round(recoveries[-1], 2))
             if not exit_reported(cluster, killed):
                 lost_reports.append(killed)
             shown = {k: v for k, v in killed.items() if k != "at"}
@@ -256,6 +258,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "full_size_after_s_median": round(statistics.median(recoveries), 2) if recoveries else None,
             "full_size_after_s_max": round(max(recoveries), 2) if recoveries else None,
             "stalls": sum(seconds > args.stall_s for seconds in recoveries),
+            "full_size_after_s": by_kind,
             **check_decisions(cluster, witness),
             "job_exit": exit_code,
             "job_state": cluster.job()["state"],
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["clean"] = clean(result)
     for kind in KINDS:
         print(f"FAULT {kind}: {result['faults'].get(kind, 0)}", flush=True)
-    shown = {k: v for k, v in result.items() if k not in ("faults", "lost_reports")}
+    shown = {k: v for k, v in result.items() if k not in ("faults", "lost_reports", "full_size_after_s")}
     print("DECISIONS_SOAK " + " ".join(f"{k}={v}" for k, v in shown.items()), flush=True)
     if args.workdir is None and result["clean"]:
         shutil.rmtree(workdir, ignore_errors=True)
