@@ -1,6 +1,6 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
-fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), and a check that the run leaves no snapshot buffer in
-shared memory."""
+fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), the xdist groups of tests that share a fixed resource,
+and a check that the run leaves no snapshot buffer in shared memory."""
 
 from __future__ import annotations
 
@@ -17,7 +17,27 @@ from testing.harness import Cluster
 SHM = Path("/dev/shm")
 
 
+# Tests that share something fixed run in one xdist group, one after the other (on one worker); every other test has
+# its own ports (testing.harness.free_ports), directories and shared-memory directory, and runs beside any other.
+SHARED = {
+    "tests/slurm/": "slurm",  # one real Slurm per module (its slurmctld and slurmd ports are fixed)
+    "tests/integration/test_local_control_hosts.py": "default-ports",  # elasticctl local --control-hosts: 127.0.0.x
+    "tests/integration/test_local_privacy.py": "default-ports",  # elasticctl local as users run it, default ports
+    "tests/integration/test_partition.py": "netns",  # its namespace's addresses (10.231.0.0/24) are fixed
+}
+
+
+def shared_group(path: str) -> str | None:
+    """The xdist group of a test file (a path relative to the repository), or None where it shares nothing."""
+    return next((group for prefix, group in SHARED.items() if path.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(config.rootpath)
+    for item in items:
+        group = shared_group(Path(item.path).relative_to(root).as_posix())
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("ELASTIC_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow soak/scale run: set ELASTIC_SLOW=1")
