@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -37,14 +38,38 @@ def shm_dir() -> Path:
     return Path(os.environ.get("ELASTIC_SHM_DIR", "/dev/shm"))
 
 
+PID_MAX = 4_194_304  # Linux's largest pid_max: a larger number names no process
+
+
 def remove_orphans(directory: Path, name: re.Pattern[str], event: str, log: Any) -> None:
-    """Remove the files of `directory` whose `name` (its first group: the agent's pid) says an agent that is gone made
-    them (it was killed before it could remove them); each is logged as `event`."""
+    """Remove this user's files of `directory` whose `name` (its first group: the agent's pid) says an agent that is
+    gone made them (it was killed before it could remove them); each is logged as `event`.
+
+    The directory is shared (/dev/shm): a file is ours by its owner before its name. Another user's file, a
+    symlink or anything but a plain file is left alone unlooked-at; a name whose pid is out of range, or a file
+    that cannot be removed, is skipped and logged (`shared_file_skipped`); none of it stops the agent."""
     for path in directory.glob("elastic-*"):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue  # gone meanwhile
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            continue
         match = name.match(path.name)
-        if match and not alive(int(match.group(1))):
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if not 0 < pid <= PID_MAX:
+            log.warning("shared_file_skipped", path=str(path), reason=f"pid {match.group(1)[:20]} is out of range")
+            continue
+        if alive(pid):
+            continue
+        try:
             path.unlink(missing_ok=True)
-            log.info(event, path=str(path))
+        except OSError as exc:
+            log.warning("shared_file_skipped", path=str(path), reason=f"cannot remove it: {exc.strerror}")
+            continue
+        log.info(event, path=str(path))
 
 
 class SnapshotKeeper:
