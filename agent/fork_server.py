@@ -37,6 +37,7 @@ from typing import Any
 
 from elastic_control_plane.agent.fork_choice import Key
 from elastic_control_plane.agent.intervals import INTERVALS
+from elastic_control_plane.agent.workers import inheritable
 from elastic_control_plane.bus.lifetime import die_with_parent
 from elastic_control_plane.slot_processes.forking import (
     PR_SET_CHILD_SUBREAPER,
@@ -147,7 +148,7 @@ class ForkServer:
             return
         self.close()
         try:
-            self.zygote = Zygote(key, os.environ)
+            self.zygote = Zygote(key, inheritable(os.environ))
         except OSError as exc:
             self._refuse(key, f"cannot start it: {exc}")
             return

@@ -35,6 +35,14 @@ from elastic_control_plane.slot_processes.forking import WorkerProcess
 from elastic_control_plane.slot_processes.rounds import round_environment
 
 STANDBY = -1
+# The agent's own settings that no worker inherits: its keys directory (a worker talks to its agent alone, over
+# its owner-only ipc socket, and a training script, or what it imports, has no use for the control plane's keys).
+AGENT_ONLY = frozenset({"ELASTIC_KEYS"})
+
+
+def inheritable(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment as its workers and its fork server get it: without AGENT_ONLY."""
+    return {name: value for name, value in environ.items() if name not in AGENT_ONLY}
 
 
 @dataclass(frozen=True)
@@ -145,10 +153,11 @@ def worker_env(
     snapshot_env: Mapping[str, str],
 ) -> dict[str, str]:
     """The environment of the worker of `local_rank` (STANDBY: a spare, with no local rank until admitted): the
-    agent's own, the job's, the host's, the snapshot's and, for a worker started into a known slot, its place in
-    the round (in torchrun mode the slot's supervisor sets that for each round, and learns the reset limit)."""
+    agent's own (`inheritable`), the job's, the host's, the snapshot's and, for a worker started into a known slot,
+    its place in the round (in torchrun mode the slot's supervisor sets that for each round, and learns the reset
+    limit)."""
     env = {
-        **base,
+        **inheritable(base),
         **plan.spec.env,
         **host.timing_env,
         WorkerEnv.AGENT: host.agent_endpoint,

@@ -1,4 +1,5 @@
-"""CURVE on every TCP socket, refusal of unknown keys, owner-only ipc sockets."""
+"""CURVE on every TCP socket, refusal of unknown keys, owner-only ipc sockets, and keys that stay with the agent
+(no worker, forked or spawned, inherits ELASTIC_KEYS)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,11 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
             "--min-np", "2", "--", *JOB, "--epochs", "3", "--step-delay", "0.02", "--log-dir", str(log_dir)
         )
         wait_for_size(log_dir, 4)
+        running = [w for w in cluster.status()["workers"] if w["state"] == "RUNNING" and w["pid"]]
+        assert running, "no worker running to look at"
+        for worker in running:
+            assert "ELASTIC_KEYS" not in environment_of(worker["pid"]), f"{worker} was given the keys"
+        assert environment_of(cluster.processes["agent-host-1"].pid)["ELASTIC_KEYS"] == str(keys), "its agent has them"
         victim = worker_pid(cluster, "host-2", 1)
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -120,3 +126,9 @@ def test_a_job_survives_kill_9_with_curve_on_and_the_ipc_socket_is_owner_only(tm
         wait_for(lambda: not cluster.leftover_workers(), 10, "workers gone")
     finally:
         cluster.close()
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """A process's environment as the kernel keeps it from its exec: a forked worker's is its fork server's."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode(errors="replace").split("=", 1) for entry in raw if b"=" in entry)
