@@ -30,6 +30,9 @@ MAX_PARKED_PER_SENDER = 1024
 MAX_PARKED = 65536 + 8192
 # A parked request keeps its message: legitimate ones are ~130 bytes (65,536 of them take ~8.5 MiB), junk may be MiBs.
 MAX_PARKED_BYTES = 12 * 1024 * 1024
+# One parked request's message at most: a join or a key lookup is ~130 bytes; one of MiBs would take the room of
+# thousands, and a single sender could fill the lot for everyone (issue 58).
+MAX_PARKED_REQUEST_BYTES = 64 * 1024
 # What Python spends to keep a reply beside its frames' bytes, measured with tracemalloc (tests/unit/test_bounds.py):
 # per reply, the key (a tuple of two strings), the value tuple, the frames' list and the cache's own entry; per frame,
 # the bytes object's header.
@@ -89,15 +92,20 @@ ParkedRequest = TypeVar("ParkedRequest", bound=Parkable)
 
 
 class ParkingLot(Generic[ParkedRequest]):
-    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, and
-    `max_bytes` of their messages."""
+    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, `max_bytes`
+    of their messages, and none whose message is over `max_request_bytes`."""
 
     def __init__(
-        self, per_sender: int = MAX_PARKED_PER_SENDER, total: int = MAX_PARKED, max_bytes: int = MAX_PARKED_BYTES
+        self,
+        per_sender: int = MAX_PARKED_PER_SENDER,
+        total: int = MAX_PARKED,
+        max_bytes: int = MAX_PARKED_BYTES,
+        max_request_bytes: int = MAX_PARKED_REQUEST_BYTES,
     ) -> None:
         self.per_sender = per_sender
         self.total = total
         self.max_bytes = max_bytes
+        self.max_request_bytes = max_request_bytes
         self.nbytes = 0
         self._requests: dict[tuple[str, str], ParkedRequest] = {}
         self._by_sender: Counter[str] = Counter()
@@ -110,6 +118,8 @@ class ParkingLot(Generic[ParkedRequest]):
 
     def refusal(self, sender: str, size: int) -> str | None:
         """Why one more request of `sender`, of `size` bytes, may not park now, or None when it may."""
+        if size > self.max_request_bytes:
+            return f"a request of {size} bytes may not wait here: a parked request is at most {self.max_request_bytes}"
         if len(self._requests) >= self.total:
             return f"{self.total} requests are parked already, the most this service keeps"
         if self.nbytes + size > self.max_bytes:

@@ -137,6 +137,14 @@ def test_parking_lot_bounds_the_total_and_the_bytes() -> None:
     assert (len(lot), lot.nbytes) == (2, 100)
 
 
+def test_parking_lot_refuses_one_large_request_and_parks_the_small_ones_beside() -> None:
+    """A 12 MiB lookup once filled the lot for everyone (issue 58); it is refused, and ordinary ones still park."""
+    lot = ParkingLot(per_sender=10, total=10, max_bytes=1000, max_request_bytes=200)
+    assert "at most 200" in (lot.refusal("junk", 201) or "")
+    park(lot, parked("worker", "1", size=200))
+    park(lot, parked("junk", "2", size=130))
+
+
 def test_parking_lot_forgets_a_sender_with_nothing_parked() -> None:
     lot = ParkingLot(per_sender=1, total=10, max_bytes=1000)
     park(lot, parked("a", "1"))
