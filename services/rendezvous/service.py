@@ -25,12 +25,18 @@ Messages:
   the name of the host that holds its rank 0 (its agent sends the round's store address), else `forbidden`.
 
 The key-value store carries what a round needs to bootstrap torch.distributed
-(the address of the round's TCPStore), under the round's prefix; the keys of
-rounds older than the previous one are dropped, and lookups still waiting for
-them are refused (`stale_round`). The store is bounded: past `MAX_KV_KEYS`
-keys, `MAX_KV_KEY_BYTES` per key, `MAX_KV_VALUE_BYTES` per value or
-`MAX_KV_WAITERS` waiting lookups a request is refused (`too_many_keys`,
-`key_too_long`, `value_too_large`, `too_many_waiters`).
+(the address of the round's TCPStore), under the round's prefix, and nothing
+else: a key outside every round's prefix (`round/N/`) is refused
+(`not_a_round_key`), so every key goes with its round. The keys of rounds
+older than the previous one are dropped, and lookups still waiting for them are
+refused (`stale_round`). A round's keys are set by its rank 0's host alone, at
+most `MAX_KV_KEYS_PER_ROUND` of them: past that its host is refused (`quota`,
+logged with the host), and neither another round nor another host is (a host
+that set junk keys once kept every later round from forming). The store is
+bounded besides: past `MAX_KV_KEYS` keys, `MAX_KV_KEY_BYTES` per key,
+`MAX_KV_VALUE_BYTES` per value or `MAX_KV_WAITERS` waiting lookups a request is
+refused (`too_many_keys`, `key_too_long`, `value_too_large`,
+`too_many_waiters`).
 
 Replicated (`--store etcd://...`), the store is kept in etcd as well
 (services/rendezvous/kv_log.py), written before a value is acknowledged, and a
@@ -51,8 +57,10 @@ from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST, NotEnoughS
 from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
 from elastic_control_plane.services.rendezvous.rounds import Join, Round, Rounds
 
-# A round needs one key (its TCPStore's address) and the keys of two rounds are kept; the rest is room for scripts.
+# A round needs one key (its TCPStore's address) and the keys of two rounds are kept: a round may hold a few more
+# (its host's quota), and the store at most MAX_KV_KEYS whatever happens.
 MAX_KV_KEYS = 1024
+MAX_KV_KEYS_PER_ROUND = 16
 # Keys are short paths such as `round/12/store`.
 MAX_KV_KEY_BYTES = 256
 # A value is an address (`host:port`); 4 KiB leaves room for a small blob and keeps the store under 5 MiB.
@@ -321,9 +329,11 @@ class RendezvousService(Service):
         size = len(key.encode())
         if size > MAX_KV_KEY_BYTES:
             raise LimitExceeded("key_too_long", f"a key of {size} bytes exceeds the store's {MAX_KV_KEY_BYTES}")
+        if not key.startswith("round/") or key.count("/") < 2:
+            raise RequestError("not_a_round_key", f"{key!r} is no round's key: the store keeps round/N/... keys only")
         awaiting_restore = self.kv_log is not None and not self.rounds.rounds
         live = tuple(r.prefix for r in self.rounds.rounds.values())
-        if key.startswith("round/") and not awaiting_restore and not key.startswith(live):
+        if not awaiting_restore and not key.startswith(live):
             raise RequestError(
                 "stale_round", f"{key!r} belongs to a round that is over (latest is {self.rounds.latest})"
             )
@@ -340,16 +350,29 @@ class RendezvousService(Service):
             raise LimitExceeded(
                 "value_too_large", f"a value of {len(value)} bytes for {key!r} exceeds the store's {MAX_KV_VALUE_BYTES}"
             )
-        if key not in self.kv and len(self.kv) >= MAX_KV_KEYS:
-            raise LimitExceeded(
-                "too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them"
-            )
+        if key not in self.kv:
+            self._check_room_for(key, request)
         if self.kv_log is not None and self.kv.get(key) != value:
             self._log_write(lambda: self.kv_log.set(key, value))  # type: ignore[union-attr]
         self.kv[key] = value
         for waiter in self._take_waiters(key):
             waiter.reply({}, raw=(value,))
         return {}
+
+    def _check_room_for(self, key: str, request: Request) -> None:
+        """A new key fits its round's quota (its rank 0 host's) and the store's bound, else it is refused."""
+        prefix = "/".join(key.split("/", 2)[:2]) + "/"
+        held = sum(1 for k in self.kv if k.startswith(prefix))
+        if held >= MAX_KV_KEYS_PER_ROUND:
+            host = request.body.get("host")
+            self.log.warning("kv_quota", host=host, round_prefix=prefix, keys=held)
+            raise LimitExceeded(
+                "quota", f"{prefix} holds {held} keys set by {host!r}, the most a round keeps; {key!r} is not one"
+            )
+        if len(self.kv) >= MAX_KV_KEYS:
+            raise LimitExceeded(
+                "too_many_keys", f"the store holds {MAX_KV_KEYS} keys, the most it keeps; {key!r} is not one of them"
+            )
 
     def _check_round_owner(self, request: Request, key: str) -> None:
         """A round's keys (its store's address) are set only through the agent of the host that holds the round's

@@ -233,18 +233,26 @@ def rendezvous(tmp_path: Path) -> Iterator[RendezvousService]:
     service.close()
 
 
+def new_round(rendezvous: RendezvousService, number: int, host: str = "h") -> None:
+    request(rendezvous, "new_round", {"hosts": [[host, 1]], "min_np": 1}, f"round{number}", sender="registry")
+
+
 def test_kv_refuses_long_keys_large_values_and_keys_past_the_most_it_keeps(
     rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rendezvous_module, "MAX_KV_KEYS", 2)
+    new_round(rendezvous, 1)
+    new_round(rendezvous, 2)
     replies = Replies(rendezvous)
-    request(rendezvous, "kv_set", {"key": "k" * (rendezvous_module.MAX_KV_KEY_BYTES + 1)}, "long", raw=(b"v",))
-    request(rendezvous, "kv_get", {"key": "é" * (rendezvous_module.MAX_KV_KEY_BYTES // 2 + 1)}, "long-get")
-    request(rendezvous, "kv_set", {"key": "big"}, "big", raw=(b"v" * (rendezvous_module.MAX_KV_VALUE_BYTES + 1),))
-    request(rendezvous, "kv_set", {"key": "a"}, "a", raw=(b"1",))
-    request(rendezvous, "kv_set", {"key": "b"}, "b", raw=(b"2",))
-    request(rendezvous, "kv_set", {"key": "c"}, "c", raw=(b"3",))
-    request(rendezvous, "kv_set", {"key": "a"}, "a-again", raw=(b"4",))
+    key = "round/1/" + "k" * rendezvous_module.MAX_KV_KEY_BYTES
+    request(rendezvous, "kv_set", {"key": key, "host": "h"}, "long", raw=(b"v",))
+    request(rendezvous, "kv_get", {"key": "round/1/" + "é" * (rendezvous_module.MAX_KV_KEY_BYTES // 2)}, "long-get")
+    big = (b"v" * (rendezvous_module.MAX_KV_VALUE_BYTES + 1),)
+    request(rendezvous, "kv_set", {"key": "round/1/big", "host": "h"}, "big", raw=big)
+    request(rendezvous, "kv_set", {"key": "round/1/a", "host": "h"}, "a", raw=(b"1",))
+    request(rendezvous, "kv_set", {"key": "round/2/b", "host": "h"}, "b", raw=(b"2",))
+    request(rendezvous, "kv_set", {"key": "round/2/c", "host": "h"}, "c", raw=(b"3",))
+    request(rendezvous, "kv_set", {"key": "round/1/a", "host": "h"}, "a-again", raw=(b"4",))
     assert {i: r.body.get("error") for i, r in replies.by_id.items()} == {
         "long": "key_too_long",
         "long-get": "key_too_long",
@@ -254,20 +262,46 @@ def test_kv_refuses_long_keys_large_values_and_keys_past_the_most_it_keeps(
         "c": "too_many_keys",
         "a-again": None,
     }
-    assert rendezvous.kv == {"a": b"4", "b": b"2"}
+    assert rendezvous.kv == {"round/1/a": b"4", "round/2/b": b"2"}
+
+
+def test_kv_keeps_round_keys_only_and_a_host_past_its_rounds_quota_stalls_no_later_round(
+    rendezvous: RendezvousService,
+) -> None:
+    """Issue 58: 1,024 junk keys once refused every later round's store address. A key outside every round is
+    refused; a round's host past its quota is refused `quota` in that round alone, and the next round (its junk
+    dropped with the round before last) takes its store address."""
+    new_round(rendezvous, 1)
+    replies = Replies(rendezvous)
+    request(rendezvous, "kv_set", {"key": "junk/1", "host": "h"}, "outside", raw=(b"x",))
+    request(rendezvous, "kv_get", {"key": "never-set/1"}, "outside-get", sender="worker")
+    for n in range(rendezvous_module.MAX_KV_KEYS_PER_ROUND):
+        request(rendezvous, "kv_set", {"key": f"round/1/junk{n}", "host": "h"}, f"junk{n}", raw=(b"x",))
+    request(rendezvous, "kv_set", {"key": "round/1/store", "host": "h"}, "past-quota", raw=(b"h:1",))
+    request(rendezvous, "kv_set", {"key": "round/1/junk0", "host": "h"}, "rewrite", raw=(b"y",))
+    assert replies.by_id["outside"].body["error"] == "not_a_round_key"
+    assert replies.by_id["outside-get"].body["error"] == "not_a_round_key"
+    assert replies.by_id["past-quota"].body["error"] == "quota", "the guilty host's round is refused"
+    assert replies.by_id["rewrite"].body.get("error") is None, "a key it holds may be set again"
+    for number in (2, 3):
+        new_round(rendezvous, number)
+    request(rendezvous, "kv_set", {"key": "round/3/store", "host": "h"}, "innocent", raw=(b"h:2",))
+    assert replies.by_id["innocent"].body.get("error") is None and rendezvous.kv["round/3/store"] == b"h:2"
+    assert not any(key.startswith("round/1/") for key in rendezvous.kv), "round 1's junk went with it"
 
 
 def test_kv_refuses_lookups_past_the_most_that_may_wait(
     rendezvous: RendezvousService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rendezvous_module, "MAX_KV_WAITERS", 2)
+    new_round(rendezvous, 1)
     replies = Replies(rendezvous)
     for n in range(3):
-        request(rendezvous, "kv_get", {"key": f"k{n % 2}"}, f"get{n}", sender=f"worker{n}")
+        request(rendezvous, "kv_get", {"key": f"round/1/k{n % 2}"}, f"get{n}", sender=f"worker{n}")
     assert replies.by_id["get2"].body["error"] == "too_many_waiters"
-    request(rendezvous, "kv_set", {"key": "k0"}, "set", raw=(b"v",))
+    request(rendezvous, "kv_set", {"key": "round/1/k0", "host": "h"}, "set", raw=(b"v",))
     assert replies.by_id["get0"].raw == (b"v",) and rendezvous.kv_waiting == 1
-    request(rendezvous, "kv_get", {"key": "k2"}, "get3", sender="worker3")
+    request(rendezvous, "kv_get", {"key": "round/1/k2"}, "get3", sender="worker3")
     assert "get3" not in replies.by_id, "an answered lookup frees its place"
 
 
