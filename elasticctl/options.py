@@ -20,6 +20,7 @@ import click
 
 from elastic_control_plane.elasticctl.control import CommandError
 from elastic_control_plane.job.spec import FIELDS, MODES, JobSpec, SpecError
+from elastic_control_plane.snapshot.durable import untrusted_directory
 
 # How the CLI spells a spec's field in an error; any other field is its option, `--` and the name with dashes.
 SPELLED = {
@@ -143,6 +144,9 @@ def _checkpoint_dir(options: dict[str, Any]) -> str | None:
         return None
     if checkpoint_dir.exists() and not os.access(checkpoint_dir, os.W_OK):
         raise CommandError(f"--checkpoint-dir {checkpoint_dir} is not writable", 2)
+    untrusted = untrusted_directory(checkpoint_dir)
+    if untrusted is not None:
+        raise CommandError(f"--checkpoint-dir {checkpoint_dir}: {untrusted}", 2)
     return str(checkpoint_dir.resolve())
 
 

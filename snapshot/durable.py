@@ -7,16 +7,19 @@ thread: it copies the newest buffer out of shared memory, verifies the copy
 retried at the next commit), writes it to a temporary file, fsyncs it, renames
 it into place and fsyncs the directory, then removes all but the newest two.
 A crash at any point leaves the earlier checkpoints complete. Checkpoints are
-the agent's user's only: files 0600 in directories made 0700 (a checkpoint is
-unpickled when a job resumes from it: snapshot/store.py refuses one another
-user wrote, or could have).
+the agent's user's only: files 0600 in directories made 0700 (a checkpoint's
+metadata may be unpickled when a job resumes from it: snapshot/store.py refuses
+a file another user wrote, or could have, and `trusted_checkpoint_files` a
+directory another user owns or may write; a flush refuses to write into one).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,44 @@ class Checkpoint:
     nbytes: int
     seconds: float
     written_at: float
+
+
+def untrusted_directory(path: Path, follow: bool = True) -> str | None:
+    """Why a checkpoint directory (`follow`: the one the user named, maybe through a symlink) or a host's directory
+    in it (not followed) is not to be written or resumed from, or None: it must be a directory of this user that no
+    one else may write (a checkpoint's metadata may be unpickled: whoever could plant a file there could run code in
+    the job)."""
+    try:
+        info = path.stat() if follow else path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at it: {exc.strerror}"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a directory" if follow or not stat.S_ISLNK(info.st_mode) else "it is a symlink"
+    if info.st_uid != os.getuid():
+        return f"it belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"
+    if info.st_mode & 0o022:
+        return f"others may write it (mode {info.st_mode & 0o777:o}): chmod go-w it"
+    return None
+
+
+def trusted_checkpoint_files(directory: Path, reject: Callable[[str, str], None]) -> list[Path]:
+    """`checkpoint_files` of the directory and of each host's directory that `untrusted_directory` passes;
+    `reject(path, reason)` hears of each one passed over."""
+    why = untrusted_directory(directory)
+    if why is not None:
+        reject(str(directory), why)
+        return []
+    hosts = sorted({path.parent for path in directory.glob("*/commit-*.snap")})
+    trusted = []
+    for host_dir in hosts:
+        why = untrusted_directory(host_dir, follow=False)
+        if why is None:
+            trusted += checkpoint_files(directory, host_dir.name)
+        else:
+            reject(str(host_dir), why)
+    return sorted(trusted, key=lambda path: -int(_NAME.match(path.name).group(1)))  # type: ignore[union-attr]
 
 
 def checkpoint_files(directory: Path, host: str = "*") -> list[Path]:
@@ -57,6 +98,9 @@ def flush(buffers: tuple[str, str], directory: Path, host: str, after_commit: in
         return None
     target_dir = directory / host
     target_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    why = untrusted_directory(directory) or untrusted_directory(target_dir, follow=False)
+    if why is not None:
+        raise PermissionError(f"checkpoint directory {target_dir} is not written: {why}")
     target = target_dir / f"commit-{header.commit:012d}.snap"
     partial = target_dir / f".{target.name}.{os.getpid()}.partial"
     partial.unlink(missing_ok=True)  # a flush of this process's that failed half-way

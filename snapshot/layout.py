@@ -18,6 +18,7 @@ its host's commit; writing and restoring is `snapshot.store`.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Sequence
@@ -108,11 +109,19 @@ def remove(prefix: str) -> None:
 
 
 def read_header(path: str | Path) -> BufferHeader | None:
+    """The header of the regular file at `path`, or None: a symlink is not followed, nor a FIFO waited on."""
     try:
-        with open(path, "rb") as file:
-            return BufferHeader.parse(file.read(HEADER.size))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return BufferHeader.parse(os.read(fd, HEADER.size))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def newest_header(paths: Sequence[str | Path]) -> BufferHeader | None:

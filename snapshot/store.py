@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -208,10 +209,6 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
         if job is not None and header.job != job:
             reject(path, f"it belongs to job {header.job!r}, not {job!r}")
             continue
-        foreign = _foreign(path)
-        if foreign is not None:
-            reject(path, foreign)
-            continue
         try:
             loaded = _load(path, header)
         except (OSError, ValueError) as exc:
@@ -224,13 +221,11 @@ def read_newest(paths: Sequence[str | Path], job: str | None, reject: Reject) ->
     return None
 
 
-def _foreign(path: str) -> str | None:
-    """Why a snapshot file is not this user's alone (its metadata is unpickled: whoever could write it could run
+def _foreign(info: os.stat_result) -> str | None:
+    """Why a snapshot file is not this user's alone (its metadata may be unpickled: whoever could write it could run
     code in the job), or None."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # gone: _load says so
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
     if info.st_uid != os.getuid():
         return f"it belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): another user's snapshot is not loaded"
     if info.st_mode & 0o022:
@@ -239,26 +234,40 @@ def _foreign(path: str) -> str | None:
 
 
 def _load(path: str, header: BufferHeader) -> Snapshot | str:
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-        if len(mapping) < header.file_bytes:
-            return f"truncated: {len(mapping)} bytes, the header says {header.file_bytes}"
-        with memoryview(mapping) as view, view[PAYLOAD_START : header.file_bytes] as payload:
-            checksum = copying.checksum(payload, header.payload_length)
-            if checksum != header.checksum or BufferHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
-                return f"bad checksum (commit {header.commit}): the buffer is torn or damaged"
-            try:
-                skeleton, specs = _metadata(payload[header.meta_offset : header.payload_length].tobytes())
-                tensors = [_tensor(payload, spec) for spec in specs]
-            except (
-                pickle.UnpicklingError,
-                AttributeError,
-                ImportError,
-                KeyError,
-                TypeError,
-                ValueError,
-                RuntimeError,
-            ) as exc:
-                return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
+    """The snapshot in `path`, read through one descriptor: opened without following a symlink, judged by what it
+    is (`_foreign`, on the descriptor), then mapped; so nothing can be swapped in between the check and the read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        foreign = _foreign(os.fstat(fd))
+        if foreign is not None:
+            return foreign
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapping:
+            return _from_mapping(mapping, header, path)
+    finally:
+        os.close(fd)
+
+
+def _from_mapping(mapping: mmap.mmap, header: BufferHeader, path: str) -> Snapshot | str:
+    """A mapped snapshot file verified against `header` (length, checksum), then decoded; a reason when it is not."""
+    if len(mapping) < header.file_bytes:
+        return f"truncated: {len(mapping)} bytes, the header says {header.file_bytes}"
+    with memoryview(mapping) as view, view[PAYLOAD_START : header.file_bytes] as payload:
+        checksum = copying.checksum(payload, header.payload_length)
+        if checksum != header.checksum or BufferHeader.parse(view[:HEADER_BYTES].tobytes()) != header:
+            return f"bad checksum (commit {header.commit}): the buffer is torn or damaged"
+        try:
+            skeleton, specs = _metadata(payload[header.meta_offset : header.payload_length].tobytes())
+            tensors = [_tensor(payload, spec) for spec in specs]
+        except (
+            pickle.UnpicklingError,
+            AttributeError,
+            ImportError,
+            KeyError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ) as exc:
+            return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
     return Snapshot(header.commit, rebuild(skeleton, tensors), header.written_at, header.payload_length, path)
 
 

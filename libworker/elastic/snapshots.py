@@ -21,7 +21,7 @@ from pathlib import Path
 
 from elastic_control_plane.bus.contract import WorkerEnv
 from elastic_control_plane.slot_processes.agent_link import say
-from elastic_control_plane.snapshot.durable import checkpoint_files
+from elastic_control_plane.snapshot.durable import trusted_checkpoint_files
 from elastic_control_plane.snapshot.layout import buffer_paths, newest_header
 from elastic_control_plane.snapshot.store import Snapshot, SnapshotWriter, read_newest
 from libworker.world import world
@@ -75,7 +75,7 @@ def restorable() -> Snapshot | None:
     (either falls back to the other when it fails verification), or None."""
     prefix, directory = os.environ.get(WorkerEnv.SNAPSHOT), os.environ.get(WorkerEnv.CHECKPOINT_DIR)
     host_paths = list(buffer_paths(prefix)) if prefix else []
-    durable_paths = checkpoint_files(Path(directory)) if directory else []
+    durable_paths = trusted_checkpoint_files(Path(directory), _rejected) if directory else []
     host_newest, durable_newest = newest_header(host_paths), newest_header(durable_paths)
     durable_first = durable_newest is not None and (host_newest is None or durable_newest.commit > host_newest.commit)
     sources = [(durable_paths, None), (host_paths, os.environ.get(WorkerEnv.JOB_KEY, ""))]

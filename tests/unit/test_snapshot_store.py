@@ -318,3 +318,69 @@ def test_the_metadata_is_data_and_a_snapshot_whose_metadata_is_a_whole_pickle_st
     found = read_newest(buffer_paths(prefix), "job-a", reject)
     assert found is not None and found.commit == 2 and heard == []
     assert_same(state, found.tree)
+
+
+def two_checkpoints(prefix: str, directory: Path) -> None:
+    writer = SnapshotWriter(prefix, "job-a")
+    for commit in (1, 2):
+        writer.write(commit, model_state(commit))
+        durable.flush(buffer_paths(prefix), directory, "host-1", commit - 1)
+    writer.close()
+
+
+def test_a_symlink_planted_as_the_newest_checkpoint_is_not_followed(prefix: str, tmp_path: Path) -> None:
+    """Issue 58: the file was judged by a stat of its path and read through a second open, so a symlink swapped in
+    between was read. Now one descriptor, opened without following links, is judged and read."""
+    directory = tmp_path / "checkpoints"
+    two_checkpoints(prefix, directory)
+    elsewhere = tmp_path / "theirs.snap"
+    shutil.copy(durable.checkpoint_files(directory)[0], elsewhere)
+    planted = directory / "host-1" / "commit-000000000009.snap"
+    planted.symlink_to(elsewhere)
+    heard, reject = rejections()
+    found = read_newest(durable.checkpoint_files(directory), None, reject)
+    assert found.commit == 2 and found.path != str(planted), "the user's own newest"
+
+
+def test_a_fifo_planted_as_a_checkpoint_blocks_nothing(prefix: str, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    two_checkpoints(prefix, directory)
+    os.mkfifo(directory / "host-1" / "commit-000000000009.snap")
+    heard, reject = rejections()
+    assert read_newest(durable.checkpoint_files(directory), None, reject).commit == 2
+
+
+def test_a_checkpoint_directory_others_may_write_is_not_resumed_from_nor_written(prefix: str, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    two_checkpoints(prefix, directory)
+    heard, reject = rejections()
+    assert len(durable.trusted_checkpoint_files(directory, reject)) == 2 and heard == [], "the user's own: used"
+    (directory / "host-1").chmod(0o777)
+    assert durable.trusted_checkpoint_files(directory, reject) == []
+    assert heard == [(str(directory / "host-1"), "others may write it (mode 777): chmod go-w it")]
+    (directory / "host-1").chmod(0o700)
+    directory.chmod(0o777)
+    heard.clear()
+    assert durable.trusted_checkpoint_files(directory, reject) == [] and "others may write it" in heard[0][1]
+    with pytest.raises(PermissionError, match="others may write it"):
+        durable.flush(buffer_paths(prefix), directory, "host-1", 0)
+
+
+def test_a_host_directory_planted_by_a_symlink_or_another_user_is_passed_over(prefix: str, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    two_checkpoints(prefix, directory)
+    theirs = tmp_path / "theirs"
+    two_checkpoints(prefix, theirs)
+    (directory / "host-9").symlink_to(theirs / "host-1")
+    heard, reject = rejections()
+    files = durable.trusted_checkpoint_files(directory, reject)
+    assert {path.parent.name for path in files} == {"host-1"} and heard == [
+        (str(directory / "host-9"), "it is a symlink")
+    ]
+    if os.geteuid() == 0:  # CI runs as root: a host directory another user made
+        planted = directory / "host-8"
+        shutil.copytree(directory / "host-1", planted)
+        os.chown(planted, 65534, 65534)
+        heard.clear()
+        assert {path.parent.name for path in durable.trusted_checkpoint_files(directory, reject)} == {"host-1"}
+        assert "it belongs to uid 65534" in heard[0][1]
