@@ -41,6 +41,12 @@ from elastic_control_plane.bus.sockets import Security, SecurityError
     help="CURVE key directory.",
 )
 @click.option(
+    "--insecure",
+    is_flag=True,
+    envvar="ELASTIC_INSECURE",
+    help="Allow a control plane off loopback without keys (plaintext; no server is authenticated).",
+)
+@click.option(
     "--advertise-addr",
     envvar="ELASTIC_ADVERTISE_ADDR",
     default=None,
@@ -104,6 +110,7 @@ def main(
     share_gpus: bool,
     control: str | None,
     keys: Path | None,
+    insecure: bool,
     advertise_addr: str | None,
     drain_timeout: float,
     standby: int | None,
@@ -159,7 +166,10 @@ def main(
             drain_timeout=drain_timeout,
             health=health_settings,
         )
-        agent = AgentService(config, endpoints, timing, Security(keys_dir=keys, role=AGENT, host=host), log=log)
+        security = Security(keys_dir=keys, insecure=insecure, role=AGENT, host=host)
+        for endpoint in vars(endpoints).values():
+            security.check_connect(endpoint)
+        agent = AgentService(config, endpoints, timing, security, log=log)
         health.ready_when(agent.readiness)
     except (SecurityError, ValueError) as exc:
         click.echo(f"elastic-agent: {exc}", err=True)

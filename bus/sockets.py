@@ -76,6 +76,20 @@ class Security:
                 "or --insecure"
             )
 
+    def check_connect(self, endpoints: str) -> None:
+        """A client without keys talks in plaintext and authenticates no server: only to loopback, unless
+        `insecure` (whoever answered at an address elsewhere, or bound it first while the control plane restarted,
+        would serve the job)."""
+        if self.keys_dir is not None or self.insecure:
+            return
+        for endpoint in endpoint_list(endpoints):
+            host = endpoint[len("tcp://") :].rsplit(":", 1)[0] if endpoint.startswith("tcp://") else "localhost"
+            if not is_loopback(host):
+                raise SecurityError(
+                    f"refusing to connect to {endpoint} without CURVE keys (nothing would authenticate the server): "
+                    "pass --keys DIR (elasticctl keys generate DIR) or --insecure"
+                )
+
     def keypair(self, name: str) -> tuple[bytes, bytes]:
         assert self.keys_dir is not None
         secret_file = self.keys_dir / f"{name}.key_secret"

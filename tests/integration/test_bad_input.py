@@ -221,3 +221,21 @@ def test_an_agent_given_timing_that_breaks_a_rule_says_so_in_one_line_and_exits_
         .splitlines()[-1]
         .startswith("elastic-agent: ELASTIC_COLLECTIVE_TIMEOUT='10.0': must exceed")
     ), result.stderr
+
+
+def test_an_agent_without_keys_refuses_a_control_plane_off_loopback_in_one_line(tmp_path) -> None:
+    """Plaintext to another machine authenticates nobody: whoever answers there would serve the job (issue 58). The
+    innocent twin, an agent without keys on loopback, is every other test of the suite."""
+    env = {**os.environ, "ELASTIC_RUN_DIR": str(tmp_path)}
+    env.pop("ELASTIC_KEYS", None)
+    env.pop("ELASTIC_INSECURE", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_control_plane.agent.main", "--host", "h1", "--control", "192.0.2.7"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("elastic-agent: refusing to connect to tcp://192.0.2.7:5550 without CURVE keys"), last
