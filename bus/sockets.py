@@ -151,6 +151,23 @@ def generate_keys(keys_dir: Path, agent_hosts: Sequence[str] = ()) -> None:
         (authorized / f"{name}.key").write_bytes((keys_dir / f"{name}.key").read_bytes())
 
 
+def role_keys(keys_dir: Path, role: str, target: Path) -> Path:
+    """`target`, made (0700) to hold what a process of `role` needs of `keys_dir` and nothing more: the server's
+    public key and the role's keypair (an agent never holds the server's secret, the operator's keypair or etcd's
+    CA). Written afresh each time; the secret 0600 from creation."""
+    name = KEY_OF_ROLE[role]
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(target, 0o700)
+    for file in (f"{SERVER_KEY}.key", f"{name}.key", f"{name}.key_secret"):
+        data = (keys_dir / file).read_bytes()
+        partial = target / f".{file}.partial"
+        partial.unlink(missing_ok=True)
+        with os.fdopen(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600), "wb") as out:
+            out.write(data)
+        os.replace(partial, target / file)
+    return target
+
+
 class _RefusalLog(logging.Logger):
     """zmq.auth reports refusals at debug level; we want each one as a structured warning."""
 

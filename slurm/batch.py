@@ -18,8 +18,9 @@ then waits:
 - SIGTERM (scancel): everything is stopped at once.
 
 Per allocation, STATE/JOB/ (0700, on the shared file system) holds the job's CURVE keys (made by the first run,
-kept by its reruns and by allocations that join it), `control` (the control plane's address) and the logs of the
-services (with --control-hosts, also its etcd certificates and data while a run lasts). `--join JOB` starts only
+kept by its reruns and by allocations that join it; the agents are given `agent-keys/`, their role's share),
+`control` (the control plane's address) and the logs of the services (with --control-hosts, also its etcd
+certificates and data while a run lasts). `--join JOB` starts only
 agents, which enter JOB's control plane, and runs until this allocation ends.
 """
 
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_control_plane.bus.config import DEFAULT_PORTS, Endpoints, control_address
-from elastic_control_plane.bus.sockets import generate_keys
+from elastic_control_plane.bus.roles import AGENT
+from elastic_control_plane.bus.sockets import generate_keys, role_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane
 from elastic_control_plane.elasticctl.local_processes import (
     SERVICES,
@@ -72,6 +74,7 @@ class Driver:
         home = args.join or self.job_id
         self.job_dir = args.state_dir / home
         self.keys = self.job_dir / "keys"
+        self.agent_keys = self.job_dir / "agent-keys"  # the agents' share of them (bus.sockets.role_keys)
         self.processes = Processes()
         self.received: list[int] = []
         self.checkpoint_dir = Path(self._run_option("--checkpoint-dir") or self.job_dir / "checkpoints")
@@ -155,7 +158,8 @@ class Driver:
     # -- agents --------------------------------------------------------------------------------------
     def start_agents(self, control: str, skip: frozenset[str] = frozenset()) -> None:
         """An agent step on each node of the allocation but `skip` (a joined job's nodes: their agents run)."""
-        env = {**os.environ, "ELASTIC_KEYS": str(self.keys), "ELASTIC_CONTROL": control}
+        role_keys(self.keys, AGENT, self.agent_keys)
+        env = {**os.environ, "ELASTIC_KEYS": str(self.agent_keys), "ELASTIC_CONTROL": control}
         env.setdefault("ELASTIC_LOG_LEVEL", "WARNING")  # the job's output: the workers' lines and what went wrong
         env.pop("ELASTIC_SLURM_JOB", None)
         slots = ["--slots", str(self.args.gpus_per_node)] if self.args.gpus_per_node else []
