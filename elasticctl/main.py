@@ -20,7 +20,8 @@ from elastic_control_plane.bus.config import (
     is_loopback,
     unresolved_hosts,
 )
-from elastic_control_plane.bus.sockets import SecurityError, generate_keys
+from elastic_control_plane.bus.roles import AGENT, OPERATOR
+from elastic_control_plane.bus.sockets import SecurityError, generate_keys, role_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
 from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts, gather_corrupt_records
 from elastic_control_plane.elasticctl.events import follow_events, print_history
@@ -323,6 +324,25 @@ def keys_generate(directory: Path, etcd_hosts: tuple[str, ...], agent_hosts: tup
         raise click.UsageError(str(exc)) from None
     make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
     click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
+
+
+@keys.command("share")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("target", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--role",
+    type=click.Choice([AGENT, OPERATOR]),
+    required=True,
+    help="Whose share: an agent's (its keypair and the server's public key) or an operator's (elasticctl's).",
+)
+def keys_share(directory: Path, target: Path, role: str) -> None:
+    """Write to TARGET what a ROLE needs of DIRECTORY and nothing more (an agent never gets the server's secret, the
+    operator's keypair or etcd's CA): hand each host TARGET instead of DIRECTORY."""
+    try:
+        role_keys(directory, role, target)
+    except OSError as exc:
+        raise CommandError(f"cannot share {directory}: {exc}", 2) from None
+    click.echo(f"{role} keys written to {target} (give them with --keys {target})")
 
 
 cli.add_command(slurm)

@@ -4,6 +4,8 @@ secret and the operator's keypair among it): the server's public key and the rol
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 from elastic_control_plane.bus.roles import AGENT, OPERATOR
@@ -28,3 +30,23 @@ def test_an_operators_share_and_a_second_call_rewrite_it_whole(tmp_path: Path) -
     role_keys(tmp_path / "keys", OPERATOR, share)
     assert sorted(p.name for p in share.iterdir()) == ["client.key", "client.key_secret", "server.key"]
     assert (share / "client.key_secret").read_bytes() == (tmp_path / "keys" / "client.key_secret").read_bytes()
+
+
+def test_elasticctl_keys_share_writes_a_roles_share_and_refuses_a_missing_directory(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "keys"]
+    subprocess.run([*command, "generate", str(tmp_path / "keys")], check=True, capture_output=True, timeout=60)
+    shared = subprocess.run(
+        [*command, "share", str(tmp_path / "keys"), str(tmp_path / "agent"), "--role", "agent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shared.returncode == 0, shared.stderr
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == ["agent.key", "agent.key_secret", "server.key"]
+    missing = subprocess.run(
+        [*command, "share", str(tmp_path / "nowhere"), str(tmp_path / "x"), "--role", "agent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
