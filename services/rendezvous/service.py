@@ -54,6 +54,7 @@ from typing import Any
 from elastic_control_plane.bus.roles import AGENT, OPERATOR, SERVICE
 from elastic_control_plane.bus.service import DEFERRED, LimitExceeded, Request, RequestError, Service, field, handles
 from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST, NotEnoughSlots, get_host_assignments, round_hosts
+from elastic_control_plane.services.rendezvous.bodies import parse_hosts
 from elastic_control_plane.services.rendezvous.kv_log import KvLog, KvLogError
 from elastic_control_plane.services.rendezvous.rounds import Join, Round, Rounds
 
@@ -68,33 +69,6 @@ MAX_KV_VALUE_BYTES = 4096
 # Every rank of a round waits for its round's store address at once: rounds of up to 65,536 ranks.
 MAX_KV_WAITERS = 65536
 LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
-
-
-def _slots(value: Any) -> int | list[int] | None:
-    """A host's slots: a count, or the ids of its usable slots (distinct, non-negative), MAX_SLOTS_PER_HOST at most;
-    None if neither."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if 0 <= value <= MAX_SLOTS_PER_HOST else None
-    if (
-        isinstance(value, list)
-        and len(value) <= MAX_SLOTS_PER_HOST
-        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
-        and len(set(value)) == len(value)
-    ):
-        return value
-    return None
-
-
-def _parse_hosts(raw: Any) -> list[tuple[str, int | list[int]]]:
-    if not isinstance(raw, list):
-        raise RequestError("bad_request", "hosts must be a list of [name, slots]")
-    hosts: list[tuple[str, int | list[int]]] = []
-    for item in raw:
-        slots = _slots(item[1]) if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) else None
-        if slots is None:
-            raise RequestError("bad_request", f"bad host entry {item!r}: want [name, slots] or [name, [slot ids]]")
-        hosts.append((item[0], slots))
-    return hosts
 
 
 class RendezvousService(Service):
@@ -129,7 +103,7 @@ class RendezvousService(Service):
     @handles("new_round", roles=(SERVICE,))
     def on_new_round(self, request: Request) -> dict[str, Any] | None:
         """A round on `hosts`; the registry hears of it before the joins it completes are answered."""
-        hosts = _parse_hosts(request.body.get("hosts"))
+        hosts = parse_hosts(request.body.get("hosts"))
         self.host_slot_counts = {name: slots for name, slots in hosts if isinstance(slots, int)}
         number = request.body.get("round")
         if number is not None and (not isinstance(number, int) or isinstance(number, bool)):
@@ -192,7 +166,7 @@ class RendezvousService(Service):
         hosts, raw_pids = body.get("hosts"), body.get("pids")
         if not isinstance(hosts, list) or not hosts:
             raise RequestError("bad_request", "restore_round needs the round's hosts [[name, [slot ids]]]")
-        slots = get_host_assignments(_parse_hosts(hosts), 0)
+        slots = get_host_assignments(parse_hosts(hosts), 0)
         if not slots:
             raise RequestError("bad_request", "restore_round needs a round of at least one slot")
         try:
