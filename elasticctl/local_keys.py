@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from elastic_control_plane.bus.config import default_run_dir
@@ -33,13 +34,27 @@ def _keys_dir() -> Path:
 
 
 def live_local_keys() -> Path | None:
-    """The keys of this user's running `elasticctl local`, if one runs."""
-    keys = default_run_dir() / LOCAL_KEYS
+    """The keys of this user's running `elasticctl local`, if one runs: found only in directories that are this
+    user's alone (the run directory and local-keys/ in it), so keys another user planted where this user's
+    elasticctl looks are never presented to anyone."""
+    run_dir = default_run_dir()
+    keys = run_dir / LOCAL_KEYS
+    if not all(_private(path) for path in (run_dir, keys)):
+        return None
     try:
         owner = int((keys / OWNER).read_text())
     except (OSError, ValueError):
         return None
     return keys if alive(owner) else None
+
+
+def _private(path: Path) -> bool:
+    """A directory (not a symlink) of this user that no one else may enter; False too when it is missing."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def make_local_keys() -> Path:
