@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +57,23 @@ class JobStore(Protocol):
     def close(self) -> None: ...
 
 
+def _check_directory(path: Path, info: os.stat_result) -> None:
+    """The state directory holds the job (the command every agent runs): this user's or root's, and not writable by
+    everyone (group-writable passes: Kubernetes gives a pod's volume to its fsGroup so); else StoreError, one line."""
+    if info.st_uid not in (os.getuid(), 0):
+        raise StoreError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): its job is not used")
+    if info.st_mode & 0o002:
+        raise StoreError(f"everyone may write {path} (mode {stat.S_IMODE(info.st_mode):o}): chmod o-w it")
+
+
+def _check_database(path: Path, info: os.stat_result) -> None:
+    """The database itself: this user's, and no one else may write it."""
+    if info.st_uid != os.getuid():
+        raise StoreError(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}): its job is not used")
+    if info.st_mode & 0o022:
+        raise StoreError(f"others may write {path} (mode {stat.S_IMODE(info.st_mode):o}): chmod go-w it")
+
+
 class SqliteJobStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / DATABASE
@@ -64,7 +82,13 @@ class SqliteJobStore:
             for directory in [*reversed(state_dir.parents), state_dir]:
                 if not directory.exists():
                     directory.mkdir(mode=0o700)  # the job's spec (its environment) is the operator's only
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives its -wal, -shm files this mode
+            _check_directory(state_dir, state_dir.stat())
+            # SQLite gives its -wal and -shm files this mode. Not through a symlink, and judged on the open file.
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                _check_database(self.path, os.fstat(fd))
+            finally:
+                os.close(fd)
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")

@@ -68,3 +68,24 @@ def test_the_state_is_the_operator_s_only(tmp_path: Path) -> None:
     for path in (tmp_path / "run" / "state" / "registry").iterdir():
         assert path.stat().st_mode & 0o077 == 0, path
     store.close()
+
+
+def test_a_state_directory_or_database_others_may_write_is_refused_and_a_private_one_used(tmp_path: Path) -> None:
+    """The database holds the job, whose command every agent runs (issue 58): it is used only where it is the user's
+    alone, never through a symlink."""
+    private = tmp_path / "private"
+    SqliteJobStore(private).close()
+    assert (private / DATABASE).exists(), "the innocent case: a new, private state directory"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(StoreError, match="everyone may write"):
+        SqliteJobStore(shared)
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    (planted / DATABASE).symlink_to(private / DATABASE)
+    with pytest.raises(StoreError, match="cannot use the registry's state database"):
+        SqliteJobStore(planted)
+    (private / DATABASE).chmod(0o666)
+    with pytest.raises(StoreError, match="others may write"):
+        SqliteJobStore(private)
