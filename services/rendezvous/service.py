@@ -42,7 +42,8 @@ Replicated (`--store etcd://...`), the store is kept in etcd as well
 (services/rendezvous/kv_log.py), written before a value is acknowledged, and a
 replica that takes over starts with it. Until the registry gives it the job's
 round back, it parks lookups of any round's key rather than refusing them as
-stale.
+stale, and refuses every key's setting for now (`unavailable`: rank 0 sends
+its store's address again), since it cannot yet tell whose round it is.
 """
 
 from __future__ import annotations
@@ -318,6 +319,8 @@ class RendezvousService(Service):
         if len(request.msg.raw) != 1:
             raise RequestError("bad_request", "kv_set needs the value as one raw frame")
         key = self._live_key(request)
+        if self.kv_log is not None and not self.rounds.rounds:  # a replica that took over, its round not given back
+            raise RequestError("unavailable", "this rendezvous has not been given the job's round yet: no one may set")
         self._check_round_owner(request, key)
         value = request.msg.raw[0]
         if len(value) > MAX_KV_VALUE_BYTES:

@@ -63,3 +63,27 @@ def test_a_reset_whose_clear_etcd_refused_leaves_the_old_job_and_its_retry_reset
         assert (admin.request("status").body["round"], kv_log.clears) == (0, 1)
     finally:
         admin.close()
+
+
+def test_a_replica_not_yet_given_its_round_lets_no_one_set_a_key_then_only_rank_0s_host(
+    rendezvous: RendezvousService,
+) -> None:
+    """Issue 58: after a failover and before the registry restored the round, any agent could set the round's store
+    address. Now nobody can (`unavailable`: rank 0 sends it again), and once the round is back only its rank 0's host
+    can."""
+    admin = Client(rendezvous.endpoint, "test-registry", timeout=1.0, deadline=5.0)
+    agent = Client(rendezvous.endpoint, "test-agent", timeout=1.0, deadline=5.0)
+    try:
+        with pytest.raises(ServiceError) as refused:
+            agent.request("kv_set", {"key": "round/1/store", "host": "b"}, raw=(b"b:1",))
+        assert refused.value.code == "unavailable"
+        restored = {"round": 1, "hosts": [["a", 1], ["b", 1]], "hosts_timestamp": 1.0, "released": False, "pids": []}
+        admin.request("restore_round", restored)
+        with pytest.raises(ServiceError) as forbidden:
+            agent.request("kv_set", {"key": "round/1/store", "host": "b"}, raw=(b"b:1",))
+        assert forbidden.value.code == "forbidden"
+        agent.request("kv_set", {"key": "round/1/store", "host": "a"}, raw=(b"a:1",))
+        assert rendezvous.kv == {"round/1/store": b"a:1"}
+    finally:
+        admin.close()
+        agent.close()
