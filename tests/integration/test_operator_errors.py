@@ -209,7 +209,7 @@ def test_agent_says_its_control_host_does_not_resolve(tmp_path: Path) -> None:
     try:
         cluster.spawn(
             "agent-host-1",
-            agent_argv("host-1", 1, "--control", "not-a-host.invalid"),
+            agent_argv("host-1", 1, "--control", "not-a-host.invalid", "--insecure"),  # no keys, off loopback
             env=env,
         )
         (warning,) = wait_for(
