@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -109,7 +110,9 @@ class Simulators:
         self.ctx = zmq.Context()
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.linger = 0
-        self.endpoint = f"ipc://{cluster.workdir / 'control.sock'}"
+        # Linux's abstract socket namespace: no file, so no path-length limit however deep the work directory is
+        # (a test's under pytest-xdist went past the 107 characters an ipc path may have), and nothing to remove.
+        self.endpoint = f"ipc://@elastic-scale-{uuid.uuid4().hex}"
         self.control.bind(self.endpoint)
         self.procs = min(procs, hosts)
         self.hosts, self.slots = hosts, slots
