@@ -171,7 +171,7 @@ class Service:
                 if fn._replayable:  # type: ignore[union-attr]
                     self._replayable.add(msg_type)
         self._callers = CallerRoles(security.keys_dir)
-        if security.keys_dir is not None and not self._callers.enforced:
+        if security.keys_dir is not None and endpoint.startswith("tcp://") and not self._callers.enforced:
             self.log.warning(
                 "keys_without_roles", keys=str(security.keys_dir), effect="every key may call every handler"
             )

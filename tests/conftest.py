@@ -32,6 +32,7 @@ def shared_group(path: str) -> str | None:
     return next((group for prefix, group in SHARED.items() if path.startswith(prefix)), None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into each test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(config.rootpath)
     for item in items:

@@ -112,8 +112,11 @@ def test_the_rendered_pods_run_a_job_through_an_agent_pod_deletion(cluster: Clus
         metrics = f"http://127.0.0.1:{argv[argv.index('--metrics-port') + 1]}"
         wait_for(lambda: ready(metrics + readiness["path"]), 60, f"{pod}'s readiness probe")
         assert ready(metrics + liveness["path"])
+    registered = {h["host"] for h in cluster.call("discovery", "hosts")["all"]}
+    assert registered == {"elastic-agent-0", "elastic-agent-1"}, "a Ready agent pod is registered"
     hosts = lambda: {h["host"] for h in cluster.call("discovery", "hosts")["all"] if h["state"] == "active"}  # noqa: E731
-    assert hosts() == {"elastic-agent-0", "elastic-agent-1"}, "a Ready agent pod is registered"
+    # Registered, it may still warm up (its fork server importing torch, seconds on a loaded machine) before active.
+    wait_for(lambda: hosts() == {"elastic-agent-0", "elastic-agent-1"}, 60, "both agent pods active")
     container = by_component["job"][0]
     env = pod_env("job", "elastic-job")
     evicted = cluster.spawn("elasticctl-run", local(container["command"], env, ports), env=env)

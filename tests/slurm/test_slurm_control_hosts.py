@@ -30,6 +30,18 @@ def job_processes(job: str) -> list[int]:
     return found
 
 
+def described(pids: list[int]) -> list[str]:
+    """Each process as `pid: command line`, for a failure's message."""
+    lines = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{pid}: {command[:200]}")
+    return lines
+
+
 def test_a_job_with_three_control_hosts_loses_a_control_node_and_finishes(slurm: SlurmCluster) -> None:
     job = slurm.submit(*job_args("log", flags=("--control-hosts", "3")))
     first_commit_at_size(slurm, 3, 0.0, 120)
@@ -51,7 +63,10 @@ def test_a_job_with_three_control_hosts_loses_a_control_node_and_finishes(slurm:
     done = [e for e in events if e["event"] == "done"]
     assert done and all(e["batch"] == BATCHES and e["total"] == sum(range(BATCHES)) for e in done)
     assert victim not in {e["host"] for e in commits(events) if e["time"] >= at_two}
-    wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
+    try:
+        wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; left: {described(job_processes(job))}") from None
     assert not list(job_dir.glob("etcd-*")) and not (job_dir / "keys" / "etcd").exists()
     assert not (job_dir / "control-hosts").exists()
 
@@ -68,6 +83,9 @@ def test_a_preempted_job_with_three_control_hosts_resumes_on_a_fresh_replicated_
     assert "run 1;" in output and output.count("control hosts on node1, node2, node3") == 2, output[-3000:]
     done = [e for e in slurm.events("log") if e["event"] == "done"]
     assert done and all(e["total"] == sum(range(400)) for e in done)
-    wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
+    try:
+        wait_for(lambda: not job_processes(job), 30, f"every process of job {job} to end", interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; left: {described(job_processes(job))}") from None
     job_dir = slurm.user_dir / ".elastic-slurm" / job
     assert not list(job_dir.glob("etcd-*")) and not (job_dir / "keys" / "etcd").exists()
