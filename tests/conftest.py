@@ -1,9 +1,10 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
-fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), the xdist groups of tests that share a fixed resource,
+fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), the locks of tests that share a fixed resource,
 and a check that the run leaves no snapshot buffer in shared memory."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -17,8 +18,11 @@ from testing.harness import Cluster
 SHM = Path("/dev/shm")
 
 
-# Tests that share something fixed run in one xdist group, one after the other (on one worker); every other test has
-# its own ports (testing.harness.free_ports), directories and shared-memory directory, and runs beside any other.
+# Tests that share something fixed take its lock for their whole module (`shared_resource`): one module at a time
+# holds it, whichever pytest-xdist worker runs it, and a second copy of the suite on the machine waits too. Every
+# other test has its own ports (testing.harness.free_ports), directories and shared-memory directory, and runs beside
+# any other. (A lock, not xdist's `xdist_group`: pytest-xdist 3.8 sets a test id pytest 9 no longer reads, so its
+# groups are not kept together.)
 SHARED = {
     "tests/slurm/": "slurm",  # one real Slurm per module (its slurmctld and slurmd ports are fixed)
     "tests/integration/test_local_control_hosts.py": "default-ports",  # elasticctl local --control-hosts: 127.0.0.x
@@ -28,17 +32,26 @@ SHARED = {
 
 
 def shared_group(path: str) -> str | None:
-    """The xdist group of a test file (a path relative to the repository), or None where it shares nothing."""
+    """What a test file (a path relative to the repository) shares with others, or None where it shares nothing."""
     return next((group for prefix, group in SHARED.items() if path.startswith(prefix)), None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into each test's id
+@pytest.fixture(scope="module", autouse=True)
+def shared_resource(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The lock of what this module shares (SHARED), held from before its first fixture to after its last."""
+    group = shared_group(Path(request.path).relative_to(request.config.rootpath).as_posix())
+    if group is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"elastic-tests-{group}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(config.rootpath)
-    for item in items:
-        group = shared_group(Path(item.path).relative_to(root).as_posix())
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("ELASTIC_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow soak/scale run: set ELASTIC_SLOW=1")
