@@ -1,9 +1,10 @@
 """Horovod's own PyTorch test suite, run against libworker as one elastic job, with per-test outcomes per rank.
 
-    python -m bench.horovod_suite --tests DIR [--hosts 2 --slots 1] [-k EXPR] [--timeout S] [--json PATH]
+    python -m bench.horovod_suite [--tests DIR] [--hosts 2 --slots 1] [--standby N] [-k EXPR] [--timeout S]
+                                  [--json PATH]
 
-What it owns: taking Horovod's test files from DIR (they are not in this
-repository, for licence and size), preparing a throw-away copy that imports
+What it owns: taking Horovod's test files from DIR (by default the unmodified
+copy in third_party/horovod/, with Horovod's licence), preparing a throw-away copy that imports
 libworker instead of horovod.torch, running it the way Horovod's CI does (every
 rank runs the same pytest session; here the ranks are the workers of ONE job
 under `elasticctl local`), collecting each rank's junit XML, and printing one
@@ -15,9 +16,9 @@ A test counts as passed only if it passed on every rank; otherwise it counts
 as failed if it failed on some rank, else error (a setup/teardown error, or a
 rank that never reported it: crashed or timed out), else skipped.
 
-Getting Horovod's files (the ones this was written against: commit
-2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a), from a clone of
-https://github.com/horovod/horovod:
+Getting Horovod's files again (the ones this was written against, and
+third_party/horovod/ holds: commit 2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a),
+from a clone of https://github.com/horovod/horovod:
 
     mkdir -p /work/hvdtests && cd horovod
     C=2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a
@@ -43,19 +44,22 @@ they happen, so a rank that crashes or is stopped by the timeout still tells
 which tests it finished and which one it was in.
 
 The job: `elasticctl local --hosts H --slots S --max-restarts 0 --hung-timeout
-TIMEOUT -- sh -c 'exec "$0" -m pytest ...' python FILES [-k EXPR]`: each rank
-runs `python -m pytest -p no:cacheprovider -q -rA
---junitxml=OUT/<ELASTIC_HOST>-<ELASTIC_LOCAL_RANK>.xml FILES [-k EXPR]` (the
-shell only expands the junit path; `exec` matters: the registry matches a
-worker's exit to the pid libworker registered, and a wrapper shell's exit is
-taken for a leftover's, so the job would never end). The plugin records
-pytest's exit code next to the XML and turns 1 (tests failed) and 5 (none
-collected) into exit 0: a failing test is a result, not a crashed worker, so
-the agent never restarts the slot to run its session again and the other ranks
-are not aborted (`--max-restarts 0` also keeps a real crash from rerunning the
-session). The control plane runs on free ports with its run directory, shared
-memory directory and TMPDIR inside the temporary directory, so it does not
-clash with another `elasticctl local`.
+TIMEOUT [--standby N] -- python -m pytest -p no:cacheprovider -p hvd_suite_progress
+-q -rA FILES [-k EXPR]`, started as a user starts one: `python -m MODULE`, so
+the agents fork its workers warm and each keeps a standby (the defaults;
+`--standby 0` for none). The plugin names each rank's junit XML
+(OUT/<ELASTIC_HOST>-<ELASTIC_LOCAL_RANK>.xml) when the session ends, since a
+standby learns its slot in init(), and holds a standby's progress records until
+it is admitted (one never admitted writes nothing). It records pytest's exit
+code next to the XML and turns 1 (tests failed) and 5 (none collected) into
+exit 0: a failing test is a result, not a crashed worker, so the agent never
+hands the slot to a standby or restarts it to run its session again, and the
+other ranks are not aborted (`--max-restarts 0` also keeps a real crash from
+rerunning the session). The agents log at INFO, so the job's output tells how
+often a standby waited and was admitted, and any line a standby wrote (the
+`standbys` of the JSON). The control plane runs on free ports with its run
+directory, shared memory directory and TMPDIR inside the temporary directory,
+so it does not clash with another `elasticctl local`.
 HOROVOD_RANK/HOROVOD_SIZE are not set here: they are libworker's to set in
 init(), as horovodrun sets them.
 
