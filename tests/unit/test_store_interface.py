@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import NoReturn
 
 import pytest
 import torch.distributed as dist
@@ -59,7 +61,7 @@ def test_abortable_store_is_among_them() -> None:
 
 
 @pytest.fixture
-def server() -> dist.TCPStore:
+def server() -> Iterator[dist.TCPStore]:
     (port,) = free_ports(1)
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5))
     yield store
@@ -96,7 +98,7 @@ def test_every_method_reaches_the_store_it_wraps(server: dist.TCPStore) -> None:
     ],
     ids=["get", "wait", "multi_get", "barrier", "queue_pop"],
 )
-def test_each_wait_ends_at_the_abort(server: dist.TCPStore, blocking) -> None:  # noqa: ANN001
+def test_each_wait_ends_at_the_abort(server: dist.TCPStore, blocking: Callable[[AbortableStore], object]) -> None:
     aborted = threading.Event()
     store = AbortableStore(server, aborted.is_set)
     store.set("a", b"1")
@@ -118,7 +120,7 @@ def test_a_process_set_whose_group_fails_is_not_registered(
     monkeypatch.setattr(process_sets, "_registry", process_sets._Registry({}, {}))
     real_new_group = dist.new_group
 
-    def failing_once(ranks: list[int]):  # noqa: ANN202
+    def failing_once(ranks: list[int]) -> NoReturn:
         monkeypatch.setattr(dist, "new_group", real_new_group)
         raise RuntimeError("Not implemented.")
 
