@@ -108,9 +108,9 @@ class HostEntry:
             if waiting is None or waiting.pid != pid:
                 continue
             del self.waiting[local_rank]
-            waiting.request.reply(answer)
             if "rank" in answer:
                 self.on_rank(local_rank)
+            waiting.request.reply(answer)
         if self.waiting:
             self._send()
 
