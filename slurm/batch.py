@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,7 @@ class Driver:
         self.received: list[int] = []
         self.checkpoint_dir = Path(self._run_option("--checkpoint-dir") or self.job_dir / "checkpoints")
         self.control_steps: ControlSteps | None = None
+        self.service_state_dirs: list[str] = []  # node-local, one per start; removed when the driver ends
 
     def _run_option(self, name: str) -> str | None:
         flags = self.run_args[: self.run_args.index("--")] if "--" in self.run_args else self.run_args
@@ -128,10 +130,11 @@ class Driver:
         for attempt in range(1, START_ATTEMPTS + 1):
             base = free_port_block(address, after=base)
             endpoints = Endpoints.on_hosts([(address, base)])
+            self.service_state_dirs.append(tempfile.mkdtemp(prefix="elastic-slurm-state-"))
             env = {
                 **self.services_env(excluded),
                 **endpoints.as_env(),
-                "ELASTIC_STATE_DIR": tempfile.mkdtemp(prefix="elastic-slurm-state-"),
+                "ELASTIC_STATE_DIR": self.service_state_dirs[-1],
             }
             for service in SERVICES:
                 self.processes.start(service, service_argv(service), env, logs / f"{service}-{self.restarts}.log")
@@ -241,6 +244,8 @@ class Driver:
         finally:
             if self.control_steps is not None:
                 self.control_steps.remove()
+            for state_dir in self.service_state_dirs:
+                shutil.rmtree(state_dir, ignore_errors=True)
 
     def run(self) -> int:
         signal.signal(signal.SIGUSR1, self._on_signal)
