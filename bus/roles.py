@@ -16,11 +16,14 @@ authorises each under `DIR/authorized/<key>.key`:
 A service maps the key a caller authenticated with (its ZAP User-Id: the key,
 z85) to the role whose authorised key it is (`CallerRoles`), and a handler
 marked `@handles(type, roles=...)` answers only those roles; anyone else gets
-`forbidden` and the service logs one line naming the role and the handler. A
-keys directory made before roles (no `agent` or `service` key) authorises
-every key for every handler, as before, and the service says so at start.
-Without keys (loopback, `--insecure`) and on the agents' owner-only ipc
-sockets nobody is checked.
+`forbidden` and the service logs one line naming the role and the handler.
+The checks fail closed: an authorised key of no role (one added to
+`authorized/` by hand), or a role whose key is missing from the directory,
+gets only the handlers open to every role. The one exception is a keys
+directory made before roles, whose only role key is the operator's: that key
+is every role, as it was, and the service says so at start. Without keys
+(loopback, `--insecure`) and on the agents' owner-only ipc sockets nobody is
+checked.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ def check_host_name(host: str) -> str:
 
 
 class CallerRoles:
-    """The role of each authorised key of a keys directory, and the host a per-host agent key speaks for; `enforced`
-    False for a directory made before roles."""
+    """The role of each authorised key of a keys directory, and the host a per-host agent key speaks for;
+    `single_key` for a directory made before roles."""
 
     def __init__(self, keys_dir: Path | None) -> None:
         self.by_key: dict[str, str] = {}
@@ -65,8 +68,9 @@ class CallerRoles:
             self.by_key[key], self.host_by_key[key] = AGENT, public.stem
 
     @property
-    def enforced(self) -> bool:
-        return set(self.by_key.values()) == set(KEY_OF_ROLE)
+    def single_key(self) -> bool:
+        """A keys directory made before roles: the operator's is the only role key authorised, and it is every role."""
+        return set(self.by_key.values()) == {OPERATOR}
 
     def role_of(self, user_id: str | None) -> str | None:
         return None if user_id is None else self.by_key.get(user_id)
@@ -77,9 +81,10 @@ class CallerRoles:
 
     def allows(self, user_id: str | None, roles: Collection[str]) -> bool:
         """May the caller that authenticated as `user_id` (None: not over CURVE) call a handler open to `roles`?"""
-        if not self.enforced or user_id is None or roles is ANY_ROLE:
+        if user_id is None or roles is ANY_ROLE:
             return True
-        return self.role_of(user_id) in roles
+        role = self.role_of(user_id)
+        return role is not None and (self.single_key or role in roles)
 
 
 def _public_key(path: Path) -> str:

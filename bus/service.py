@@ -171,9 +171,9 @@ class Service:
                 if fn._replayable:  # type: ignore[union-attr]
                     self._replayable.add(msg_type)
         self._callers = CallerRoles(security.keys_dir)
-        if security.keys_dir is not None and endpoint.startswith("tcp://") and not self._callers.enforced:
+        if security.keys_dir is not None and endpoint.startswith("tcp://") and self._callers.single_key:
             self.log.warning(
-                "keys_without_roles", keys=str(security.keys_dir), effect="every key may call every handler"
+                "keys_without_roles", keys=str(security.keys_dir), effect="the operator's key may call every handler"
             )
         self._sockets: dict[zmq.Socket, Callable[[], None]] = {self.router: self._on_router}
         self._timers: list[list[Any]] = []
