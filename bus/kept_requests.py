@@ -6,9 +6,9 @@ and what Python spends to keep them: `reply_cost`); a reply larger than `REPLY_C
 replies answer reads, which a retry runs again). Handlers a retry may simply run again (reads, heartbeats, the
 agents' periodic wait reports: `handles(..., replayable=True)`, bus/service.py) keep no reply here at all.
 
-`ParkingLot` holds the requests parked until their answer is known: at most `MAX_PARKED_PER_SENDER` of one
-sender, `MAX_PARKED` in all and `MAX_PARKED_BYTES` of messages. It says why one more may not park (`refusal`);
-refusing it is the service's business.
+`ParkingLot` holds the requests parked until their answer is known: at most `MAX_PARKED_PER_SENDER` of one owner
+(a sender, or a host's own key whatever sender names it uses), `MAX_PARKED` in all and `MAX_PARKED_BYTES` of
+messages. It says why one more may not park (`refusal`); refusing it is the service's business.
 """
 
 from __future__ import annotations
@@ -83,16 +83,17 @@ class ReplyCache:
 
 
 class Parkable(Protocol):
-    """What the parking lot needs of a request: the size of its message in bytes."""
+    """What the parking lot needs of a request: the size of its message in bytes, and whose share it takes."""
 
     size: int
+    owner: str
 
 
 ParkedRequest = TypeVar("ParkedRequest", bound=Parkable)
 
 
 class ParkingLot(Generic[ParkedRequest]):
-    """Parked requests by parking key (sender, id): at most `per_sender` of one sender, `total` in all, `max_bytes`
+    """Parked requests by parking key (sender, id): at most `per_sender` of one owner, `total` in all, `max_bytes`
     of their messages, and none whose message is over `max_request_bytes`."""
 
     def __init__(
@@ -116,8 +117,8 @@ class ParkingLot(Generic[ParkedRequest]):
     def get(self, key: tuple[str, str]) -> ParkedRequest | None:
         return self._requests.get(key)
 
-    def refusal(self, sender: str, size: int) -> str | None:
-        """Why one more request of `sender`, of `size` bytes, may not park now, or None when it may."""
+    def refusal(self, owner: str, size: int) -> str | None:
+        """Why one more request of `owner`, of `size` bytes, may not park now, or None when it may."""
         if size > self.max_request_bytes:
             return f"a request of {size} bytes may not wait here: a parked request is at most {self.max_request_bytes}"
         if len(self._requests) >= self.total:
@@ -127,13 +128,13 @@ class ParkingLot(Generic[ParkedRequest]):
                 f"parked requests hold {self.nbytes} bytes, and {size} more would exceed the {self.max_bytes} this "
                 "service keeps"
             )
-        if self._by_sender[sender] >= self.per_sender:
-            return f"sender {sender!r} has {self.per_sender} requests parked already, the most one sender may"
+        if self._by_sender[owner] >= self.per_sender:
+            return f"sender {owner!r} has {self.per_sender} requests parked already, the most one sender may"
         return None
 
     def park(self, key: tuple[str, str], request: ParkedRequest) -> None:
         self.unpark(key)
-        self._by_sender[key[0]] += 1
+        self._by_sender[request.owner] += 1
         self.nbytes += request.size
         self._requests[key] = request
 
@@ -142,6 +143,6 @@ class ParkingLot(Generic[ParkedRequest]):
         if request is None:
             return
         self.nbytes -= request.size
-        self._by_sender[key[0]] -= 1
-        if not self._by_sender[key[0]]:
-            del self._by_sender[key[0]]
+        self._by_sender[request.owner] -= 1
+        if not self._by_sender[request.owner]:
+            del self._by_sender[request.owner]

@@ -9,8 +9,8 @@ answer it later with `request.reply(...)`. `RequestError` becomes an error
 reply; any other exception is logged and becomes an `internal` error reply, so
 nothing a peer sends stops the loop.
 
-Retried requests are idempotent: a request with the same (sender, id) as one
-already answered gets the cached answer again (but a replayable one's), and one
+Retried requests are idempotent: a request with the same (sender, id), from the
+same authenticated key, as one already answered gets the cached answer again (but a replayable one's), and one
 that is parked has its return route updated (a client that reconnected still
 gets the answer). A request refused by its handler (bad input, a bound) changed
 nothing: its answer is not kept, and a retry is judged again.
@@ -19,14 +19,13 @@ Nothing a peer sends grows memory without bound. The reply cache and the
 parked requests are bounded (bus/kept_requests.py): past the parking bounds, a
 request of a type that parks (its handler has returned `DEFERRED` before) is
 refused with `too_many_parked`. Large buffers are mapped on their own rather
-than carved from the heap (`keep_large_buffers_out_of_the_heap`), and after a
+than carved from the heap (bus/heap.py), and after a
 burst of traffic the idle loop hands the memory that was freed back to the
 system: glibc keeps it otherwise, and the process would stay at its peak.
 """
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import threading
 import time
@@ -38,6 +37,7 @@ import zmq
 
 from elastic_control_plane.bus import health, metrics
 from elastic_control_plane.bus.envelope import Message, WireError, decode, encode, error_body, reply_to
+from elastic_control_plane.bus.heap import keep_large_buffers_out_of_the_heap, release_freed_memory
 from elastic_control_plane.bus.kept_requests import ParkingLot, ReplyCache
 from elastic_control_plane.bus.roles import ANY_ROLE, CallerRoles
 from elastic_control_plane.bus.sockets import Security, server_socket, stop_authenticator
@@ -49,10 +49,6 @@ MESSAGES_PER_TURN = 256
 # release costs under a millisecond, ordinary traffic (heartbeats, rounds) needs minutes to move 1 MiB, and what a
 # burst leaves after the last release is about this much.
 RELEASE_AFTER_BYTES = 1024 * 1024
-# glibc's default mmap threshold, made fixed: left dynamic, glibc raises it to the size of the largest buffer freed (up
-# to 32 MiB), and from then on every message and reply up to that size is carved from the heap, where the small live
-# objects around it keep the space from ever being returned.
-MMAP_THRESHOLD_BYTES = 128 * 1024
 
 
 class RequestError(Exception):
@@ -86,35 +82,23 @@ class LimitExceeded(RequestError):
     """A peer reached one of the service's bounds: refused like any `RequestError`, and logged as a warning."""
 
 
-def _glibc() -> ctypes.CDLL | None:
-    libc = ctypes.CDLL(None)
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None  # elsewhere: nothing to tune
-
-
-_GLIBC = _glibc()
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
-
-
-def keep_large_buffers_out_of_the_heap() -> None:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES, so large buffers are mapped and unmapped on their own."""
-    if _GLIBC is not None:
-        _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-
-
-def release_freed_memory() -> None:
-    """Hand the memory that glibc keeps free in its arenas (libzmq's I/O thread's included) back to the system."""
-    if _GLIBC is not None:
-        _GLIBC.malloc_trim(0)
-
-
 class Request:
     """A decoded request, the way back to its sender, and the size of its message in bytes."""
 
-    def __init__(self, service: Service, msg: Message, route: bytes, key: tuple[str, str] | None, size: int) -> None:
+    def __init__(
+        self,
+        service: Service,
+        msg: Message,
+        route: bytes,
+        key: tuple[str, str] | None,
+        size: int,
+        owner: str | None = None,
+    ) -> None:
         self.msg = msg
         self.route = route
         self.key = key
         self.size = size
+        self.owner = owner if owner is not None else self.parking_key[0]  # whose share of the parking lot it takes
         self._service = service
         self.answered = False
 
@@ -305,7 +289,11 @@ class Service:
             why = f"the key of host {bound!r} speaks only for that host, not for {named!r}"
             self._forbid(route, msg, why, role="agent", key_host=bound, named_host=str(named))
             return
-        key = (msg.sender, msg.id) if msg.sender and msg.id else None
+        # Replies are kept and found by the caller's authenticated key with its sender name and the id: a caller with
+        # another key that names the same sender and id reaches neither the reply nor the parked request. A host's own
+        # key is one owner in the parking lot whatever sender names it uses; a shared key's share is per sender.
+        caller = f"{user_id}/{msg.sender}" if user_id is not None else msg.sender
+        key = (caller, msg.id) if msg.sender and msg.id else None
         cached = self._replied.get(key) if key is not None else None
         if cached is not None:
             self._send(route, cached)
@@ -315,7 +303,7 @@ class Service:
             parked.route = route
             return
         handler = self._handlers.get(msg.type)
-        request = Request(self, msg, route, key, sum(len(f) for f in payload))
+        request = Request(self, msg, route, key, sum(len(f) for f in payload), user_id if bound is not None else None)
         if handler is None:
             metrics.count_message(self.name, metrics.UNKNOWN_TYPE, metrics.REFUSED)
             self.log.warning("unknown_type", type=msg.type, sender=msg.sender)
@@ -352,7 +340,7 @@ class Service:
 
     def _check_room_to_park(self, request: Request) -> None:
         """Refuse a request of a type that parks when its sender, or the service, has the most parked already."""
-        refusal = self._parked.refusal(request.parking_key[0], request.size)
+        refusal = self._parked.refusal(request.owner, request.size)
         if refusal is not None:
             raise LimitExceeded("too_many_parked", refusal)
 

@@ -113,7 +113,7 @@ def parked(sender: str, msg_id: str, size: int = 10) -> Request:
 
 
 def park(lot: ParkingLot, request: Request) -> None:
-    assert lot.refusal(request.parking_key[0], request.size) is None
+    assert lot.refusal(request.owner, request.size) is None
     lot.park(request.parking_key, request)
 
 
