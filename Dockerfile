@@ -42,8 +42,8 @@ RUN pip install /wheels/*.whl && rm -rf /wheels
 COPY examples/ examples/
 
 RUN useradd --create-home --uid 10001 --user-group elastic
-# The registry's state directory; a named volume mounted here starts with this owner.
-RUN mkdir /state && chown elastic:elastic /state
+# The registry's state directory and the keys compose makes: a named volume mounted on either starts with this owner.
+RUN mkdir /state /keys && chown elastic:elastic /state /keys
 USER elastic
 
 # discovery, rendezvous, registry, notifier (ingest), notifier events (XPUB)

@@ -46,6 +46,7 @@ SERVER_HIGH_WATER_MARK = 100
 # frame is not read at all: libzmq drops its peer.
 HARD_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 1024 * 1024
 SERVER_KEY = "server"
+SHARES_DIR = "shares"  # each role's share of a keys directory, where `elasticctl keys generate --shares` writes them
 # A client socket with several endpoints pings each connection this often, and closes one that sent nothing for
 # LIST_HEARTBEAT_TIMEOUT_MS after a ping (libzmq then connects again).
 LIST_HEARTBEAT_IVL_MS = 500

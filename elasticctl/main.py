@@ -21,7 +21,7 @@ from elastic_control_plane.bus.config import (
     unresolved_hosts,
 )
 from elastic_control_plane.bus.roles import AGENT, OPERATOR
-from elastic_control_plane.bus.sockets import SecurityError, generate_keys, role_keys
+from elastic_control_plane.bus.sockets import SERVER_KEY, SHARES_DIR, SecurityError, generate_keys, role_keys
 from elastic_control_plane.elasticctl.control import CommandError, ControlPlane, ControlPlaneUnreachable
 from elastic_control_plane.elasticctl.control_hosts import gather_control_hosts, gather_corrupt_records
 from elastic_control_plane.elasticctl.events import follow_events, print_history
@@ -315,15 +315,36 @@ def keys() -> None:
     help="Give this host's agent a key of its own, which may speak only for it (repeat; default: one key all agents "
     "share). Each host then gets DIRECTORY without the other hosts' agents/HOST.key_secret.",
 )
-def keys_generate(directory: Path, etcd_hosts: tuple[str, ...], agent_hosts: tuple[str, ...]) -> None:
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the keys DIRECTORY holds already (a container that makes keys on its first start, started again, must "
+    "not replace the keys the agents hold); make them only where there are none.",
+)
+@click.option(
+    "--shares",
+    is_flag=True,
+    help="Also write each role's share, what to hand agents and operators instead of DIRECTORY: "
+    "DIRECTORY/shares/agent and DIRECTORY/shares/operator (elasticctl keys share).",
+)
+def keys_generate(
+    directory: Path, etcd_hosts: tuple[str, ...], agent_hosts: tuple[str, ...], keep: bool, shares: bool
+) -> None:
     """Write server and client keypairs to DIRECTORY (secrets 0600), authorise the client key, and make etcd's CA and
     its members' and clients' certificates in DIRECTORY/etcd."""
-    try:
-        generate_keys(directory, agent_hosts)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
-    click.echo(f"keys written to {directory} (give agents and elasticctl --keys {directory})")
+    if keep and (directory / f"{SERVER_KEY}.key_secret").exists():
+        click.echo(f"keys kept in {directory}")
+    else:
+        try:
+            generate_keys(directory, agent_hosts)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        make_etcd_certs(directory, etcd_hosts or DEFAULT_HOSTS)
+        click.echo(f"keys written to {directory} (hand agents and operators their share: elasticctl keys share)")
+    if shares:
+        for role in (AGENT, OPERATOR):
+            role_keys(directory, role, directory / SHARES_DIR / role)
+        click.echo(f"shares written to {directory / SHARES_DIR}: agent/ for agents, operator/ for elasticctl")
 
 
 @keys.command("share")

@@ -1,11 +1,14 @@
 """docker-compose.yml without a Docker engine: parse it, then run each service's command locally.
 
 The compose file is checked for shape (services, commands, healthchecks, ports,
-dependencies, environment). Then every service's `command` runs as a local
-process with the compose environment, except that endpoints point at
-127.0.0.1 on free ports and the bind host is 127.0.0.1 (metrics ports too);
-each must answer a ping and serve its metrics, and each compose healthcheck
-(its port rewritten) must exit 0.
+dependencies, environment, the keys volume). Then the `keys` service's command
+makes the keys into a directory standing for its volume, and every service's
+`command` runs as a local process with the compose environment, except that
+endpoints point at 127.0.0.1 on free ports, the bind host is 127.0.0.1
+(metrics ports too) and `/keys` is that directory; each must answer a ping
+made with the operator's share and serve its metrics, each compose healthcheck
+(its port rewritten) must exit 0, and a caller without the job's keys (no key,
+or a key of its own) gets no answer from any of them.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_control_plane.bus.client import Client, Unreachable, incarnation_id
-from elastic_control_plane.bus.sockets import Security
+from elastic_control_plane.bus.roles import AGENT, OPERATOR
+from elastic_control_plane.bus.sockets import SHARES_DIR, Security, generate_keys
 from testing.harness import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
 SERVICES = ("notifier", "discovery", "rendezvous", "registry")
+KEYS_SERVICE, KEYS_VOLUME, KEYS_PATH = "keys", "elastic-keys", "/keys"
 # The ROUTER port each service binds (and its healthcheck pings), per bus/config.py.
 PORT_OF = {"discovery": 5550, "rendezvous": 5551, "registry": 5552, "notifier": 5553}
 EVENTS_PORT = 5554
@@ -118,13 +123,14 @@ def rewrite_port(argv: list[str], port_map: dict[int, int]) -> list[str]:
 
 
 def local_environment(
-    compose_env: dict[str, str], port_map: dict[int, int], state_dir: Path | None = None
+    compose_env: dict[str, str], port_map: dict[int, int], keys_dir: Path, state_dir: Path | None = None
 ) -> dict[str, str]:
-    """The compose environment on this machine: loopback, free ports, no keys, the state volume as `state_dir`;
-    nothing inherited from ELASTIC_*."""
+    """The compose environment on this machine: loopback, free ports, the keys volume as `keys_dir`, the state volume
+    as `state_dir`; nothing inherited from ELASTIC_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_")}
     env.update(compose_env)
-    env.pop("ELASTIC_KEYS", None)
+    assert env.get("ELASTIC_KEYS") == KEYS_PATH
+    env["ELASTIC_KEYS"] = str(keys_dir)
     for var, (_, port) in ENDPOINT_VARS.items():
         env[var] = f"tcp://127.0.0.1:{port_map[port]}"
     env["ELASTIC_BIND"] = "127.0.0.1"
@@ -160,10 +166,10 @@ def dependencies(service: dict[str, Any]) -> dict[str, str]:
     return {d: spec.get("condition", "service_started") for d, spec in deps.items()}
 
 
-def ping(endpoint: str, deadline: float, keys: Path | None = None) -> dict[str, Any]:
-    """Ping `endpoint` (as an operator, with the keys in `keys` if any) until it answers or `deadline` (monotonic)
+def ping(endpoint: str, deadline: float, keys: Path | None, role: str = OPERATOR) -> dict[str, Any]:
+    """Ping `endpoint` (as `role`, with the keys in `keys`; None: none) until it answers or `deadline` (monotonic)
     passes."""
-    security = Security(keys_dir=keys)
+    security = Security(keys_dir=keys, role=role)
     client = Client(endpoint, incarnation_id("test-compose"), security=security, timeout=0.25, deadline=0.25)
     try:
         while True:
@@ -193,9 +199,9 @@ def compose() -> dict[str, Any]:
     return load_compose()
 
 
-def test_four_services_with_their_commands(compose: dict[str, Any]) -> None:
+def test_four_services_with_their_commands_and_a_keys_service_that_makes_keys_once(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == set(SERVICES)
+    assert set(services) == {*SERVICES, KEYS_SERVICE}
     for name in SERVICES:
         service = services[name]
         assert service["build"] == "."
@@ -207,6 +213,16 @@ def test_four_services_with_their_commands(compose: dict[str, Any]) -> None:
             str(METRICS_PORT_OF[name]),
         ]
         assert service["restart"] == "unless-stopped"
+    keys = services[KEYS_SERVICE]
+    assert keys["command"][-4:] == ["generate", KEYS_PATH, "--keep", "--shares"]
+    assert keys["volumes"] == [f"{KEYS_VOLUME}:{KEYS_PATH}"] and "restart" not in keys, "it runs once, then exits"
+
+
+def test_every_service_reads_the_keys_volume_and_cannot_write_it(compose: dict[str, Any]) -> None:
+    for name in SERVICES:
+        assert f"{KEYS_VOLUME}:{KEYS_PATH}:ro" in compose["services"][name]["volumes"], name
+    assert KEYS_VOLUME in compose["volumes"]
+    assert f"chown elastic:elastic /state {KEYS_PATH}" in (REPO / "Dockerfile").read_text(), "the keys service writes"
 
 
 def test_healthchecks_ping_each_service_on_its_own_port(compose: dict[str, Any]) -> None:
@@ -215,32 +231,30 @@ def test_healthchecks_ping_each_service_on_its_own_port(compose: dict[str, Any])
         assert argv == ["python", "-m", "elastic_control_plane.bus.ping", f"tcp://127.0.0.1:{PORT_OF[name]}"], name
 
 
-def test_ports_published(compose: dict[str, Any]) -> None:
+def test_ports_published_on_loopback(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         service = compose["services"][name]
         assert published_ports(service) == PUBLISHED[name], name
-        insecure = environment_of(service).get("ELASTIC_INSECURE") == "1"
         for entry in service["ports"]:
             address, host, container = str(entry).split(":")
             assert host == container, f"{name}: publish {entry!r} on the same host port"
-            # Without keys, nothing beyond the Docker host itself may reach a port that runs code on every agent.
-            assert address == "127.0.0.1" or not insecure, f"{name}: {entry!r} published beyond loopback without keys"
+            assert address == "127.0.0.1", f"{name}: {entry!r}: the quick try's ports stay on this machine"
     every = set().union(*(published_ports(s) for s in compose["services"].values()))
     assert every == {5550, 5551, 5552, 5553, 5554, 9550, 9551, 9552, 9553}
 
 
-def test_environment_binds_everywhere_and_connects_by_service_name(compose: dict[str, Any]) -> None:
+def test_environment_binds_everywhere_with_keys_and_connects_by_service_name(compose: dict[str, Any]) -> None:
     for name in SERVICES:
         env = environment_of(compose["services"][name])
         assert env["ELASTIC_BIND"] == "0.0.0.0", name
         for var, (host, port) in ENDPOINT_VARS.items():
             assert env[var] == f"tcp://{host}:{port}", (name, var)
-        # A non-loopback bind needs keys or an explicit --insecure, or the service refuses to start.
-        assert env.get("ELASTIC_KEYS") or env.get("ELASTIC_INSECURE") == "1", name
+        assert env["ELASTIC_KEYS"] == KEYS_PATH and "ELASTIC_INSECURE" not in env, f"{name}: secure by default"
 
 
-def test_insecure_value_is_read_as_the_flag(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ELASTIC_INSECURE string in the compose file turns the click flag on (and keys stay unset)."""
+def test_the_compose_environment_is_read_as_keys_not_insecure(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from elastic_control_plane.services.notifier.__main__ import main
 
     env = environment_of(compose["services"]["notifier"])
@@ -250,24 +264,43 @@ def test_insecure_value_is_read_as_the_flag(compose: dict[str, Any], monkeypatch
         monkeypatch.setenv(var, value)
     params = main.make_context("notifier", []).params
     assert params["bind"] == "0.0.0.0"
-    assert params["insecure"] is True or params["keys"] is not None
+    assert params["insecure"] is False and str(params["keys"]) == KEYS_PATH
 
 
 def test_depends_on_healthy_where_it_matters(compose: dict[str, Any]) -> None:
     services = compose["services"]
     for dependent, dependency in HEALTHY_DEPENDENCIES:
         assert dependencies(services[dependent]).get(dependency) == "service_healthy", (dependent, dependency)
-    assert not dependencies(services["notifier"]), "the notifier depends on nothing"
-    assert start_order(services)[0] in ("notifier", "rendezvous")
+    for name in SERVICES:
+        assert dependencies(services[name])[KEYS_SERVICE] == "service_completed_successfully", name
+    assert set(dependencies(services["notifier"])) == {KEYS_SERVICE}, "the notifier waits for the keys alone"
+    assert start_order(services)[0] == KEYS_SERVICE
     assert start_order(services)[-1] == "registry"
 
 
 # -- the commands, run locally -------------------------------------------------------------------
+def make_keys(compose: dict[str, Any], keys_dir: Path) -> str:
+    """The keys service's command, run here with `keys_dir` as its volume; what it printed."""
+    argv = [
+        str(keys_dir) if arg == KEYS_PATH else arg for arg in local_argv(compose["services"][KEYS_SERVICE]["command"])
+    ]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def keys_volume(compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    keys_dir = tmp_path_factory.mktemp("compose-keys") / "keys"
+    assert "keys written" in make_keys(compose, keys_dir)
+    return keys_dir
+
+
 @pytest.fixture(scope="module")
 def running(
-    compose: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+    compose: dict[str, Any], keys_volume: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, str], dict[int, int]]]:
-    """Start every compose command locally in depends_on order, each healthy before its dependents."""
+    """Start every compose command locally in depends_on order (the keys made), each healthy before its dependents."""
     services = compose["services"]
     logs = tmp_path_factory.mktemp("compose-logs")
     compose_ports = sorted({port for _, port in ENDPOINT_VARS.values()} | set(METRICS_PORT_OF.values()))
@@ -276,8 +309,8 @@ def running(
     log_files = []
     endpoints: dict[str, str] = {}
     try:
-        for name in start_order(services):
-            env = local_environment(environment_of(services[name]), port_map, logs / "state")
+        for name in [name for name in start_order(services) if name != KEYS_SERVICE]:
+            env = local_environment(environment_of(services[name]), port_map, keys_volume, logs / "state")
             log_path = logs / f"{name}.log"
             log_files.append(log_path.open("wb"))
             procs[name] = subprocess.Popen(
@@ -291,7 +324,7 @@ def running(
             endpoints[name] = f"tcp://127.0.0.1:{port_map[PORT_OF[name]]}"
             deadline = time.monotonic() + START_DEADLINE
             try:
-                body = ping(endpoints[name], deadline)
+                body = ping(endpoints[name], deadline, keys_volume / SHARES_DIR / OPERATOR)
             except Unreachable:
                 stop(procs[name])
                 output = log_path.read_text(errors="replace")
@@ -309,11 +342,36 @@ def running(
             f.close()
 
 
-def test_every_service_answers_ping(running: tuple[dict[str, str], dict[int, int]]) -> None:
+def test_every_service_answers_the_operators_and_the_agents_share(
+    running: tuple[dict[str, str], dict[int, int]], keys_volume: Path
+) -> None:
     endpoints, _ = running
     deadline = time.monotonic() + START_DEADLINE
     for name in SERVICES:
-        assert ping(endpoints[name], deadline) == {"service": name}
+        for role in (OPERATOR, AGENT):
+            assert ping(endpoints[name], deadline, keys_volume / SHARES_DIR / role, role) == {"service": name}, role
+
+
+def test_a_caller_without_the_jobs_keys_gets_no_answer(
+    running: tuple[dict[str, str], dict[int, int]], keys_volume: Path, tmp_path: Path
+) -> None:
+    """Another user of the machine: in plaintext, or with a keypair of its own and the server's public key (public,
+    so assume it known)."""
+    endpoints, _ = running
+    generate_keys(tmp_path / "own")
+    (tmp_path / "own" / "server.key").write_bytes((keys_volume / "server.key").read_bytes())
+    for name in SERVICES:
+        for keys in (None, tmp_path / "own"):
+            with pytest.raises(Unreachable):
+                ping(endpoints[name], time.monotonic() + 1.0, keys)
+
+
+def test_the_keys_service_started_again_keeps_the_keys(compose: dict[str, Any], keys_volume: Path) -> None:
+    before = {path.name: path.read_bytes() for path in keys_volume.glob("*.key*")}
+    assert "keys kept" in make_keys(compose, keys_volume)
+    assert {path.name: path.read_bytes() for path in keys_volume.glob("*.key*")} == before
+    agent_share = keys_volume / SHARES_DIR / AGENT
+    assert sorted(p.name for p in agent_share.iterdir()) == ["agent.key", "agent.key_secret", "server.key"]
 
 
 def test_every_service_serves_metrics(running: tuple[dict[str, str], dict[int, int]]) -> None:
@@ -333,23 +391,25 @@ def test_every_service_serves_metrics(running: tuple[dict[str, str], dict[int, i
         assert pings and pings[0] >= 1, name
 
 
-def test_compose_healthchecks_pass(compose: dict[str, Any], running: tuple[dict[str, str], dict[int, int]]) -> None:
+def test_compose_healthchecks_pass(
+    compose: dict[str, Any], running: tuple[dict[str, str], dict[int, int]], keys_volume: Path
+) -> None:
     _, port_map = running
     for name in SERVICES:
         service = compose["services"][name]
         argv = local_argv(rewrite_port(healthcheck_argv(service), port_map))
-        env = local_environment(environment_of(service), port_map)
+        env = local_environment(environment_of(service), port_map, keys_volume)
         result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
         assert result.returncode == 0, f"{name} healthcheck {argv}: {result.stderr}"
         assert result.stdout.strip() == name
 
 
-def test_healthcheck_fails_when_nothing_listens(compose: dict[str, Any]) -> None:
+def test_healthcheck_fails_when_nothing_listens(compose: dict[str, Any], keys_volume: Path) -> None:
     """The healthcheck is a real check: with no service on the port it exits non-zero."""
     (port,) = free_ports(1)
     service = compose["services"]["rendezvous"]
     argv = local_argv(rewrite_port(healthcheck_argv(service), {PORT_OF["rendezvous"]: port}))
-    env = local_environment(environment_of(service), {p: port for _, p in ENDPOINT_VARS.values()})
+    env = local_environment(environment_of(service), {p: port for _, p in ENDPOINT_VARS.values()}, keys_volume)
     result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
     assert result.returncode != 0
 
