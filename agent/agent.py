@@ -1,15 +1,13 @@
 """AgentService: the control plane's hands on one host, a supervisor that reads like a loop (gunicorn's arbiter).
 
-The agent is built from its host's `AgentConfig` (agent/host_options.py) and
-the control plane's endpoints and timing. The parts, each with one job:
+The agent is built from its host's `AgentConfig` (agent/host_options.py) and the control plane's endpoints and
+timing. The parts, each with one job:
 - agent/discovery_link.py: registration and heartbeats with discovery, slot and drain
   reports, whether the control plane answers, the host's health checks (agent/host_health.py);
-- agent/keeper.py: the worker processes (start, reap, restart in place,
-  standbys, warm-up, stop), carrying out the decisions of the host's slot
-  book (agent/slots.py: crashes and back-off, down slots, warm-up, drain),
-  which it alone changes; agent/launcher.py starts each process, forked from
-  the host's zygote (agent/fork_server.py) or spawned (agent/workers.py);
-  agent/reports.py tells the control plane of each exit;
+- agent/keeper.py: the worker processes (start, reap, restart in place, standbys, warm-up, stop), carrying out the
+  decisions of the host's slot book (agent/slots.py: crashes and back-off, down slots, warm-up, drain), which it
+  alone changes; agent/launcher.py starts each process, forked from the host's zygote (agent/fork_server.py) or
+  spawned (agent/workers.py); agent/reports.py tells the control plane of each exit;
 - agent/snapshots.py: the host's snapshot of the job's committed state, which
   the launcher owns from a job's start to its end (and flushes every heartbeat);
 - agent/metrics.py: workers by state, and the seconds each commit took;
@@ -231,9 +229,11 @@ class AgentService(Service):
         except ValueError as exc:
             self.log.warning("bad_round", reason=str(exc))
             return
+        self.round_keys.job_round(plan.job_key)
         self.keeper.take_round(plan, body)
 
     def _on_job_finished(self, body: dict[str, Any]) -> None:
+        self.round_keys.job_ended()
         if self.keeper.workers:
             self.log.info("job_finished_stopping_workers", workers=len(self.keeper.workers), state=body.get("state"))
         self.keeper.end_job()

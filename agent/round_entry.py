@@ -12,7 +12,9 @@ slot replaces the first's request (`superseded`). An error reply fails the worke
 request failed before.
 
 RoundKeyLookups asks the rendezvous once per key, whatever the number of workers that wait for it, and keeps the
-values of the last few round keys (a round's key is set once: the address of its store).
+values of the last few round keys of the job (a round's key is set once in a job: the address of its store). Round
+numbers start again with each job, so the values go when a job ends or another job's round begins: a job's round 1
+must not be handed the store address of the round 1 before it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,17 @@ class RoundKeyLookups:
         self.host, self.rendezvous = host, rendezvous
         self.waiting: dict[str, list[Request]] = {}
         self.values: OrderedDict[str, bytes] = OrderedDict()
+        self.job_key: str | None = None
+
+    def job_round(self, job_key: str) -> None:
+        """A round of the job `job_key` begins: the values kept of another job's rounds go."""
+        if job_key != self.job_key:
+            self.job_ended()
+            self.job_key = job_key
+
+    def job_ended(self) -> None:
+        self.values.clear()
+        self.job_key = None
 
     def get(self, request: Request) -> None:
         """A worker looks a key up: answered from the values kept, or with the one lookup of the key in flight."""

@@ -39,6 +39,12 @@ class EntryHost(Service):
         self.lookups.get(request)
         return DEFERRED
 
+    @handles("job_round")
+    def on_job_round(self, request: Request) -> Any:
+        """What the agent does on a `round` event of a job (agent/agent.py)."""
+        self.lookups.job_round(request.body["job_key"])
+        return {}
+
 
 def handled(msg_type: str) -> float:
     return MESSAGES.labels("rendezvous", msg_type, "handled")._value.get()
@@ -122,5 +128,28 @@ def test_a_slot_the_host_lacks_is_refused_and_a_worker_that_exits_is_withdrawn(r
         worker.join(timeout=10)
         assert waiting == {0: "no answer"}, "a worker that exited is answered nothing"
     finally:
+        hosts.close()
+        admin.close()
+
+
+def test_the_next_jobs_round_1_reads_its_own_store_address_not_the_one_before_it(rendezvous: RendezvousService) -> None:
+    """Round numbers start again with each job: job 2's round 1 once got job 1's round-1 store address from the
+    agent's values and its ranks waited 40 s on a dead store."""
+    admin = Client(rendezvous.endpoint, "test-admin", timeout=1.0, deadline=5.0)
+    hosts = host(rendezvous, "a", 1, {0})
+    agent = next(hosts)
+    reader = Client(agent.endpoint, "reader", timeout=1.0, deadline=5.0)
+    try:
+        for job_key, address in (("job-1", b"127.0.0.1:1111"), ("job-2", b"127.0.0.1:2222")):
+            reader.request("job_round", {"job_key": job_key})
+            admin.request("new_round", {"hosts": [["a", 1]], "min_np": 1, "hosts_timestamp": 1.0, "round": 1})
+            admin.request("kv_set", {"key": "round/1/store", "host": "a"}, raw=(address,))
+            assert reader.request("kv_get", {"key": "round/1/store"}).raw == (address,), job_key
+        reader.request("job_round", {"job_key": "job-2"})
+        lookups = handled("kv_get")
+        assert reader.request("kv_get", {"key": "round/1/store"}).raw == (b"127.0.0.1:2222",)
+        assert handled("kv_get") == lookups, "within a job, a round's key is still looked up once"
+    finally:
+        reader.close()
         hosts.close()
         admin.close()
