@@ -13,12 +13,18 @@ when discovery answers again.
 Each registration and heartbeat carries the host's last health check (agent/host_health.py); a check that ends is
 sent at once, and a reply's `check_health` asks for a new one (a number, nothing else is read from it); a reply's
 `probe` asks for a collective probe (agent/collective_probe.py).
+
+On Kubernetes (ELASTIC_POD_TOKEN_FILE, the chart's projected service-account token) each registration carries the
+pod's token, read again every time (the kubelet rotates it), so that discovery takes the host's name only from its own
+pod (services/discovery/pod_identity.py). The token is never logged. A refused registration is said once per reason.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from elastic_control_plane.agent.host_health import HostHealth
@@ -27,6 +33,8 @@ from elastic_control_plane.bus.client import AsyncClient
 from elastic_control_plane.bus.config import Timing, unresolved_hosts
 from elastic_control_plane.bus.envelope import Message
 from elastic_control_plane.bus.reachability import Reachability
+
+POD_TOKEN_ENV = "ELASTIC_POD_TOKEN_FILE"
 
 
 class HostSide(Protocol):
@@ -68,6 +76,8 @@ class DiscoveryLink:
         self._in_flight = False
         self._reported_warm = False
         self._reported_health: dict[str, Any] | None = None
+        self._refused: str | None = None  # why the last registration was refused: said once
+        self.pod_token_file = os.environ.get(POD_TOKEN_ENV) or None
 
     def beat(self) -> None:
         """Every heartbeat interval: register until registered, then heartbeat (never two at once)."""
@@ -82,7 +92,19 @@ class DiscoveryLink:
     def register(self) -> None:
         """Register (the host's checks run first, or again: it is not available before they pass)."""
         self.health.start()
-        self._ping("register", {"slots": self.slots, **self.side.slots_down()}, self._on_registered)
+        body = {"slots": self.slots, **self.side.slots_down(), **self._pod_token()}
+        self._ping("register", body, self._on_registered)
+
+    def _pod_token(self) -> dict[str, str]:
+        """The pod's token for a registration: read now, as it rotates; none where ELASTIC_POD_TOKEN_FILE is unset or
+        cannot be read (said, with the file's name: discovery then refuses the registration)."""
+        if self.pod_token_file is None:
+            return {}
+        try:
+            return {"pod_token": Path(self.pod_token_file).read_text().strip()}
+        except OSError as exc:
+            self.log.warning("pod_token_unreadable", path=self.pod_token_file, reason=str(exc))
+            return {}
 
     def become_warm(self) -> None:
         """Tell discovery at once that the host's workers are ready (if the last ping went out before they were)."""
@@ -152,8 +174,11 @@ class DiscoveryLink:
         self._in_flight = False
         self._reached()
         if reply.error:
-            self.log.warning("register_refused", reason=reply.body.get("message"))
+            if reply.body.get("message") != self._refused:
+                self.log.warning("register_refused", code=reply.error, reason=reply.body.get("message"))
+            self._refused = reply.body.get("message")
             return
+        self._refused = None
         if not self.registered:
             self.log.info("registered")
         self.registered = True

@@ -1,5 +1,6 @@
 """A Kubernetes API server on loopback for the pods of one namespace, speaking the real protocol as far as discovery
-uses it (none can be installed here): list and watch, for tests of services/discovery/kubernetes.py.
+uses it (none can be installed here): list and watch, for tests of services/discovery/kubernetes.py, and TokenReview,
+for tests of services/discovery/pod_identity.py.
 
 - `GET /api/v1/namespaces/NS/pods?labelSelector=S[&limit=N][&continue=TOKEN]`: a PodList of the matching pods in
   name order, metadata.resourceVersion set; with `limit`, a page of at most N, and `metadata.continue` (with
@@ -11,14 +12,17 @@ uses it (none can be installed here): list and watch, for tests of services/disc
   `compact()` drops the history: every RV up to then is too old, and each open watch ends as one that can no
   longer be served (the ERROR event; with `gone_over_http`, broken off, to find the 410 when it resumes).
   BOOKMARKs go out every `bookmark_every` seconds to watches that asked for them.
-- `fail(status, times, verbs, retry_after)`: the next `times` requests of those verbs (None: every one, until
-  `heal()`) answered with that HTTP status and the API's Status object: 401 (a token not accepted), 403 (a verb the
-  Role lacks), 410 (a continue token expired, a resourceVersion too old), 429 and 503 (with a Retry-After where
-  asked), 500, 504.
+- `POST /apis/authentication.k8s.io/v1/tokenreviews` {spec: {token, audiences}}: 201 and the TokenReview with its
+  status, as the API answers for a bound service-account token: `tokens` (testing/kube_tokens.py) issues them, as
+  the kubelet asks for a pod's projected one, and judges them; a pod deleted takes the validity of its tokens along.
+- `fail(status, times, verbs, retry_after)`: the next `times` requests of those verbs (by default list, continue and
+  watch; `tokenreview` where named) (None: every one, until `heal()`) answered with that HTTP status and the API's
+  Status object: 401 (a token not accepted), 403 (a verb the Role lacks), 410 (a continue token expired, a
+  resourceVersion too old), 429 and 503 (with a Retry-After where asked), 500, 504.
 
 Tests change pods with add_pod, set_ready, mark_deleting, delete_pod; they end every open watch as the API does at
 its timeoutSeconds with end_streams, and break them off with cut_streams. `calls` records each request (a `Call`:
-its verb, list, continue or watch, its query and when it came); `count(verb)` counts them.
+its verb, list, continue, watch or tokenreview, its query and when it came); `count(verb)` counts them.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from testing.kube_tokens import FORBIDDEN_REVIEW, TOKEN_REVIEWS_PATH, Tokens
+
 Pod = dict[str, Any]
 VERBS = ("list", "continue", "watch")  # continue: a later page of a list
+TOKEN_REVIEW = "tokenreview"  # the verb of a TokenReview's create
 REFUSALS = {  # an HTTP status the API answers: its Status reason and message ({verb}, {namespace} filled in)
     401: ("Unauthorized", "Unauthorized"),
     403: (
@@ -56,7 +63,7 @@ REFUSALS = {  # an HTTP status the API answers: its Status reason and message ({
 
 @dataclass(frozen=True)
 class Call:
-    """A request the API server got: `verb` list (a list's first page), continue (a later page) or watch."""
+    """A request the API server got: `verb` list (a list's first page), continue (a later page), watch, tokenreview."""
 
     verb: str
     query: dict[str, str]
@@ -102,6 +109,7 @@ class KubeApiServer:
         self._too_old = 0  # a watch from this resourceVersion or an older one gets 410 Gone
         self._compactions = 0
         self._failures: list[_Failure] = []
+        self.tokens = Tokens(namespace)
         self._cuts = 0
         self._endings = 0
         self._closing = False
@@ -145,7 +153,9 @@ class KubeApiServer:
         self._record("MODIFIED", name, pod)
 
     def delete_pod(self, name: str) -> None:
+        """The pod goes, and the tokens bound to it are no longer valid."""
         self._record("DELETED", name, json.loads(json.dumps(self._pods[name])))
+        self.tokens.pod_deleted(name)
 
     def compact(self) -> None:
         """Forget the history: a watch from any resourceVersion up to now gets 410 Gone, an open one ends."""
@@ -235,6 +245,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def do_POST(self) -> None:
+        api = self.api
+        url = urlsplit(self.path)
+        review = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        api.calls.append(Call(TOKEN_REVIEW, {}, time.monotonic()))
+        if url.path != TOKEN_REVIEWS_PATH:
+            return self._status(404, "NotFound", f"no such path {url.path}")
+        failure = api.failure(TOKEN_REVIEW)
+        if failure is not None:
+            reason, message = REFUSALS[failure.status]
+            message = FORBIDDEN_REVIEW if failure.status == 403 else message
+            retry_after = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
+            return self._status(failure.status, reason, message.format(namespace=api.namespace), retry_after)
+        if review.get("kind") != "TokenReview" or not isinstance(review.get("spec"), dict):
+            return self._status(400, "BadRequest", "not a TokenReview")
+        status = api.tokens.review(review["spec"])
+        self._json(201, {**review, "metadata": {"creationTimestamp": None}, "status": status})
 
     def do_GET(self) -> None:
         api = self.api

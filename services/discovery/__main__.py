@@ -1,7 +1,8 @@
 """`python -m elastic_control_plane.services.discovery`: run discovery; with --kubernetes-selector, its hosts are the
-Ready pods of that label selector (services/discovery/kubernetes.py); with --slurm-job, the nodes of that Slurm job
-that Slurm has not marked down or drained (services/discovery/slurm.py), and with --slurm-excluded the hosts a
-requeued job runs without (slurm/exclusions.py), listed in `hosts` replies."""
+Ready pods of that label selector (services/discovery/kubernetes.py); with --kubernetes-token-audience, a host is
+registered only by the pod of its name (services/discovery/pod_identity.py); with --slurm-job, the nodes of that
+Slurm job that Slurm has not marked down or drained (services/discovery/slurm.py), and with --slurm-excluded the hosts
+a requeued job runs without (slurm/exclusions.py), listed in `hosts` replies."""
 
 from typing import Any
 
@@ -13,10 +14,12 @@ from elastic_control_plane.services.cli import service_command
 from elastic_control_plane.services.discovery.collective_probe import DEFAULT_SLOW_FACTOR
 from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSource, default_namespace
 from elastic_control_plane.services.discovery.marks_log import MarksLog
+from elastic_control_plane.services.discovery.pod_identity import PodIdentity
 from elastic_control_plane.services.discovery.service import DiscoveryService
 from elastic_control_plane.services.discovery.slurm import SlurmSource
 from elastic_control_plane.slurm import exclusions
 
+POD_IDENTITY_NEEDS_BOTH = "pod identity checks need both --kubernetes-token-audience and --kubernetes-agent-account"
 DISCOVERY_OPTIONS = [
     click.Option(
         ["--kubernetes-selector"],
@@ -33,6 +36,22 @@ DISCOVERY_OPTIONS = [
         metavar="NS",
         default=None,
         help="The pods' namespace (default: the service account's, else default).",
+    ),
+    click.Option(
+        ["--kubernetes-token-audience"],
+        envvar="ELASTIC_KUBERNETES_TOKEN_AUDIENCE",
+        metavar="AUDIENCE",
+        default=None,
+        help="A host is who its pod is: an agent registers only with its pod's projected service-account token for "
+        "this audience, which the TokenReview API must accept as the pod named as the host "
+        "(services/discovery/pod_identity.py). With --kubernetes-agent-account.",
+    ),
+    click.Option(
+        ["--kubernetes-agent-account"],
+        envvar="ELASTIC_KUBERNETES_AGENT_ACCOUNT",
+        metavar="NAME",
+        default=None,
+        help="With --kubernetes-token-audience: the service account of the agents' pods (in the pods' namespace).",
     ),
     click.Option(
         ["--slurm-job"],
@@ -71,6 +90,8 @@ def discovery(
     replica: Any,
     kubernetes_selector: str | None,
     kubernetes_namespace: str | None,
+    kubernetes_token_audience: str | None,
+    kubernetes_agent_account: str | None,
     slurm_job: str | None,
     probe_slow_factor: float,
     slurm_excluded: str | None,
@@ -81,21 +102,30 @@ def discovery(
         raise ConfigError("--slurm-job", slurm_job, "discovery takes its hosts from Kubernetes or Slurm, not both")
     if slurm_excluded is not None and not slurm_job:
         raise ConfigError("--slurm-excluded", slurm_excluded, "only with --slurm-job")
+    if not kubernetes_agent_account and kubernetes_token_audience:
+        raise ConfigError("--kubernetes-token-audience", kubernetes_token_audience, POD_IDENTITY_NEEDS_BOTH)
+    if not kubernetes_token_audience and kubernetes_agent_account:
+        raise ConfigError("--kubernetes-agent-account", kubernetes_agent_account, POD_IDENTITY_NEEDS_BOTH)
     if slurm_job:
         try:
             excluded = exclusions.checked(slurm_excluded) if slurm_excluded is not None else []
         except ValueError as exc:
             raise ConfigError("--slurm-excluded", slurm_excluded, str(exc)) from None
         pods = SlurmSource(slurm_job, log.bind(source="slurm"), excluded=excluded)
+    namespace = kubernetes_namespace or default_namespace()
     if kubernetes_selector:
-        namespace = kubernetes_namespace or default_namespace()
         pods = PodSource(ApiServer.from_env(), namespace, kubernetes_selector, log.bind(source="kubernetes"))
+    identity = None
+    if kubernetes_token_audience and kubernetes_agent_account:
+        api, identity_log = ApiServer.from_env(), log.bind(source="pod_identity")
+        identity = PodIdentity(api, namespace, kubernetes_agent_account, kubernetes_token_audience, identity_log)
     return DiscoveryService(
         bind.discovery,
         connect.notifier,
         timing,
         marks_log=MarksLog(replica) if replica is not None else None,
         pods=pods,
+        pod_identity=identity,
         probe_slow_factor=probe_slow_factor,
         security=security,
         log=log,

@@ -316,7 +316,7 @@ class PodSource(HostLists):
 
     def _refusal(self, verb: str, response: http.client.HTTPResponse) -> KubernetesError:
         """What an answer other than 200 means."""
-        status, message = response.status, _message(response.read(2000))
+        status, message = response.status, status_message(response.read(2000))
         if status == 401:
             token_file = str(self.api.token_file) if self.api.token_file is not None else None
             return Unauthorized(self.api.url, token_file, message)
@@ -330,7 +330,7 @@ class PodSource(HostLists):
         return KubernetesError(described)
 
 
-def _message(body: bytes) -> str:
+def status_message(body: bytes) -> str:
     """The message of a Status object, else the body as text."""
     try:
         return str(json.loads(body)["message"])

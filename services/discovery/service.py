@@ -5,8 +5,9 @@ script's hosts would, no host is usable before their first list, a change wakes 
 names a script too is refused (`configure` and `restore` answer bad_request).
 
 Messages:
-- register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server}: an agent
-  (re)starts; warm=False while its workers start.
+- register {host, slots, incarnation, warm, down, down_version, snapshot, checkpoint, fork_server, pod_token}: an
+  agent (re)starts; warm=False while its workers start. With `pod_identity`, a host's pod proves its name first
+  (pod_token; services/discovery/pod_identity.py).
 - heartbeat {host, incarnation, warm, snapshot, checkpoint, fork_server} -> {status: ok | unknown | lost}. snapshot
   {commit, bytes, written_at}: the host's snapshot; checkpoint {commit, bytes, written_at, path}: its last durable
   copy; fork_server {state: ready | starting | unavailable | off, reason}.
@@ -59,7 +60,6 @@ from typing import Any
 
 from elastic_control_plane.bus.client import incarnation_id
 from elastic_control_plane.bus.config import Timing
-from elastic_control_plane.bus.contract import Event
 from elastic_control_plane.bus.outbox import Outbox
 from elastic_control_plane.bus.roles import AGENT, OPERATOR, SERVICE
 from elastic_control_plane.bus.service import Request, RequestError, Service, field, handles
@@ -67,26 +67,19 @@ from elastic_control_plane.job.assignments import MAX_SLOTS_PER_HOST
 from elastic_control_plane.services.discovery import bodies, metrics, probation
 from elastic_control_plane.services.discovery.brief import BriefGenerations
 from elastic_control_plane.services.discovery.collective_probe import DEFAULT_SLOW_FACTOR, CollectiveProbes
-from elastic_control_plane.services.discovery.hostset import (
-    LOST,
-    HostSet,
-    compare,
-    effective,
-    hosts_diff,
-    hosts_updated_body,
-)
+from elastic_control_plane.services.discovery.hostset import LOST, HostSet, effective
 from elastic_control_plane.services.discovery.kubernetes import PodSource, pods_and_script
 from elastic_control_plane.services.discovery.marks_log import MarksLog, marks_saved
+from elastic_control_plane.services.discovery.pod_identity import PodIdentity
+from elastic_control_plane.services.discovery.publishing import COALESCE_WINDOW, HostsPublishing
 from elastic_control_plane.services.discovery.readmission import Readmission
 from elastic_control_plane.services.discovery.script import DiscoveryScript
 from elastic_control_plane.services.discovery.slurm import SlurmSource
 
 SETTLE_MIN = 3.0  # seconds a restarted discovery waits for agents at least: a registry restarted with it is up by then
-COALESCE_WINDOW = 0.05  # seconds: changes within it go out as one hosts_updated
-LOGGED_HOSTS = 20  # a hosts_updated log line names at most this many hosts of each kind
 
 
-class DiscoveryService(Readmission, CollectiveProbes, Service):
+class DiscoveryService(Readmission, CollectiveProbes, HostsPublishing, Service):
     name = "discovery"
 
     def __init__(
@@ -96,11 +89,12 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
         timing: Timing,
         marks_log: MarksLog | None = None,
         pods: PodSource | SlurmSource | None = None,
+        pod_identity: PodIdentity | None = None,
         probe_slow_factor: float = DEFAULT_SLOW_FACTOR,
         **kw: Any,
     ) -> None:
         super().__init__(endpoint, **kw)
-        self.timing, self.pods = timing, pods
+        self.timing, self.pods, self.pod_identity = timing, pods, pod_identity
         self.start_probes(probe_slow_factor)
         self.hostset, self.probation, self.marks_log = HostSet(), probation.Probation(), marks_log
         if marks_log is not None:
@@ -123,6 +117,8 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
             self.hostset.script_hosts = {}
             self.watch(pods.fileno(), self._poll_script)
             pods.start()
+        if pod_identity is not None:
+            self.watch(pod_identity.fileno(), pod_identity.finish)
 
     # -- agents --------------------------------------------------------------------------------
     @handles("register", roles=(AGENT,))
@@ -132,6 +128,8 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
             raise RequestError("bad_request", f"slots must be 1 to {MAX_SLOTS_PER_HOST} (got {slots})")
         down, version = bodies.down_slots(request.body) if "down" in request.body else ((), 0)
         incarnation, health = field(request.body, "incarnation", str), bodies.health(request.body)
+        if self.pod_identity is not None and not self.pod_identity.proven(host, incarnation):
+            return self.pod_identity.review(request, host, incarnation, self.on_register)
         self.hostset.register(host, slots, incarnation, self.clock(), bodies.warm(request.body), down, version)
         self.hostset.hosts[host].snapshots = bodies.snapshots(request.body)
         self.hostset.hosts[host].fork_server = bodies.fork_server(request.body)
@@ -352,42 +350,6 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
             self.hostset.script_hosts = hosts
             self._changed()
 
-    # -- publishing ----------------------------------------------------------------------------
-    def _changed(self) -> None:
-        """The host set changed: it is published within COALESCE_WINDOW, with whatever else changes meanwhile."""
-        self._change_pending = True
-
-    def _set_published(self, hosts: list[tuple[str, tuple[int, ...]]]) -> None:
-        """Take `hosts` as announced without an event: the next event's version skips one, so a subscriber that
-        follows the diffs sees the gap and asks for the whole list."""
-        self.published = hosts
-        self.version += 1
-
-    def _publish_change(self) -> None:
-        if not self._change_pending or self.settle_until is not None:
-            return
-        now_used = effective(self.hostset.available(), self.max_np)
-        change = compare(self.published, now_used)
-        if change is None:
-            return
-        diff = hosts_diff(self.published, now_used)
-        self.timestamp = max(time.time(), self.timestamp + 1e-6)
-        self.version += 1
-        self.published = now_used
-        event = hosts_updated_body(self.timestamp, self.version, change, now_used, diff)
-        self.log.info(
-            "hosts_updated",
-            version=self.version,
-            added=change.added,
-            removed=change.removed,
-            hosts=len(now_used),
-            whole=diff is None,
-            set=[name for name, _ in diff.set[:LOGGED_HOSTS]] if diff else None,
-            remove=diff.remove[:LOGGED_HOSTS] if diff else None,
-        )
-        self.outbox.put(Event.HOSTS_UPDATED, event)
-        self.outbox.flush()
-
     def _update_metrics(self) -> None:
         """Count hosts by state here, in the loop: the thread serving metrics must not iterate the host set."""
         metrics.count_hosts_by_state([self.hostset.state(record) for record in self.hostset.hosts.values()])
@@ -396,4 +358,6 @@ class DiscoveryService(Readmission, CollectiveProbes, Service):
         self.script.stop()
         if self.pods is not None:
             self.pods.stop()
+        if self.pod_identity is not None:
+            self.pod_identity.close()
         super().close()

@@ -28,7 +28,7 @@ def _sources(volume: dict[str, Any]) -> list[dict[str, Any]]:
     if "secret" in volume:
         return [{"name": volume["secret"]["secretName"], "items": volume["secret"]["items"]}]
     if "projected" in volume:
-        return [source["secret"] for source in volume["projected"]["sources"]]
+        return [source["secret"] for source in volume["projected"]["sources"] if "secret" in source]  # not a token
     return []
 
 

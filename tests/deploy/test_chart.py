@@ -125,8 +125,12 @@ def test_the_timing_preset_reaches_every_container_and_an_unknown_one_is_refused
 
 def test_discovery_may_get_list_and_watch_pods_and_nothing_else(ci_values: str) -> None:
     objects = render(ci_values)
-    kinds = {obj["kind"] for obj in objects}
-    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}, "nothing cluster-wide"
+    cluster_wide = [obj for obj in objects if obj["kind"] == "ClusterRole"]
+    assert all(  # tests/deploy/test_chart_pod_identity.py checks it and its binding
+        [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]]
+        == [(["authentication.k8s.io"], ["tokenreviews"], ["create"])]
+        for role in cluster_wide
+    ), "nothing cluster-wide but reviewing the agents' tokens"
     roles = [obj for obj in objects if obj["kind"] == "Role"]
     workloads = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] in ("StatefulSet", "DaemonSet", "Job")}
     discovery = workloads["elastic-discovery"]["spec"]["template"]["spec"]

@@ -3,7 +3,8 @@ processes (tests/deploy/test_chart_local.py), and discovery watches the agent po
 speaks the real protocol (testing/kube_apiserver.py). A pod counts once it is Ready: an agent whose pod is not
 Ready yet waits outside the job, and is in its next round within seconds of the Ready event. Deleting a pod (its
 deletionTimestamp, then SIGTERM to its agent) drains it; a pod that vanishes with its agent (SIGKILL) is a lost host.
-The job trains to its end through both."""
+The job trains to its end through both. Each agent registers with its pod's token, which discovery reviews with the
+API (services/discovery/pod_identity.py), as the chart sets them up."""
 
 from __future__ import annotations
 
@@ -50,9 +51,15 @@ def test_discovery_from_the_api_follows_ready_deleted_and_vanished_pods_through_
 
         container, rendered, labels = by_component["agent"]
 
+        identity = by_component["discovery"][1]  # the audience and the agents' account discovery checks tokens for
+        audience, account = identity["ELASTIC_KUBERNETES_TOKEN_AUDIENCE"], identity["ELASTIC_KUBERNETES_AGENT_ACCOUNT"]
+
         def start_pod(pod: str) -> None:
             api.add_pod(pod, labels)
             env = local_env(cluster, {**rendered, "POD_NAME": pod, "POD_IP": "127.0.0.1"}, ports, tmp_path)
+            token = tmp_path / f"{pod}.token"  # the pod's projected token, as the kubelet writes it
+            token.write_text(api.tokens.issue(pod, audience, account, node=f"node-of-{pod}"))
+            env["ELASTIC_POD_TOKEN_FILE"] = str(token)
             cluster.spawn(f"agent-{pod}", local(container["command"], env, ports), env=env)
             wait_for(lambda: pod in {h["host"] for h in cluster.call("discovery", "hosts")["all"]}, 30, f"{pod} up")
 

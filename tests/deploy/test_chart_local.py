@@ -50,13 +50,16 @@ def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[s
     return argv
 
 
+POD_IDENTITY_ENV = ("ELASTIC_KUBERNETES_TOKEN_AUDIENCE", "ELASTIC_KUBERNETES_AGENT_ACCOUNT", "ELASTIC_POD_TOKEN_FILE")
+
+
 def local_env(
     cluster: Cluster, rendered: dict[str, str], ports: dict[int, int], tmp: Path, kubernetes_api: str | None = None
 ) -> dict[str, str]:
     """A container's rendered environment over the test cluster's (its fast timing, run and shared-memory directories),
     its endpoints moved to loopback, the registry's volume a directory of this test; discovery from the Kubernetes API
-    pointed at `kubernetes_api` (a loopback API server), or, without one, left out (the agents' heartbeats find
-    them)."""
+    pointed at `kubernetes_api` (a loopback API server), or, without one, left out with the pods' identities (the
+    agents' heartbeats find them)."""
     env = dict(cluster.env)
     for name, value in rendered.items():
         if name.endswith("_ENDPOINT"):
@@ -68,7 +71,7 @@ def local_env(
     if kubernetes_api is not None and "ELASTIC_KUBERNETES_SELECTOR" in env:
         env["ELASTIC_KUBERNETES_API"] = kubernetes_api
     else:
-        for name in ("ELASTIC_KUBERNETES_SELECTOR", "ELASTIC_KUBERNETES_NAMESPACE"):
+        for name in ("ELASTIC_KUBERNETES_SELECTOR", "ELASTIC_KUBERNETES_NAMESPACE", *POD_IDENTITY_ENV):
             env.pop(name, None)
     return env
 

@@ -24,6 +24,23 @@ chart's own (rbac.create); empty: none. */}}
 {{- end -}}
 {{- end -}}
 
+{{/* Whether agents prove their pods' identity to discovery (discovery.kubernetes.podIdentity): "true", else empty. */}}
+{{- define "elastic.podIdentity" -}}
+{{- if and .Values.discovery.kubernetes.enabled .Values.discovery.kubernetes.podIdentity.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount the agents run as, whose tokens alone register hosts: agents.serviceAccountName, else the
+chart's own (made with discovery's), else the namespace's default. */}}
+{{- define "elastic.agentServiceAccount" -}}
+{{- if .Values.agents.serviceAccountName -}}
+{{- .Values.agents.serviceAccountName -}}
+{{- else if and .Values.rbac.create (not .Values.rbac.serviceAccountName) -}}
+{{- include "elastic.fullname" . }}-agent
+{{- else -}}
+default
+{{- end -}}
+{{- end -}}
+
 {{/* (dict "root" $ "component" NAME) */}}
 {{- define "elastic.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "elastic.name" .root }}
