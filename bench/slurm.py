@@ -15,7 +15,7 @@ Measured from the outside, as a user sees it (the job's output file and its work
                nodes again
   preemption   scancel --batch --signal=USR1 -> the driver's "requeued" line (the checkpoint is written by then);
                the requeued run's first line -> its first commit; committed steps lost (resumed batch vs last commit)
-  time limit   `-t 2 --signal-before 30`: when Slurm's signal came, the driver's USR1 line -> "requeued", the
+  time limit   `-t 3 --signal-before 100`: when Slurm's signal came, the driver's USR1 line -> "requeued", the
                rerun's first line -> its resume, committed steps lost
   torchrun     the same node2 DOWN: Slurm cancels the job's one step and requeues the job (it cannot go on with a
                node less); node2 resumed at once, as a replacement would be: DOWN -> the rerun's first step, and
@@ -118,11 +118,11 @@ def elastic_preemption(c: SlurmCluster, batches: int) -> dict[str, float]:
 
 
 def elastic_time_limit(c: SlurmCluster) -> dict[str, float]:
-    """`-t 2 --signal-before 30`: Slurm's own USR1 before the limit, then the same checkpoint and requeue."""
-    job = c.submit("-N", "3", "-t", "2", "--signal-before", "30", "--", "python", "counter.py", "--batches", "1500",
+    """`-t 3 --signal-before 100`: Slurm's own USR1 before the limit, then the same checkpoint and requeue."""
+    job = c.submit("-N", "3", "-t", "3", "--signal-before", "100", "--", "python", "counter.py", "--batches", "1500",
                    "--step-delay", "0.05", "--log-dir", "log")  # fmt: skip
     started = seen(lambda: "[elastic slurm] job" in c.output(job), 60, "the driver's first line")
-    signalled = seen(lambda: "USR1:" in c.output(job), 150, "Slurm's signal before the limit")
+    signalled = seen(lambda: "USR1:" in c.output(job), 210, "Slurm's signal before the limit")
     requeued = seen(lambda: "requeued (exit" in c.output(job), 120, "the requeue")
     rerun = seen(lambda: "run 1;" in c.output(job), 120, "the rerun's first line")
     resumed = wait_for(
@@ -131,7 +131,7 @@ def elastic_time_limit(c: SlurmCluster) -> dict[str, float]:
     last_before = max(e["batch"] for e in c.events("log") if e["event"] == "commit" and e["time"] < resumed["time"])
     c.wait_ended(job, 300)
     return {
-        "time limit: signal came (s before the 120 s limit)": 120 - (signalled - started),
+        "time limit: signal came (s before the 180 s limit)": 180 - (signalled - started),
         "time limit: signal -> checkpointed and requeued": requeued - signalled,
         "time limit: rerun start -> resumed": resumed["time"] - rerun,
         "time limit: committed steps lost": float(max(0, last_before - resumed["batch"])),

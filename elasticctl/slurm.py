@@ -23,11 +23,12 @@ import click
 from elastic_control_plane.elasticctl.control import CommandError
 from elastic_control_plane.elasticctl.options import build_spec, job_options
 from elastic_control_plane.replication.etcd_member import etcd_binary
-from elastic_control_plane.slurm import commands
+from elastic_control_plane.slurm import commands, job_end, sbatch_options
 from elastic_control_plane.slurm.hostlist import SlurmOutputError, expand_hostlist
 from elastic_control_plane.slurm.script import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL_BEFORE,
+    MIN_SIGNAL_BEFORE,
     SlurmJob,
     render,
     sbatch_argv,
@@ -150,11 +151,12 @@ def slurm_options(fn: Any) -> Any:
         click.option("--join", default=None, metavar="JOB", help="Add this allocation's nodes to running job JOB."),
         click.option(
             "--signal-before",
-            type=click.IntRange(min=30),
+            type=click.IntRange(min=MIN_SIGNAL_BEFORE),
             default=DEFAULT_SIGNAL_BEFORE,
             show_default=True,
             metavar="S",
-            help="Seconds before the time limit Slurm signals the job to checkpoint and requeue (--signal=B:USR1@S).",
+            help="Seconds before the time limit Slurm signals the job to checkpoint and requeue "
+            f"(--signal=B:USR1@S); at least {MIN_SIGNAL_BEFORE}, the time the drain may take.",
         ),
         click.option("--max-requeues", type=click.IntRange(min=0), default=DEFAULT_MAX_REQUEUES, show_default=True),
         click.option(
@@ -185,6 +187,11 @@ def slurm(**options: Any) -> None:
     ctx = click.get_current_context()
     sbatch, known = ctx.meta["sbatch_options"], ctx.meta["run_flags"]
     check_hostlists(sbatch)
+    refused = sbatch_options.refusal(sbatch)
+    if refused is not None:
+        raise CommandError(refused, 2)
+    wait = sbatch_options.waits(sbatch)  # elasticctl follows the job itself (slurm/job_end.py), requeues included
+    sbatch = [word for word in sbatch if word not in sbatch_options.WAIT]
     build_spec(options)
     if options["nodes"] is None:
         raise CommandError("-N/--nodes is required", 2)
@@ -220,6 +227,8 @@ def slurm(**options: Any) -> None:
     except commands.SlurmError as exc:
         raise CommandError(str(exc), 2 if "not installed" in str(exc) else 1) from None
     click.echo(f"submitted batch job {job_id} (script {script})")
+    if wait:
+        sys.exit(job_end.follow(job_id, lambda line: click.echo(line, err=True)))
 
 
 def check_control_hosts(count: int, nodes: int, control: str | None, dry_run: bool) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from elastic_control_plane.slurm.requeue import REQUEUE
 
 DEFAULT_SIGNAL_BEFORE = 180  # seconds before the time limit the batch shell gets USR1 (Slurm may send it 60 s sooner)
+# The least of it: the drain's 90 s to a commit written (slurm/batch.py DRAIN_TIMEOUT) and 10 s to stop the rest.
+MIN_SIGNAL_BEFORE = 100
 DEFAULT_MAX_REQUEUES = 20
 DRIVER_MODULE = "elastic_control_plane.slurm.batch"
 

@@ -1,6 +1,6 @@
 """pytest wiring: the `cluster` fixture (services started, torn down even on failure, logs printed when a test
-fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), the locks of tests that share a fixed resource,
-and a check that the run leaves no snapshot buffer in shared memory."""
+fails), the `slow` marker (skipped unless ELASTIC_SLOW=1), the tests that share a fixed resource (one pytest-xdist
+worker runs each group, first, under its lock), and a check that the run leaves no snapshot buffer in shared memory."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from testing.harness import Cluster
 SHM = Path("/dev/shm")
 
 
-# Tests that share something fixed take its lock for their whole module (`shared_resource`): one module at a time
-# holds it, whichever pytest-xdist worker runs it, and a second copy of the suite on the machine waits too. Every
-# other test has its own ports (testing.harness.free_ports), directories and shared-memory directory, and runs beside
-# any other. (A lock, not xdist's `xdist_group`: pytest-xdist 3.8 sets a test id pytest 9 no longer reads, so its
+# Tests that share something fixed run as one unit of work on one pytest-xdist worker (`SharedResourceScheduling`),
+# and take its lock for each module (`shared_resource`), so that a second copy of the suite on the machine waits too.
+# Every other test has its own ports (testing.harness.free_ports), directories and shared-memory directory, and runs
+# beside any other. (Not xdist's `xdist_group`: pytest-xdist 3.8 sets a test id pytest 9 no longer reads, so its
 # groups are not kept together.)
 SHARED = {
     "tests/slurm/": "slurm",  # one real Slurm per module (its slurmctld and slurmd ports are fixed)
@@ -51,7 +51,31 @@ def shared_resource(request: pytest.FixtureRequest) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# The order work is handed out in: the groups first (one of them runs for minutes on its worker while the others
+# share the rest), then the tests that start processes, the fast ones last to fill the gaps at the end.
+FIRST = ("tests/slurm/", *SHARED, "tests/integration/", "tests/deploy/")
+
+
+def start_order(path: str) -> int:
+    return next((rank for rank, prefix in enumerate(FIRST) if path.startswith(prefix)), len(FIRST))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedResourceScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """Each test is a unit of work of its own, but a group of SHARED is one unit: one worker runs it whole."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = shared_group(nodeid.split("::", 1)[0])
+            return f"shared:{group}" if group is not None else nodeid
+
+    return SharedResourceScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: start_order(Path(item.path).relative_to(config.rootpath).as_posix()))
     if os.environ.get("ELASTIC_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow soak/scale run: set ELASTIC_SLOW=1")

@@ -199,9 +199,25 @@ def test_a_node_lost_while_the_job_starts_and_a_second_allocation_that_joins_the
 
 def test_two_jobs_whose_batch_scripts_share_a_host_each_run_their_own_control_plane(slurm: SlurmCluster) -> None:
     """Every node here is 127.0.0.1: the second job's control plane finds the default ports taken by the first's
-    and takes the next ones; both jobs train to the end, each with its own job 1."""
-    placed = (("a", "node1"), ("b", "node2"))
-    jobs = {log: slurm.submit("-w", node, *job_args(log, 200, nodes=1)) for log, node in placed}
+    and takes the next ones; both jobs train to the end, each with its own job 1. The second is submitted with
+    `--wait`, as scripts and CI block on a job: elasticctl returns when the job ends, with its exit code."""
+    jobs = {"a": slurm.submit("-w", "node1", *job_args("a", 200, nodes=1))}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "elastic_control_plane.elasticctl.main", "slurm", "-w", "node2", "--wait"]
+        + job_args("b", 200, nodes=1),
+        cwd=slurm.user_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = waiting.communicate(timeout=240)
+    finally:
+        waiting.kill()
+    jobs["b"] = out.split()[3]
+    assert waiting.returncode == 0, err
+    assert slurm.job_state(jobs["b"]) == "COMPLETED", "--wait returned only once the job ended"
+    assert f"job {jobs['b']} ended COMPLETED, exit code 0:0: exit 0" in err, err
     for log, job in jobs.items():
         assert slurm.wait_ended(job, 180) == "COMPLETED", slurm.output(job)[-3000:]
         done = [e for e in slurm.events(log) if e["event"] == "done"]

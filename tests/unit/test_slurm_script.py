@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from elastic_control_plane.elasticctl.slurm import slurm, split_arguments
+from elastic_control_plane.slurm.job_end import exit_status
 from elastic_control_plane.slurm.requeue import FINISHED, GAVE_UP, REQUEUE, decide
 
 ELASTICCTL = [sys.executable, "-m", "elastic_control_plane.elasticctl.main"]
@@ -82,6 +83,14 @@ def test_a_joining_allocation_runs_agents_only(tmp_path: Path) -> None:
         (["-N", "0", "--", "python"], "-N"),
         (["-N", "2", "--min-np", "0", "--", "python"], "--min-np must be at least 1"),
         (["-N", "2", "--signal-before", "5", "--", "python"], "--signal-before"),
+        (["-N", "2", "--signal-before", "60", "--", "python"], "--signal-before"),  # under the drain's 90 s
+        (["-N", "2", "--signal=B:USR2@60", "--", "python"], "sbatch's --signal: elasticctl slurm sets"),
+        (["-N", "2", "--no-requeue", "--", "python"], "use --max-requeues 0"),
+        (["-N", "2", "-n", "8", "--", "python"], "sbatch's -n: the allocation runs one agent per node"),
+        (["-N", "2", "--ntasks-per-node=2", "--", "python"], "sbatch's --ntasks-per-node"),
+        (["-N", "2", "--output=train.log", "--", "python"], "sbatch's --output without --open-mode=append"),
+        (["-N", "2", "-e", "err.log", "--", "python"], "sbatch's -e without --open-mode=append"),
+        (["-N", "2", "--open-mode=truncate", "--", "python"], "sbatch's --open-mode: a requeued run must add"),
         (
             ["-N", "3", "--control-hosts", "2", "--", "python"],
             "--control-hosts 2: a replicated control plane needs an odd",
@@ -94,6 +103,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     done = elasticctl("slurm", *args, "--dry-run", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+
+
+def test_sbatchs_options_that_keep_the_protocol_pass_and_wait_is_elasticctls(tmp_path: Path) -> None:
+    """The innocent twins of the refused options: an output kept across runs, a signal-before the drain fits in,
+    sbatch's options that touch nothing of the protocol; `--wait` is elasticctl's (slurm/job_end.py), not sbatch's."""
+    args = ["-N", "2", "--output=train-%j.log", "--open-mode=append", "--signal-before", "100", "--exclusive"]
+    done = elasticctl("slurm", *args, "--wait", "--dry-run", "--", "python", "train.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "#   sbatch --output=train-%j.log --open-mode=append --exclusive SCRIPT" in done.stdout
+    assert "#SBATCH --signal=B:USR1@100" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "status"), [("0:0", 0), ("3:0", 3), ("0:15", 1), ("0:9", 1), ("", 1), ("x:0", 1)]
+)
+def test_a_waited_jobs_exit_code_is_the_one_sbatch_wait_gives(exit_code: str, status: int) -> None:
+    assert exit_status(exit_code) == status
 
 
 def test_a_replicated_control_plane_in_the_allocation_is_in_the_script(tmp_path: Path) -> None:
