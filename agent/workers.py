@@ -38,11 +38,28 @@ STANDBY = -1
 # The agent's own settings that no worker inherits: its keys directory (a worker talks to its agent alone, over
 # its owner-only ipc socket, and a training script, or what it imports, has no use for the control plane's keys).
 AGENT_ONLY = frozenset({"ELASTIC_KEYS"})
+# What srun sets for the agent's step, task 0 of 1 on its node: a worker that kept them would be rank 0 of a world of 1
+# to whatever reads Slurm's (Lightning's SLURMEnvironment, submitit), against its real rank. The allocation's own
+# (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CPUS_ON_NODE ...) stay.
+AGENT_STEP_TASK = frozenset(
+    {
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_GTIDS",
+        "SLURM_TASK_PID",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE",
+    }
+)
 
 
 def inheritable(environ: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment as its workers and its fork server get it: without AGENT_ONLY."""
-    return {name: value for name, value in environ.items() if name not in AGENT_ONLY}
+    """The agent's environment as its workers and its fork server get it: without AGENT_ONLY and AGENT_STEP_TASK."""
+    return {name: value for name, value in environ.items() if name not in AGENT_ONLY | AGENT_STEP_TASK}
 
 
 @dataclass(frozen=True)
