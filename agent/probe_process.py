@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastic_control_plane.slot_processes.bound_store import serve_store
+
 ITERATIONS = 5
 ELEMENTS = 1 << 20  # 4 MiB of float32, all-reduced each iteration
 MATRIX = 256
@@ -40,7 +42,7 @@ SLOWDOWN = "ELASTIC_PROBE_SLOWDOWN"
 
 
 def serve(address: str) -> dist.TCPStore:
-    return dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    return serve_store(address, TIMEOUT)
 
 
 def workload(rank: int, size: int, slowdown: float) -> tuple[float, float]:

@@ -51,6 +51,7 @@ from elastic_control_plane.job.assignments import SlotInfo
 from elastic_control_plane.job.spec import JobSpec
 from elastic_control_plane.slot_processes import rounds, wait_record
 from elastic_control_plane.slot_processes.agent_link import AgentLink, link_to_agent, worker_pid
+from elastic_control_plane.slot_processes.bound_store import serve_store
 from libworker import devices, torch_compat
 from libworker.errors import WorkerInternalError
 from libworker.forming_store import AbortableStore, RoundFormationAborted
@@ -193,9 +194,7 @@ def _round_store(link: AgentLink, timeout: timedelta) -> dist.Store:
     """The round's TCPStore: rank 0 serves it and publishes its address; the others connect to it
     (slot_processes.rounds)."""
     if world.slot["rank"] == 0:
-        store = dist.TCPStore(
-            advertise_address(), 0, world.slot["size"], is_master=True, timeout=timeout, wait_for_workers=False
-        )
+        store = serve_store(advertise_address(), timeout, world.slot["size"])
         try:
             rounds.publish_store(
                 link,

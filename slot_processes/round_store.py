@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from datetime import timedelta
 
-import torch.distributed as dist
+from elastic_control_plane.slot_processes.bound_store import serve_store
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     for line in sys.stdin:
         if line.strip() != "next":
             continue
-        current = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        current = serve_store(address, timedelta(seconds=60))
         sys.stdout.write(f"{current.port}\n")
         sys.stdout.flush()
 

@@ -1,5 +1,6 @@
 """`elasticctl local` is private to its user (issue 46): another Unix user of the machine cannot submit to its control
-plane, reach its agents' sockets or read its keys, while the same user's `elasticctl status` needs no flag; a run
+plane, reach its agents' sockets or read its keys, and nothing of the job listens beyond loopback (the services, the
+workers' store), while the same user's `elasticctl status` needs no flag; a run
 directory that someone else made, or that is open to others, is refused with one line. The second user is real,
 created for the test (CI runs as root)."""
 
@@ -21,6 +22,7 @@ import pytest
 
 from elastic_control_plane.bus.config import default_run_dir
 from testing.harness import wait_for
+from testing.listeners import beyond_loopback, descendants, listening
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -196,6 +198,10 @@ def test_another_user_cannot_submit_to_reach_or_read_a_users_elasticctl_local(
     assert "train_elastic.py" in after.stdout and "/tmp/owned" not in after.stdout
     assert not Path("/tmp/owned").exists()
     assert process.poll() is None, "the job trains on"
+
+    listeners = listening(descendants(process.pid))  # services, agents, fork servers, workers and their store
+    assert len(listeners) >= 5, listeners
+    assert beyond_loopback(listeners) == [], f"listening where another machine reaches: {listeners}"
 
     os.killpg(process.pid, signal.SIGTERM)  # stopped mid-epoch, as a supervisor stops it
     process.wait(60)
