@@ -23,8 +23,8 @@ PROBE = ["--collective-probe"]
 SLOW_HOST = "host-3"
 
 
-# A 0.5 s heartbeat (lost after 1.5 s of silence, not 0.6 s): a machine shared with other suites stalls an agent past
-# 0.6 s, and a host lost is not what these tests test.
+# A 0.5 s heartbeat (lost after 5 s of silence): a machine shared with other suites stalls an agent, and a host lost
+# is not what these tests test.
 pytestmark = pytest.mark.cluster_env({"ELASTIC_HEARTBEAT": "0.5"})
 
 

@@ -113,8 +113,9 @@ def test_a_worker_hung_in_a_collective_is_cut_loose(tmp_path: Path) -> None:
 def test_a_frozen_host_that_serves_rank_0_never_holds_up_the_survivors(tmp_path: Path) -> None:
     """A host freezes (its agent and workers stop, as a kernel hang leaves them: nothing kills the workers) while
     it holds rank 0, whose process serves the round's store. The survivors, waiting in a step, must not wait on
-    that store: the control plane's abort reaches them and they train on at size 2."""
-    cluster = Cluster(tmp_path, {"ELASTIC_COLLECTIVE_TIMEOUT": "3"})
+    that store: the control plane's abort reaches them and they train on at size 2. (A collective timeout of 6 s, past
+    the 2 s after which the host counts as lost: the abort, not the timeout, cuts them loose.)"""
+    cluster = Cluster(tmp_path, {"ELASTIC_COLLECTIVE_TIMEOUT": "6"})
     frozen: list[int] = []
     try:
         cluster.start_services()

@@ -19,8 +19,8 @@ from elastic_control_plane.elasticctl.local_processes import agent_argv
 from testing.harness import REPO, Cluster, wait_for, worker_pid
 from tests.integration.training import JOB, start_training, steps, wait_for_size
 
-# A 0.5 s heartbeat (lost after 1.5 s of silence, not 0.6 s): a machine shared with other suites stalls an agent past
-# 0.6 s, and a host lost is not what these tests test.
+# A 0.5 s heartbeat (lost after 5 s of silence): a machine shared with other suites stalls an agent, and a host lost
+# is not what these tests test.
 pytestmark = pytest.mark.cluster_env({"ELASTIC_HEARTBEAT": "0.5"})
 
 

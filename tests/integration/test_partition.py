@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from elastic_control_plane.elasticctl.local_processes import agent_argv
-from testing.harness import Cluster, wait_for
+from testing.harness import HOST_LOST_AFTER, Cluster, wait_for
 from tests.integration.training import JOB, assert_training_invariants, steps, wait_for_size
 
 HOST_IP, NS_IP = "10.231.0.1", "10.231.0.2"
@@ -101,7 +101,7 @@ def test_a_partitioned_host_is_lost_then_rejoins_after_cooldown(tmp_path: Path, 
         _ip("link", "set", namespace["host_if"], "down")
         wait_for(
             lambda: next(h for h in cluster.status()["hosts"] if h["host"] == "host-2")["state"] == "lost",
-            0.6 + 3.0,
+            HOST_LOST_AFTER + 3.0,
             "host-2 lost",
         )
         cut_at = max(e["time"] for e in steps(log_dir))
