@@ -32,7 +32,16 @@ def gather(plane: ControlPlane) -> dict[str, Any]:
     history = job.pop("history", [])
     waits = job.pop("waits", None)
     excluded = hosts.get("excluded") or []
-    return {"job": job, "hosts": rows, "workers": workers, "history": history, "waits": waits, "excluded": excluded}
+    quota = job.pop("quota_refused", None) or {}
+    return {
+        "job": job,
+        "hosts": rows,
+        "workers": workers,
+        "history": history,
+        "waits": waits,
+        "excluded": excluded,
+        "quota_refused": quota,
+    }
 
 
 def next_check_in(host: dict[str, Any], now: float) -> float | None:
@@ -81,6 +90,10 @@ def render(view: dict[str, Any], now: float) -> str:
     if waits.get("limit_s") is not None:
         lines.append(f"  hang limit: {hang_limit(waits['limit_s'], waits.get('kill_s'), waits['upper_s'])}")
     lines += [f"  excluded from this allocation: {describe(entry)}" for entry in view.get("excluded") or []]
+    lines += [
+        f"  {host}: {keys} key(s) refused past a round's quota (its workers set keys the job does not use)"
+        for host, keys in (view.get("quota_refused") or {}).items()
+    ]
     lines.append("")
     host_rows = []
     for h in view["hosts"]:

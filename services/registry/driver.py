@@ -66,6 +66,7 @@ class Driver:
         # Where the rendezvous's log of rejoins was read up to: its round and the cursor in it (kept in memory only:
         # a new driver reads the log from its start, and a rejoin read twice is recorded once).
         self.rejoins_round, self.rejoins_from = 0, 0
+        self.quota_refused: dict[str, int] = {}  # the rendezvous's count, by host, of keys refused past a round's quota
         self.unsent_blacklists: dict[str, str] = {}  # host: reason, for the blacklists discovery could not take yet
         self._unsent_sent_at = -UNSENT_RETRY_S
 
@@ -87,6 +88,7 @@ class Driver:
         self.send_unsent_blacklists(now)
         rejoins = rounds.get("rejoins", [])
         self.rejoins_round, self.rejoins_from = rounds.get("round", 0), rounds.get("rejoins_next", 0)
+        self.quota_refused = rounds.get("quota_refused") or {}
         if self.job.state == WAITING:
             self._start_round(hosts, now)
             return False

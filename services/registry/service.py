@@ -215,6 +215,7 @@ class RegistryService(Service):
             "workers": self.job.reports.status_rows(),
             "history": self.job.history[-20:],
             "waits": self.waits.summary(self.job, self._now().local),
+            "quota_refused": self.driver.quota_refused,
         }
 
     @handles("worker_exited", roles=(AGENT,))

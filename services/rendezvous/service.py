@@ -14,29 +14,25 @@ Messages:
   A slot the host does not have (by the latest round's host list) is refused, `no_such_slot`.
 - forget {host, local_rank, pid}: drop the parked join of a worker that exited.
 - status {round, rejoins_from, pids} -> {round, released, size, parked, pids, rejoins: [[host, local_rank, pid,
-  after_round]], rejoins_next}. parked: how many joins are parked; rejoins: the joins of the latest round's workers
-  for the next round, parked since cursor `rejoins_from` of round `round` (a cursor of another round than the latest:
-  all of them), then ask from `rejoins_next`; pids: the released round's workers [[host, local_rank, pid]], unless
-  pids is false.
+  after_round]], rejoins_next, quota_refused: {host: keys}}. parked: how many joins are parked; rejoins: the joins of
+  the latest round's workers for the next round, parked since cursor `rejoins_from` of round `round` (a cursor of
+  another round than the latest: all of them), then ask from `rejoins_next`; pids: the released round's workers
+  [[host, local_rank, pid]], unless pids is false.
 - restore_round {round, hosts, hosts_timestamp, released, pids: [[host, local_rank, pid]]}: the registry gives a
   restarted rendezvous the job's round.
 - reset: a new job: no rounds, empty store.
 - kv_set {key, host} + value frame; kv_get {key} (parked until set) -> value frame. A round's key is set only with
   the name of the host that holds its rank 0 (its agent sends the round's store address), else `forbidden`.
 
-The key-value store carries what a round needs to bootstrap torch.distributed
-(the address of the round's TCPStore), under the round's prefix, and nothing
-else: a key outside every round's prefix (`round/N/`) is refused
-(`not_a_round_key`), so every key goes with its round. The keys of rounds
-older than the previous one are dropped, and lookups still waiting for them are
-refused (`stale_round`). A round's keys are set by its rank 0's host alone, at
-most `MAX_KV_KEYS_PER_ROUND` of them: past that its host is refused (`quota`,
-logged with the host), and neither another round nor another host is (a host
-that set junk keys once kept every later round from forming). The store is
-bounded besides: past `MAX_KV_KEYS` keys, `MAX_KV_KEY_BYTES` per key,
-`MAX_KV_VALUE_BYTES` per value or `MAX_KV_WAITERS` waiting lookups a request is
-refused (`too_many_keys`, `key_too_long`, `value_too_large`,
-`too_many_waiters`).
+The key-value store carries what a round needs to bootstrap torch.distributed (the address of the round's TCPStore),
+under the round's prefix, and nothing else: a key outside every round's prefix (`round/N/`) is refused
+(`not_a_round_key`), so every key goes with its round. The keys of rounds older than the previous one are dropped,
+and lookups still waiting for them are refused (`stale_round`). A round's keys are set by its rank 0's host alone, at
+most `MAX_KV_KEYS_PER_ROUND` of them: past that its host is refused (`quota`, logged with the host, and counted by
+host in `status`'s `quota_refused`), and neither another round nor another host is (a host that set junk keys once
+kept every later round from forming). The store is bounded besides: past `MAX_KV_KEYS` keys, `MAX_KV_KEY_BYTES` per
+key, `MAX_KV_VALUE_BYTES` per value or `MAX_KV_WAITERS` waiting lookups a request is refused (`too_many_keys`,
+`key_too_long`, `value_too_large`, `too_many_waiters`).
 
 Replicated (`--store etcd://...`), the store is kept in etcd as well
 (services/rendezvous/kv_log.py), written before a value is acknowledged, and a
@@ -70,6 +66,7 @@ MAX_KV_VALUE_BYTES = 4096
 # Every rank of a round waits for its round's store address at once: rounds of up to 65,536 ranks.
 MAX_KV_WAITERS = 65536
 LOGGED_HOSTS = 20  # a log line or error names at most this many hosts
+QUOTA_HOSTS_KEPT = 64  # hosts whose keys refused past a round's quota are counted (the latest ones)
 
 
 class RendezvousService(Service):
@@ -78,6 +75,7 @@ class RendezvousService(Service):
     def __init__(self, endpoint: str, kv_log: KvLog | None = None, **kw: Any) -> None:
         super().__init__(endpoint, **kw)
         self.rounds = Rounds()
+        self.quota_refused: dict[str, int] = {}  # by host: keys refused past a round's quota, for `status`
         self.kv_log = kv_log
         self._left_in_etcd: set[str] = set()  # prefixes of rounds over whose keys etcd still holds
         self.kv: dict[str, bytes] = kv_log.load() if kv_log is not None else {}
@@ -96,7 +94,7 @@ class RendezvousService(Service):
         for request in self.host_entries.values():
             request.fail("job_reset", "a new job replaced the one this host's workers joined")
         self.host_entries.clear()
-        self.rounds = Rounds()
+        self.rounds, self.quota_refused = Rounds(), {}
         self.kv.clear()
         self._fail_waiters(list(self.kv_waiters), "job_reset", "a new job replaced the one that waited for this key")
         return {}
@@ -264,6 +262,7 @@ class RendezvousService(Service):
             "pids": [[h, lr, pid] for (h, lr), pid in current.pids.items()] if current and with_pids else [],
             "rejoins": rejoins,
             "rejoins_next": rejoins_next,
+            "quota_refused": dict(self.quota_refused),
         }
 
     def _settle(self) -> None:
@@ -341,8 +340,11 @@ class RendezvousService(Service):
         prefix = "/".join(key.split("/", 2)[:2]) + "/"
         held = sum(1 for k in self.kv if k.startswith(prefix))
         if held >= MAX_KV_KEYS_PER_ROUND:
-            host = request.body.get("host")
+            host = str(request.body.get("host"))
             self.log.warning("kv_quota", host=host, round_prefix=prefix, keys=held)
+            self.quota_refused[host] = self.quota_refused.pop(host, 0) + 1  # the latest host last
+            if len(self.quota_refused) > QUOTA_HOSTS_KEPT:
+                del self.quota_refused[next(iter(self.quota_refused))]
             raise LimitExceeded(
                 "quota", f"{prefix} holds {held} keys set by {host!r}, the most a round keeps; {key!r} is not one"
             )

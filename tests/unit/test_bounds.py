@@ -283,6 +283,8 @@ def test_kv_keeps_round_keys_only_and_a_host_past_its_rounds_quota_stalls_no_lat
     assert replies.by_id["outside-get"].body["error"] == "not_a_round_key"
     assert replies.by_id["past-quota"].body["error"] == "quota", "the guilty host's round is refused"
     assert replies.by_id["rewrite"].body.get("error") is None, "a key it holds may be set again"
+    request(rendezvous, "status", {}, "status", sender="registry")
+    assert replies.by_id["status"].body["quota_refused"] == {"h": 1}, "status names the host, no other"
     for number in (2, 3):
         new_round(rendezvous, number)
     request(rendezvous, "kv_set", {"key": "round/3/store", "host": "h"}, "innocent", raw=(b"h:2",))

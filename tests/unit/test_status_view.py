@@ -216,3 +216,13 @@ def test_status_says_a_host_lost_on_slurms_word_as_such() -> None:
     view = {"job": job, "hosts": [{**row, "lost_declared": True}], "workers": [], "history": [], "waits": None}
     assert "its node is down (Slurm), lost 1.2s ago" in render(view, 0.0)
     assert "no heartbeat for 1.2s" in render({**view, "hosts": [row]}, 0.0)
+
+
+def test_a_host_whose_workers_went_past_a_rounds_key_quota_is_named_and_no_other() -> None:
+    view = waits_view(None)
+    view["quota_refused"] = {"host-2": 3}
+    lines = render(view, 0.0).splitlines()
+    said = [line for line in lines if "quota" in line]
+    assert said == ["  host-2: 3 key(s) refused past a round's quota (its workers set keys the job does not use)"]
+    del view["quota_refused"]  # a rendezvous from before the quota
+    assert "quota" not in render(view, 0.0)
