@@ -23,7 +23,7 @@ import click
 from elastic_control_plane.elasticctl.control import CommandError
 from elastic_control_plane.elasticctl.options import build_spec, job_options
 from elastic_control_plane.replication.etcd_member import etcd_binary
-from elastic_control_plane.slurm import commands, job_end, sbatch_options
+from elastic_control_plane.slurm import commands, job_end, resources, sbatch_options
 from elastic_control_plane.slurm.hostlist import SlurmOutputError, expand_hostlist
 from elastic_control_plane.slurm.script import (
     DEFAULT_MAX_REQUEUES,
@@ -192,6 +192,7 @@ def slurm(**options: Any) -> None:
         raise CommandError(refused, 2)
     wait = sbatch_options.waits(sbatch)  # elasticctl follows the job itself (slurm/job_end.py), requeues included
     sbatch = [word for word in sbatch if word not in sbatch_options.WAIT]
+    share = gpu_share(options["gpus_per_node"], options["partition"], sbatch)
     build_spec(options)
     if options["nodes"] is None:
         raise CommandError("-N/--nodes is required", 2)
@@ -205,6 +206,7 @@ def slurm(**options: Any) -> None:
         run_flags=absolute_checkpoint_dir(known),
         sbatch_options=sbatch,
         gpus_per_node=options["gpus_per_node"],
+        resources=resources.resource_lines(options["gpus_per_node"], sbatch, share),
         partition=options["partition"],
         time=options["time"],
         control_hosts=options["control_hosts"],
@@ -229,6 +231,27 @@ def slurm(**options: Any) -> None:
     click.echo(f"submitted batch job {job_id} (script {script})")
     if wait:
         sys.exit(job_end.follow(job_id, lambda line: click.echo(line, err=True)))
+
+
+def gpu_share(gpus_per_node: int | None, partition: str | None, sbatch: list[str]) -> tuple[int, int] | None:
+    """Each GPU's share of its node's CPUs and memory, for a GPU job whose user asked neither (slurm/resources.py);
+    None, said in one line, when Slurm cannot tell it."""
+    if gpus_per_node is None or (
+        resources.user_gave(sbatch, resources.CPU_OPTIONS) and resources.user_gave(sbatch, resources.MEMORY_OPTIONS)
+    ):
+        return None
+    try:
+        share = resources.share_per_gpu(commands.node_shapes(partition), gpus_per_node)
+        why = f"no node{' of partition ' + partition if partition else ''} has {gpus_per_node} GPUs"
+    except commands.SlurmError as exc:
+        share, why = None, f"cannot read the nodes' CPUs and memory ({exc})"
+    if share is None:
+        click.echo(
+            f"elasticctl slurm: {why}: the job asks Slurm's defaults for CPUs and memory (one CPU per node where the "
+            "site sets no DefCpuPerGPU); give --cpus-per-gpu and --mem-per-gpu",
+            err=True,
+        )
+    return share
 
 
 def check_control_hosts(count: int, nodes: int, control: str | None, dry_run: bool) -> None:

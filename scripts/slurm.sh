@@ -3,7 +3,8 @@
 #   scripts/slurm.sh start   install what is missing, wipe old state, start munged, slurmctld and
 #                            `slurmd -N node1..3` (ports 17001-17003 on 127.0.0.1), wait for 3 idle nodes
 #   scripts/slurm.sh stop    cancel every job, stop the daemons, kill leftover step daemons and munged
-# The configuration is testing/slurm/slurm.conf (short timeouts, no cgroups: proctrack/linuxproc).
+# The configuration is testing/slurm/slurm.conf (short timeouts, no cgroups: proctrack/linuxproc), or ELASTIC_SLURM_CONF
+# (testing/slurm/gpu-site.conf: a GPU site's, whose GRES GPUs testing/slurm/gres.conf lists: /dev/fakegpu0-1, made here).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 CONF=${ELASTIC_SLURM_CONF:-$HERE/testing/slurm/slurm.conf}
@@ -21,6 +22,12 @@ start() {
   [ "$(id -u)" = 0 ] || { echo "scripts/slurm.sh: must run as root (it starts slurmctld, slurmd and munged)" >&2; exit 1; }
   install_packages
   install -D -m 644 "$CONF" /etc/slurm/slurm.conf
+  if grep -q '^GresTypes=gpu' "$CONF"; then  # a GPU site's: its GPUs stand as character devices (/dev/null's numbers)
+    install -m 644 "$HERE/testing/slurm/gres.conf" /etc/slurm/gres.conf
+    for i in 0 1; do [ -e "/dev/fakegpu$i" ] || mknod "/dev/fakegpu$i" c 1 3; done
+  else
+    rm -f /etc/slurm/gres.conf
+  fi
   mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /var/log/munge /var/lib/munge
   rm -rf /var/spool/slurmctld/* /var/spool/slurmd/*
   for n in "${NODES[@]}"; do mkdir -p "/var/spool/slurmd/$n"; done

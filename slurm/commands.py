@@ -15,6 +15,7 @@ from elastic_control_plane.slurm.hostlist import (
     parse_scontrol_fields,
     parse_squeue,
 )
+from elastic_control_plane.slurm.resources import NodeShape, parse_node_shapes
 
 CONTROL_STEP = "elastic-control"  # the name of a control host's step (slurm/control_steps.py), told from the agents'
 TIMEOUT = 10.0  # seconds a Slurm command may take (slurmctld busy) before it counts as failed
@@ -52,6 +53,11 @@ def node_states() -> dict[str, NodeState]:
         return parse_node_states(run(["sinfo", "-h", "-N", "-o", "%N|%T"]))
     except SlurmOutputError as exc:
         raise SlurmError(str(exc)) from None
+
+
+def node_shapes(partition: str | None) -> list[NodeShape]:
+    """Each node's CPUs, memory and GPUs (of `partition`, else of every partition)."""
+    return parse_node_shapes(run(["sinfo", "-h", "-N", *(["-p", partition] if partition else []), "-o", "%c|%m|%G"]))
 
 
 def job_fields(job_id: str) -> dict[str, str]:

@@ -36,6 +36,7 @@ class SlurmJob:
     run_flags: list[str] = field(default_factory=list)
     sbatch_options: list[str] = field(default_factory=list)
     gpus_per_node: int | None = None
+    resources: list[str] = field(default_factory=list)  # slurm/resources.py: the tasks, CPUs and memory asked
     partition: str | None = None
     time: str | None = None
     control_hosts: int = 1
@@ -63,6 +64,7 @@ class SlurmJob:
     def directives(self) -> list[str]:
         lines = [f"--job-name={self.job_name}", f"--nodes={self.nodes}"]
         lines += [f"--gpus-per-node={self.gpus_per_node}"] if self.gpus_per_node is not None else []
+        lines += self.resources
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
         if self.join is not None:

@@ -147,14 +147,16 @@ def kill_node(node: str) -> None:
 
 
 @contextmanager
-def running_slurm() -> Iterator[None]:
-    """Slurm started for the block and stopped after it, whatever happens in it."""
+def running_slurm(conf: Path | None = None) -> Iterator[None]:
+    """Slurm started for the block (with `conf`, else testing/slurm/slurm.conf) and stopped after it, whatever happens
+    in it."""
     if os.geteuid() != 0:
         raise RuntimeError("the Slurm tests start slurmctld, slurmd and munged: run them as root (CI does)")
     started = time.monotonic()
-    subprocess.run([str(SCRIPT), "start"], check=True, timeout=600)
+    env = {**os.environ, **({"ELASTIC_SLURM_CONF": str(conf)} if conf is not None else {})}
+    subprocess.run([str(SCRIPT), "start"], check=True, timeout=600, env=env)
     print(f"slurm started in {time.monotonic() - started:.1f}s", file=sys.stderr)
     try:
         yield
     finally:
-        subprocess.run([str(SCRIPT), "stop"], check=False, timeout=120)
+        subprocess.run([str(SCRIPT), "stop"], check=False, timeout=120, env=env)

@@ -58,7 +58,9 @@ def batches() -> int:
 
 @elastic.run
 def train(state: elastic.TorchState) -> None:
-    log.write("enter", batch=state.batch, total=state.total)
+    # Where this worker may run and which GPUs it sees, and what Slurm's task variables tell it (tests/slurm).
+    placed = {"cpus": sorted(os.sched_getaffinity(0)), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    log.write("enter", batch=state.batch, total=state.total, slurm_procid=os.environ.get("SLURM_PROCID"), **placed)
     while state.batch < batches():
         data = torch.Generator().manual_seed(state.batch)
         x, y = torch.randn(16, 8, generator=data), torch.randn(16, 1, generator=data)
