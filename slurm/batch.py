@@ -15,7 +15,10 @@ then waits:
   STATE/JOB/exclude, with why to exclude.json (slurm/exclusions.py), and the driver exits REQUEUE: the batch script
   requeues the job without them, which resumes from the checkpoint (a new job on the same --checkpoint-dir resumes
   from its newest checkpoint); the rerun's discovery is given exclude.json, and `elasticctl status` shows it;
-- SIGTERM (scancel): everything is stopped at once.
+- SIGTERM (a user's scancel, or a preemption with Slurm's defaults: `PreemptMode=REQUEUE` or `CANCEL` without
+  `send_user_signal`): the agents drain as for USR1, their last commit written to the checkpoint within
+  TERM_DRAIN_TIMEOUT (inside Slurm's KillWait), then everything stops; no requeue of our own (a scancel ends the job,
+  Slurm requeues a preempted one itself, and its rerun resumes from that checkpoint).
 
 Per allocation, STATE/JOB/ (0700, on the shared file system) holds the job's CURVE keys (made by the first run,
 kept by its reruns and by allocations that join it; the agents are given `agent-keys/`, their role's share),
@@ -57,6 +60,9 @@ from elastic_control_plane.slurm.requeue import SIGNAL_EXIT, decide
 
 START_TIMEOUT = 60.0  # seconds for the services to answer
 DRAIN_TIMEOUT = 90.0  # seconds the agents may take to reach a commit and write it after USR1
+# After SIGTERM (a user's scancel, or a preemption with Slurm's defaults): the agents' last commit written within
+# Slurm's KillWait (30 s by default), before its SIGKILL.
+TERM_DRAIN_TIMEOUT = 20.0
 AGENTS_TIMEOUT = 30.0  # seconds the first round waits for every node's agent
 AGENTS_STOP = 10.0  # seconds the agents have to leave once the job has ended
 START_ATTEMPTS = 3  # ports taken by another job's control plane between the look and the bind: the next block
@@ -265,8 +271,12 @@ class Driver:
             self.processes.stop_all(grace=5.0)
             return 2 if isinstance(exc, FileNotFoundError) else 1
         if self.received and self.received[0] == signal.SIGTERM:
-            say("cancelled: stopping")
+            # Not requeued by us: a user's scancel ends the job, and Slurm requeues a preempted one itself.
+            say(f"TERM: cancelled or preempted: the last commit to the checkpoint (at most {TERM_DRAIN_TIMEOUT:g} s)")
+            self.write_exclude(control)
+            self.drain_agents(TERM_DRAIN_TIMEOUT)
             self.processes.stop_all(grace=5.0)
+            say(f"stopped at commit {newest_commit(self.checkpoint_dir)} (exit {SIGNAL_EXIT + signal.SIGTERM})")
             return SIGNAL_EXIT + signal.SIGTERM
         preempted = job_exit is None
         if preempted:

@@ -26,13 +26,15 @@ STEP = 0.05
 LOSS_BUDGET = 10.0  # seconds from a node's loss to commits at the smaller size (bench/slurm.py measures it closely)
 
 
-def job_args(log_dir: str, batches: int = BATCHES, nodes: int = 3, flags: tuple[str, ...] = ()) -> list[str]:
+def job_args(
+    log_dir: str, batches: int = BATCHES, nodes: int = 3, flags: tuple[str, ...] = (), checkpoint_every: float = 2
+) -> list[str]:
     return [
         "-N",
         str(nodes),
         *flags,
         "--checkpoint-interval",
-        "2",
+        str(checkpoint_every),
         "--",
         "python",
         "counter.py",
@@ -215,7 +217,7 @@ def test_two_jobs_whose_batch_scripts_share_a_host_each_run_their_own_control_pl
     finally:
         waiting.kill()
     jobs["b"] = out.split()[3]
-    assert waiting.returncode == 0, err
+    assert waiting.returncode == 0, err + slurm.output(jobs["b"])[-3000:]
     assert slurm.job_state(jobs["b"]) == "COMPLETED", "--wait returned only once the job ended"
     assert f"job {jobs['b']} ended COMPLETED, exit code 0:0: exit 0" in err, err
     for log, job in jobs.items():
@@ -224,6 +226,23 @@ def test_two_jobs_whose_batch_scripts_share_a_host_each_run_their_own_control_pl
         assert done and all(e["total"] == sum(range(200)) for e in done)
     addresses = {re.search(r"control plane at (\S+):", slurm.output(job)).group(1) for job in jobs.values()}
     assert len(addresses) == 2 and addresses <= {"127.0.0.1", *(f"127.0.0.1:{p}" for p in range(5560, 6550, 10))}
+
+
+def test_a_users_scancel_writes_the_last_commit_to_the_checkpoint_and_ends_the_job_without_a_requeue(
+    slurm: SlurmCluster,
+) -> None:
+    """SIGTERM, as Slurm sends it for a user's `scancel` or a preemption with its defaults (the steps too, then SIGKILL
+    after KillWait, 5 s here): the checkpoint holds every step committed before it, though the periodic checkpoint
+    (600 s) never ran; the job ends CANCELLED and is not requeued (the beside-test: USR1 requeues)."""
+    job = slurm.submit(*job_args("log", 2000, nodes=2, checkpoint_every=600))
+    wait_for(lambda: len(commits(slurm.events("log"))) > 40, 120, "commits", interval=0.2)
+    committed = max(e["batch"] for e in commits(slurm.events("log")))
+    subprocess.run(["scancel", job], check=True)
+    assert slurm.wait_ended(job, 60) == "CANCELLED", slurm.output(job)[-3000:]
+    said = wait_for(lambda: re.search(r"stopped at commit (\d+)", slurm.output(job)), 30, "the driver's last line")
+    assert int(said.group(1)) >= committed, (committed, slurm.output(job)[-3000:])
+    assert "Restarts=0" in run_slurm("scontrol", "show", "job", job), "not requeued"
+    assert "requeued" not in slurm.output(job)
 
 
 def test_joining_a_job_slurm_does_not_have_is_one_line_and_exit_2(slurm: SlurmCluster) -> None:
