@@ -106,7 +106,7 @@ def render(job: SlurmJob) -> str:
         f"{driver} &",
         "driver=$!",
         "trap 'kill -USR1 \"$driver\"' USR1  # the time limit or a preemption is near: checkpoint, drain, requeue",
-        "trap 'kill -TERM \"$driver\"' TERM  # scancel or a requeue: stop the agents and the control plane",
+        "trap 'kill -TERM \"$driver\"' TERM  # scancel, preemption, requeue: last commit to the checkpoint, then stop",
         'while kill -0 "$driver" 2>/dev/null; do wait "$driver"; done  # a trapped signal ends a wait early',
         'wait "$driver"; rc=$?',
         f'if [ "$rc" -eq {REQUEUE} ]; then  # checkpointed: run again, without the hosts the job gave up on',
