@@ -3,6 +3,8 @@ command is missing, fails or prints what cannot be read (parsing: slurm/hostlist
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
 
@@ -41,9 +43,11 @@ def run(argv: list[str], timeout: float = TIMEOUT) -> str:
     return done.stdout
 
 
-def running_jobs() -> list[RunningJob]:
+def running_jobs(own: bool = False) -> list[RunningJob]:
+    """The running jobs: every user's, or (`own`) this user's alone, a smaller answer for slurmctld to make."""
+    user = ["-u", pwd.getpwuid(os.getuid()).pw_name] if own else []
     try:
-        return parse_squeue(run(["squeue", "-h", "-t", "RUNNING", "-O", SQUEUE_FIELDS]))
+        return parse_squeue(run(["squeue", "-h", "-t", "RUNNING", *user, "-O", SQUEUE_FIELDS]))
     except SlurmOutputError as exc:
         raise SlurmError(str(exc)) from None
 

@@ -16,6 +16,7 @@ from elastic_control_plane.services.discovery.kubernetes import ApiServer, PodSo
 from elastic_control_plane.services.discovery.marks_log import MarksLog
 from elastic_control_plane.services.discovery.pod_identity import PodIdentity
 from elastic_control_plane.services.discovery.service import DiscoveryService
+from elastic_control_plane.services.discovery.slurm import POLL as SLURM_POLL
 from elastic_control_plane.services.discovery.slurm import SlurmSource
 from elastic_control_plane.slurm import exclusions
 
@@ -71,6 +72,15 @@ DISCOVERY_OPTIONS = [
         "is held back (agents run with --collective-probe).",
     ),
     click.Option(
+        ["--slurm-poll"],
+        envvar="ELASTIC_SLURM_POLL",
+        type=click.FloatRange(min=0.1),
+        default=SLURM_POLL,
+        show_default=True,
+        metavar="S",
+        help="With --slurm-job, seconds between two looks at the job's nodes (two RPCs to slurmctld each).",
+    ),
+    click.Option(
         ["--slurm-excluded"],
         envvar="ELASTIC_SLURM_EXCLUDED",
         metavar="JSON",
@@ -94,6 +104,7 @@ def discovery(
     kubernetes_agent_account: str | None,
     slurm_job: str | None,
     probe_slow_factor: float,
+    slurm_poll: float,
     slurm_excluded: str | None,
 ) -> DiscoveryService:
     """The service; with a selector, watching the pods it matches; with a Slurm job, its nodes."""
@@ -111,7 +122,7 @@ def discovery(
             excluded = exclusions.checked(slurm_excluded) if slurm_excluded is not None else []
         except ValueError as exc:
             raise ConfigError("--slurm-excluded", slurm_excluded, str(exc)) from None
-        pods = SlurmSource(slurm_job, log.bind(source="slurm"), excluded=excluded)
+        pods = SlurmSource(slurm_job, log.bind(source="slurm"), poll=slurm_poll, excluded=excluded)
     namespace = kubernetes_namespace or default_namespace()
     if kubernetes_selector:
         pods = PodSource(ApiServer.from_env(), namespace, kubernetes_selector, log.bind(source="kubernetes"))

@@ -17,6 +17,12 @@ allocation by Slurm): they are only said, in discovery's `hosts` replies, for `e
 
 Slurm not answering (slurmctld restarting) keeps the last list in force, said once (`slurm_unavailable`) until it
 answers again (`slurm_recovered`); the discovery loop is woken through `fileno()` when the list changes.
+
+A light touch on slurmctld: two RPCs a look (`squeue` of this user's running jobs, `sinfo -N`), every POLL seconds
+(24 a minute, well inside what a site's rate limit, `rl_enable`, lets each user send), and when Slurm does not
+answer, looks further apart, doubling up to BACKOFF_MAX: a busy or throttled slurmctld is not asked harder, and the
+job's own `scancel` and `scontrol requeue` find the bucket full. A node's loss is not waited for: its agent's
+heartbeats stop within seconds (a node set DOWN ends its steps), and the look that follows says why.
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ from elastic_control_plane.services.discovery.host_lists import HostLists
 from elastic_control_plane.slurm import commands
 from elastic_control_plane.slurm.hostlist import allocation_nodes
 
-POLL = 0.5  # seconds between two looks at squeue and sinfo
+POLL = 5.0  # seconds between two looks at squeue and sinfo
+BACKOFF_MAX = 60.0  # seconds between two looks at most while Slurm does not answer
+
+
+def next_wait(answered: bool, last_wait: float, poll: float) -> float:
+    """Seconds to the next look: `poll` after an answer, else twice the last wait, up to BACKOFF_MAX."""
+    return poll if answered else min(BACKOFF_MAX, max(poll, 2 * last_wait))
 
 
 def job_hosts(jobs: list[Any], states: dict[str, Any], job_id: str) -> dict[str, int | None]:
@@ -67,19 +79,20 @@ class SlurmSource(HostLists):
         self.close()
 
     def _run(self) -> None:
+        wait = 0.0
         while not self._stopping.is_set():
-            self.look()
-            self._stopping.wait(self.poll)
+            wait = next_wait(self.look(), wait, self.poll)
+            self._stopping.wait(wait)
 
-    def look(self) -> None:
-        """Ask Slurm once; a changed host list wakes the discovery loop."""
+    def look(self) -> bool:
+        """Ask Slurm once; a changed host list wakes the discovery loop. False when Slurm did not answer."""
         try:
-            jobs, states = commands.running_jobs(), commands.node_states()
+            jobs, states = commands.running_jobs(own=True), commands.node_states()
         except commands.SlurmError as exc:
             if self._outage is None:
                 self.log.warning("slurm_unavailable", reason=str(exc), effect="the last host list stays in force")
             self._outage = str(exc)
-            return
+            return False
         if self._outage is not None:
             self.log.info("slurm_recovered", after=self._outage)
             self._outage = None
@@ -92,3 +105,4 @@ class SlurmSource(HostLists):
             self.found_lost(down - self._down)
             self._down = down
             self.put(hosts)
+        return True

@@ -82,7 +82,7 @@ def discovery_removed(slurm: SlurmCluster, job: str, before: float) -> set[str]:
 def test_a_job_trains_on_three_nodes_survives_a_node_set_down_and_a_killed_node_and_finishes(
     slurm: SlurmCluster,
 ) -> None:
-    job = slurm.submit(*job_args("log"))
+    job = slurm.submit(*job_args("log"), env={"ELASTIC_SLURM_POLL": "0.5"})  # Slurm's word before the heartbeats'
     first_commit_at_size(slurm, 3, 0.0, 120)
 
     down_at = time.time()

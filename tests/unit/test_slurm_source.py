@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elastic_control_plane.services.discovery.slurm import SlurmSource
+from elastic_control_plane.services.discovery.slurm import BACKOFF_MAX, SlurmSource, next_wait
 
 
 class Said:
@@ -97,3 +97,11 @@ def test_a_node_of_the_job_set_down_after_it_left_the_allocation_is_lost_and_no_
         assert source.take_lost() == {"node2"}
     finally:
         source.stop()
+
+
+def test_looks_are_poll_seconds_apart_and_twice_as_far_each_time_slurm_does_not_answer() -> None:
+    waits, wait = [], 0.0
+    for answered in (True, False, False, False, False, False, False, True):
+        wait = next_wait(answered, wait, 5.0)
+        waits.append(wait)
+    assert waits == [5.0, 10.0, 20.0, 40.0, BACKOFF_MAX, BACKOFF_MAX, BACKOFF_MAX, 5.0]
