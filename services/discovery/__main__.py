@@ -78,7 +78,7 @@ DISCOVERY_OPTIONS = [
         default=SLURM_POLL,
         show_default=True,
         metavar="S",
-        help="With --slurm-job, seconds between two looks at the job's nodes (two RPCs to slurmctld each).",
+        help="With --slurm-job, seconds between two looks at the job's nodes (four RPCs to slurmctld each).",
     ),
     click.Option(
         ["--slurm-excluded"],

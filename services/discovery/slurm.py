@@ -18,8 +18,9 @@ allocation by Slurm): they are only said, in discovery's `hosts` replies, for `e
 Slurm not answering (slurmctld restarting) keeps the last list in force, said once (`slurm_unavailable`) until it
 answers again (`slurm_recovered`); the discovery loop is woken through `fileno()` when the list changes.
 
-A light touch on slurmctld: two RPCs a look (`squeue` of this user's running jobs, `sinfo -N`), every POLL seconds
-(24 a minute, well inside what a site's rate limit, `rl_enable`, lets each user send), and when Slurm does not
+A light touch on slurmctld: four RPCs a look (`squeue` of this user's running jobs and `sinfo -N`, each of which loads
+the partitions too), every POLL seconds (40 a minute, a twelfth of the former 0.5 s poll's, well inside what a site's
+rate limit, `rl_enable`, lets each user send: bench/slurm_rpcs.py counts them with sdiag), and when Slurm does not
 answer, looks further apart, doubling up to BACKOFF_MAX: a busy or throttled slurmctld is not asked harder, and the
 job's own `scancel` and `scontrol requeue` find the bucket full. A node's loss is not waited for: its agent's
 heartbeats stop within seconds (a node set DOWN ends its steps), and the look that follows says why.
@@ -34,7 +35,7 @@ from elastic_control_plane.services.discovery.host_lists import HostLists
 from elastic_control_plane.slurm import commands
 from elastic_control_plane.slurm.hostlist import allocation_nodes
 
-POLL = 5.0  # seconds between two looks at squeue and sinfo
+POLL = 6.0  # seconds between two looks at squeue and sinfo
 BACKOFF_MAX = 60.0  # seconds between two looks at most while Slurm does not answer
 
 
