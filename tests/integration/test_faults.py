@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from testing.harness import Cluster, read_events, wait_for, worker_pid
+from testing.harness import HOST_LOST_AFTER, Cluster, read_events, wait_for, worker_pid
 from tests.integration.training import JOB, assert_training_invariants, host_row, start_training, steps, wait_for_size
 
 
@@ -51,7 +51,7 @@ def test_sigstop_of_an_agent_is_a_hunghost_row(cluster: Cluster, tmp_path: Path)
     job, log_dir = start_training(cluster, tmp_path)
     cluster.processes["agent-host-2"].send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: host_row(cluster, "host-2")["state"] == "lost", 0.2 * 3 + 2.0, "host-2 declared lost")
+        wait_for(lambda: host_row(cluster, "host-2")["state"] == "lost", HOST_LOST_AFTER + 2.0, "host-2 declared lost")
         wait_for_size(log_dir, 2, timeout=30)
         assert cluster.wait_job_end(job, 180) == 0
         assert_training_invariants(log_dir)
