@@ -15,6 +15,9 @@ from elastic_control_plane.replication.etcd_tls import ETCD_DIR, make_etcd_certs
 
 KEYS_SECRET, ETCD_TLS_SECRET = "elastic-keys", "elastic-etcd-tls"
 
+# The pods' identities (services/discovery/pod_identity.py): left out where no API server reviews them.
+POD_IDENTITY_ENV = ("ELASTIC_KUBERNETES_TOKEN_AUDIENCE", "ELASTIC_KUBERNETES_AGENT_ACCOUNT", "ELASTIC_POD_TOKEN_FILE")
+
 
 def make_secrets(directory: Path, etcd_hosts: list[str]) -> dict[str, Path]:
     """The two Secrets the chart's docs have an operator make (`elasticctl keys generate DIR --etcd-host ...`, then one

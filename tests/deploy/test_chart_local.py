@@ -20,7 +20,7 @@ import pytest
 from elastic_control_plane.bus.config import DEFAULT_PORTS
 from testing.harness import Cluster, free_ports, wait_for
 from tests.deploy.conftest import render
-from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
+from tests.deploy.pod_files import KEYS_SECRET, POD_IDENTITY_ENV, make_secrets, mount_secrets, on_this_machine
 from tests.deploy.test_chart_objects import component, containers, environment
 from tests.deploy.test_chart_replicated_local import ready
 
@@ -48,9 +48,6 @@ def local(argv: list[str], env: dict[str, str], ports: dict[int, int]) -> list[s
         if argv[i - 1] == "--metrics-port":
             (argv[i],) = map(str, free_ports(1))
     return argv
-
-
-POD_IDENTITY_ENV = ("ELASTIC_KUBERNETES_TOKEN_AUDIENCE", "ELASTIC_KUBERNETES_AGENT_ACCOUNT", "ELASTIC_POD_TOKEN_FILE")
 
 
 def local_env(

@@ -26,7 +26,7 @@ from elastic_control_plane.replication.etcd_member import etcd_binary
 from elastic_control_plane.replication.store_choice import StoreChoice
 from testing.harness import free_ports, wait_for
 from tests.deploy.conftest import NAMESPACE, REPO, render
-from tests.deploy.pod_files import KEYS_SECRET, make_secrets, mount_secrets, on_this_machine
+from tests.deploy.pod_files import KEYS_SECRET, POD_IDENTITY_ENV, make_secrets, mount_secrets, on_this_machine
 from tests.deploy.test_chart_objects import SERVICES, environment
 from tests.integration.test_compose import ping, stop
 from tests.integration.test_compose_replicated import registry_takes_over
@@ -106,7 +106,8 @@ def plane(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 **{name: on_this_machine(local(value, pod), mounts) for name, value in environment(container).items()},
                 "ELASTIC_REPLICA": pod,  # a StatefulSet pod's host name, which names it when it binds 0.0.0.0
             }
-            service_env.pop("ELASTIC_KUBERNETES_SELECTOR", None)  # no API server here: discovery from heartbeats
+            for name in ("ELASTIC_KUBERNETES_SELECTOR", *POD_IDENTITY_ENV):  # no API server here: discovery from
+                service_env.pop(name, None)  # heartbeats, and no pod identity to review
             argv = [sys.executable if arg == "python" else arg for arg in argv]
             (port,) = free_ports(1)
             argv[argv.index("--metrics-port") + 1] = str(port)
