@@ -55,6 +55,7 @@ class Snapshot:
     written_at: float
     nbytes: int
     path: str
+    job: str = ""  # the key of the job that wrote it
 
 
 class StoredTensor(NamedTuple):
@@ -268,7 +269,9 @@ def _from_mapping(mapping: mmap.mmap, header: BufferHeader, path: str) -> Snapsh
             RuntimeError,
         ) as exc:
             return f"its metadata cannot be read by this version ({type(exc).__name__}: {exc})"
-    return Snapshot(header.commit, rebuild(skeleton, tensors), header.written_at, header.payload_length, path)
+    return Snapshot(
+        header.commit, rebuild(skeleton, tensors), header.written_at, header.payload_length, path, header.job
+    )
 
 
 def metadata_bytes(skeleton: Any, specs: list[StoredTensor]) -> bytes:

@@ -83,7 +83,7 @@ def restorable() -> Snapshot | None:
         found = read_newest(paths, job, _rejected) if paths else None
         if found is not None:
             say(
-                f"resuming from checkpoint {found.path} (commit {found.commit})"
+                f"resuming from checkpoint {found.path} (job {found.job}, commit {found.commit})"
                 if job is None
                 else f"restored commit {found.commit} from this host's snapshot {found.path}"
             )

@@ -5,6 +5,7 @@ the snapshots live in /dev/shm while the job runs and are gone after it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +113,9 @@ def test_a_new_job_on_the_same_checkpoint_dir_resumes_after_everything_was_kille
         assert newest <= first_entry["batch"] <= killed_at and first_entry["batch"] > 0
         agents_output = second.output("agent-host-1") + second.output("agent-host-2")
         assert f"resuming from checkpoint {checkpoints}" in agents_output
+        resumed = re.search(r"resuming from checkpoint \S+ \(job ([0-9a-f]{16}), commit (\d+)\)", agents_output)
+        assert resumed and int(resumed.group(2)) >= newest, "the log names the job and the commit it resumed from"
+        assert resumed.group(1) != second.job()["job_key"], "the job that wrote it: the first, not this one"
         assert_finished_exactly(log_dir)
         wait_for(lambda: not agent_buffers(second), 10, "the agents to remove their snapshots at job end")
     finally:
