@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -55,7 +56,7 @@ from elastic_control_plane.elasticctl.local_processes import (
 from elastic_control_plane.slurm import commands, exclusions
 from elastic_control_plane.slurm.allocation import allocation_groups, newest_commit
 from elastic_control_plane.slurm.control_steps import ControlSteps
-from elastic_control_plane.slurm.ports import free_port_block
+from elastic_control_plane.slurm.ports import PORT_STEP, free_port_block
 from elastic_control_plane.slurm.requeue import SIGNAL_EXIT, decide
 
 START_TIMEOUT = 60.0  # seconds for the services to answer
@@ -65,7 +66,11 @@ DRAIN_TIMEOUT = 90.0  # seconds the agents may take to reach a commit and write 
 TERM_DRAIN_TIMEOUT = 20.0
 AGENTS_TIMEOUT = 30.0  # seconds the first round waits for every node's agent
 AGENTS_STOP = 10.0  # seconds the agents have to leave once the job has ended
-START_ATTEMPTS = 3  # ports taken by another job's control plane between the look and the bind: the next block
+# Ports taken by another job's control plane between the look and the bind: a later block, 0-2 blocks further at
+# random, so that two drivers starting together on one address stop choosing the same block (each lost a service's
+# port to the other, three times over, in a test run).
+START_ATTEMPTS = 5
+RETRY_SKIP_BLOCKS = 3
 FOLLOWER_STOP = 10.0  # seconds `elasticctl run` and the services have to exit after SIGTERM, before SIGKILL
 
 
@@ -134,7 +139,8 @@ class Driver:
         excluded = self.excluded()
         base = 0
         for attempt in range(1, START_ATTEMPTS + 1):
-            base = free_port_block(address, after=base)
+            skip = PORT_STEP * random.randrange(RETRY_SKIP_BLOCKS) if base else 0
+            base = free_port_block(address, after=base + skip)
             endpoints = Endpoints.on_hosts([(address, base)])
             self.service_state_dirs.append(tempfile.mkdtemp(prefix="elastic-slurm-state-"))
             env = {
